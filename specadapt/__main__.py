@@ -1,0 +1,5 @@
+"""`python -m specadapt` is the `specadapt` command."""
+
+from specadapt.cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""What the rest of specadapt needs from a server: the adapter protocol and its data types.
+
+Probes see only this protocol and HTTP; they never import a concrete backend.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+
+class LaunchPlan(BaseModel):
+    """Everything needed to start a server process. argv is exec'd directly, never via a shell."""
+
+    backend: str
+    argv: list[str] = Field(description="Program and arguments, exec'd without a shell.")
+    env: dict[str, str] = Field(default_factory=dict, description="Variables added to the inherited environment.")
+    host: str = "127.0.0.1"
+    port: int
+    health_path: str = Field("/v1/models", description="GET this until it answers 200.")
+    spec_enabled: bool
+    model: str = Field(description="Model path or id the server is started with.")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def printable(self) -> str:
+        """The command line for humans (env first), quoted so it can be pasted into a shell."""
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        return f"{env} {cmd}".strip()
+
+
+class CounterSnapshot(BaseModel):
+    """Speculative-decoding and token counters at one moment (summed over label sets).
+
+    ``None`` means the server does not expose that counter.
+    """
+
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    accepted_per_position: dict[int, float] = Field(default_factory=dict)
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    source: str = Field("", description="Where the numbers came from, e.g. 'GET /metrics (Prometheus text)'.")
+
+    @property
+    def has_spec_counters(self) -> bool:
+        return self.drafts is not None and self.draft_tokens is not None and self.accepted_tokens is not None
+
+
+class ServerInfo(BaseModel):
+    """What a running server says about itself; ``spec_enabled`` is None when it cannot tell."""
+
+    backend: str
+    base_url: str
+    version: str | None = None
+    model_id: str | None = None
+    model_root: str | None = None
+    max_model_len: int | None = None
+    spec_enabled: bool | None = None
+    spec_method: str | None = None
+    num_speculative_tokens: int | None = None
+    spec_counters: list[str] = Field(default_factory=list, description="Spec-decode counter names found.")
+    metrics_available: bool = False
+    notes: list[str] = Field(default_factory=list, description="Plain statements of what could not be told and why.")
+
+
+@runtime_checkable
+class Server(Protocol):
+    """A server the probes can talk to (launched by specadapt or already running)."""
+
+    backend: str
+
+    @property
+    def base_url(self) -> str: ...
+
+    @property
+    def model_id(self) -> str: ...
+
+    def headers(self) -> dict[str, str]: ...
+
+    def describe(self) -> ServerInfo: ...
+
+    def read_counters(self) -> CounterSnapshot: ...

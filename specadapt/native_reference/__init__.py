@@ -1,0 +1,1 @@
+"""Speculative decoding in PyTorch: the ground truth for output identity and speedup theory."""
