@@ -69,3 +69,9 @@ def main() -> None:
 
     install_signal_handlers()
     cli(prog_name="specadapt")
+
+
+from specadapt.probes.cli import probe, report_group  # noqa: E402  (commands live beside their code)
+
+cli.add_command(probe)
+cli.add_command(report_group)

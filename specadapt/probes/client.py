@@ -1,0 +1,200 @@
+"""Async streaming OpenAI client: one request, every chunk's arrival time and token count.
+
+Tokens per chunk. Under speculative decoding one SSE chunk can carry several tokens
+(k accepted + the bonus token), so a per-chunk inter-token latency would be several
+times too large. We ask for ``stream_options: {include_usage, continuous_usage_stats}``
+(vLLM then puts the cumulative ``usage.completion_tokens`` on every chunk) and
+``logprobs`` (one entry per token). The count of a chunk is, in order of preference:
+  1. ``usage``: the difference of cumulative completion_tokens: exact, counts tokens
+     that detokenize to nothing, and is what the server's own counters count;
+  2. ``logprobs``: the number of logprob entries in the chunk (servers without
+     continuous usage);
+  3. ``chunks``: 1 per chunk with text (the last resort; flagged in the report).
+The final ``usage.completion_tokens`` is the request's output token count when present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Literal
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+from pydantic import BaseModel, Field
+
+from specadapt.probes.prompts import Prompt
+
+TokenSource = Literal["usage", "logprobs", "chunks"]
+
+
+class RequestSettings(BaseModel):
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int | None = 0
+    logprobs: bool = True
+    top_logprobs: int = 0
+    request_timeout_s: float = 300.0
+
+
+class RequestRecord(BaseModel):
+    """What happened to one request. Times are integer nanoseconds from the send."""
+
+    prompt_id: str
+    category: str
+    api: Literal["chat", "completions"]
+    repeat: int = 0
+    warmup: bool = False
+    ok: bool = False
+    error: str | None = None
+    status_code: int | None = None
+    sent_at_ns: int = Field(0, description="Send time, ns since the run started.")
+    chunk_ns: list[int] = Field(default_factory=list, description="Arrival of each chunk that carried tokens.")
+    chunk_tokens: list[int] = Field(default_factory=list, description="Tokens in each of those chunks.")
+    e2e_ns: int | None = Field(None, description="Send to end of stream.")
+    output_tokens: int = 0
+    prompt_tokens: int | None = None
+    token_source: TokenSource | None = None
+    finish_reason: str | None = None
+    text: str = ""
+    tokens: list[str] = Field(default_factory=list, description="Token strings from logprobs, when asked.")
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+
+    @property
+    def ttft_ns(self) -> int | None:
+        return self.chunk_ns[0] if self.chunk_ns else None
+
+
+def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for one streamed, by default greedy, request."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": prompt.max_tokens or settings.max_tokens,
+        "temperature": settings.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if settings.seed is not None:
+        body["seed"] = settings.seed
+    if prompt.api == "chat":
+        body["messages"] = [m.model_dump() for m in prompt.messages or []]
+        if settings.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = settings.top_logprobs
+        return "/v1/chat/completions", body
+    body["prompt"] = prompt.prompt
+    if settings.logprobs:
+        body["logprobs"] = settings.top_logprobs
+    return "/v1/completions", body
+
+
+def _chunk_logprobs(choice: dict[str, Any], api: str) -> tuple[list[str], list[float], list[dict[str, float]]]:
+    lp = choice.get("logprobs")
+    if not lp:
+        return [], [], []
+    if api == "chat":
+        entries = lp.get("content") or []
+        tokens = [e.get("token", "") for e in entries]
+        values = [float(e.get("logprob", 0.0)) for e in entries]
+        tops = [{t["token"]: float(t["logprob"]) for t in e.get("top_logprobs") or []} for e in entries]
+        return tokens, values, tops
+    tokens = list(lp.get("tokens") or [])
+    values = [float(v) if v is not None else 0.0 for v in lp.get("token_logprobs") or []]
+    tops = [{k: float(v) for k, v in (t or {}).items()} for t in lp.get("top_logprobs") or []]
+    return tokens, values, tops
+
+
+def _delta_text(choice: dict[str, Any], api: str) -> str:
+    if api == "chat":
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+async def stream_request(client: httpx.AsyncClient, prompt: Prompt, model: str, settings: RequestSettings,
+                         run_t0_ns: int, repeat: int = 0, warmup: bool = False) -> RequestRecord:
+    """Send one streamed request and record it; never raises for server or network faults."""
+    path, body = build_body(prompt, model, settings)
+    rec = RequestRecord(prompt_id=prompt.id, category=prompt.category, api=prompt.api, repeat=repeat, warmup=warmup)
+    t0 = time.perf_counter_ns()
+    rec.sent_at_ns = t0 - run_t0_ns
+    try:
+        await asyncio.wait_for(_consume(client, path, body, rec, t0), timeout=settings.request_timeout_s)
+    except asyncio.TimeoutError:
+        rec.error = f"timed out after {settings.request_timeout_s:g} s"
+    except (httpx.HTTPError, SSEError) as exc:
+        rec.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}"[:300]
+    rec.ok = rec.error is None and rec.output_tokens > 0
+    if rec.error is None and rec.output_tokens == 0:
+        rec.error = "stream ended without any output token"
+    return rec
+
+
+async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int) -> None:
+    cumulative_usage = 0
+    done = False
+    async with aconnect_sse(client, "POST", path, json=body) as source:
+        resp = source.response
+        rec.status_code = resp.status_code
+        if resp.status_code != 200:
+            detail = (await resp.aread()).decode(errors="replace")[:200].replace("\n", " ")
+            rec.error = f"HTTP {resp.status_code}: {detail}"
+            return
+        async for event in source.aiter_sse():
+            now = time.perf_counter_ns()
+            if event.data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                chunk = json.loads(event.data)
+            except ValueError:
+                rec.error = f"malformed SSE data: {event.data[:80]!r}"
+                return
+            if "error" in chunk and not chunk.get("choices"):
+                rec.error = f"server error in stream: {str(chunk['error'])[:200]}"
+                return
+            usage = chunk.get("usage") or {}
+            choices = chunk.get("choices") or []
+            text, tokens, values, tops, finish = "", [], [], [], None
+            for choice in choices[:1]:
+                text = _delta_text(choice, rec.api)
+                tokens, values, tops = _chunk_logprobs(choice, rec.api)
+                finish = choice.get("finish_reason")
+            n, source_kind = _count_tokens(usage, cumulative_usage, tokens, text)
+            if usage.get("completion_tokens") is not None:
+                cumulative_usage = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens") is not None:
+                rec.prompt_tokens = int(usage["prompt_tokens"])
+            if n > 0 and choices:
+                rec.chunk_ns.append(now - t0)
+                rec.chunk_tokens.append(n)
+                rec.token_source = _weaker(rec.token_source, source_kind)
+            rec.text += text
+            rec.tokens += tokens
+            rec.token_logprobs += values
+            rec.top_logprobs += tops
+            if finish:
+                rec.finish_reason = finish
+        rec.e2e_ns = time.perf_counter_ns() - t0
+    rec.output_tokens = cumulative_usage or sum(rec.chunk_tokens)
+    if not done:
+        rec.error = "stream ended without [DONE]"
+
+
+def _count_tokens(usage: dict[str, Any], before: int, tokens: list[str], text: str) -> tuple[int, TokenSource]:
+    if usage.get("completion_tokens") is not None:
+        return int(usage["completion_tokens"]) - before, "usage"
+    if tokens:
+        return len(tokens), "logprobs"
+    return (1 if text else 0), "chunks"
+
+
+_RANK = {"usage": 0, "logprobs": 1, "chunks": 2}
+
+
+def _weaker(current: TokenSource | None, new: TokenSource) -> TokenSource:
+    """The least exact source seen in a request is the one the request is labelled with."""
+    if current is None or _RANK[new] > _RANK[current]:
+        return new
+    return current

@@ -1,0 +1,72 @@
+"""The versioned report model. Every output format renders from a saved report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from specadapt import __version__
+from specadapt.adapters.base import CounterSnapshot, ServerInfo
+from specadapt.errors import UsageError
+from specadapt.probes.acceptance import AcceptanceSummary
+from specadapt.probes.client import RequestRecord, RequestSettings
+from specadapt.probes.latency import LatencySummary
+
+SCHEMA_VERSION = 1
+
+
+class ProbeSettings(BaseModel):
+    concurrency: int
+    repeat: int
+    warmup: int
+    prompts_source: str
+    request: RequestSettings
+
+
+class ProbeReport(BaseModel):
+    """One probe run against one server."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["probe"] = "probe"
+    specadapt_version: str = __version__
+    created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    server: ServerInfo
+    settings: ProbeSettings
+    latency: LatencySummary
+    by_category: dict[str, LatencySummary] = Field(default_factory=dict)
+    acceptance: AcceptanceSummary
+    counters_before: CounterSnapshot
+    counters_after: CounterSnapshot
+    token_sources: dict[str, int] = Field(default_factory=dict, description="Requests per token-count source.")
+    notes: list[str] = Field(default_factory=list)
+    requests: list[RequestRecord] = Field(default_factory=list)
+
+
+def write_report(report: BaseModel, path: Path) -> None:
+    """Write JSON atomically (temp file in the same directory, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(report.model_dump_json(indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_report(path: Path) -> ProbeReport:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"report {path} does not exist")
+    try:
+        return ProbeReport.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise UsageError(f"{path} is not a specadapt probe report ({exc.error_count()} problems; "
+                         f"first: {exc.errors()[0]['msg']})") from exc

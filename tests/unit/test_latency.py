@@ -1,0 +1,47 @@
+import random
+
+import numpy as np
+import pytest
+
+from specadapt.probes.client import RequestRecord
+from specadapt.probes.latency import itl_values_ns, latency_summary, percentile, summarize, tpot_ns
+
+
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q):
+    rng = random.Random(q)
+    values = sorted(rng.uniform(0, 1000) for _ in range(rng.randint(1, 300)))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_summarize_is_in_ms_and_empty_is_none():
+    d = summarize([1_000_000, 3_000_000])
+    assert (d.count, d.mean, d.min, d.max) == (2, 2.0, 1.0, 3.0)
+    assert summarize([]).mean is None
+
+
+def rec(chunk_ns, chunk_tokens, e2e, **kw):
+    return RequestRecord(prompt_id="p", category="c", api="chat", ok=True, chunk_ns=chunk_ns,
+                         chunk_tokens=chunk_tokens, e2e_ns=e2e, output_tokens=sum(chunk_tokens), **kw)
+
+
+def test_itl_is_per_token_when_chunks_carry_several():
+    r = rec([100, 200, 500], [1, 1, 3], 600)
+    # gap 100 over 1 token, gap 300 over 3 tokens -> 100 each
+    assert itl_values_ns(r) == [100, 100, 100, 100]
+    assert r.ttft_ns == 100
+    assert tpot_ns(r) == (600 - 100) / (5 - 1)
+
+
+def test_tpot_undefined_for_one_token():
+    assert tpot_ns(rec([100], [1], 120)) is None
+
+
+def test_summary_counts_failures_and_rate():
+    ok1 = rec([10**6], [10], 10**9, sent_at_ns=0)
+    ok2 = rec([10**6], [30], 10**9, sent_at_ns=10**9)
+    bad = RequestRecord(prompt_id="x", category="c", api="chat", ok=False, error="HTTP 500")
+    s = latency_summary([ok1, ok2, bad])
+    assert (s.requests, s.succeeded, s.failed, s.output_tokens) == (3, 2, 1, 40)
+    assert s.duration_s == pytest.approx(2.0)
+    assert s.output_tokens_per_s == pytest.approx(20.0)
