@@ -68,7 +68,11 @@ def main() -> None:
     from specadapt.adapters.process import install_signal_handlers
 
     install_signal_handlers()
-    cli(prog_name="specadapt")
+    try:
+        cli(prog_name="specadapt")
+    except KeyboardInterrupt:
+        click.echo("error: interrupted; every server this run started has been stopped", err=True)
+        sys.exit(130)
 
 
 from specadapt.probes.cli import probe, report_group  # noqa: E402  (commands live beside their code)

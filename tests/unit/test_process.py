@@ -1,0 +1,120 @@
+"""ManagedProcess with real child process trees (python subprocesses, real sockets)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.process import ManagedProcess, free_port
+from specadapt.errors import PortInUse, ServerStartError
+
+# A tiny "server": forks a grandchild (sleeps), then serves HTTP on the given port.
+TREE_SERVER = textwrap.dedent("""
+    import http.server, subprocess, sys
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("serving", flush=True)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+""")
+
+
+def plan_for(code: str, port: int, *args: str) -> LaunchPlan:
+    return LaunchPlan(backend="test", argv=[sys.executable, "-c", code, str(port), *args], port=port,
+                      health_path="/", spec_enabled=False, model="none")
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    proc = psutil.Process(pid)
+    return [proc, *proc.children(recursive=True)]
+
+
+def assert_all_gone(procs, timeout=10):
+    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_start_wait_healthy_and_stop_the_whole_tree(tmp_path):
+    port = free_port()
+    mp = ManagedProcess(plan_for(TREE_SERVER, port), log_path=tmp_path / "log")
+    with mp:
+        waited = mp.wait_healthy(timeout_s=30)
+        assert waited < 30
+        procs = tree(mp.pid)
+        assert len(procs) >= 2  # server and its grandchild
+        assert os.getpgid(mp.pid) == mp.pid  # its own process group
+    assert_all_gone(procs)
+    assert "serving" in (tmp_path / "log").read_text()
+
+
+def test_death_during_startup_reports_exit_code_and_log_tail(tmp_path):
+    code = "import sys; print('loading weights'); print('RuntimeError: no such model', flush=True); sys.exit(3)"
+    mp = ManagedProcess(plan_for(code, free_port()), log_path=tmp_path / "log")
+    with mp, pytest.raises(ServerStartError) as err:
+        mp.wait_healthy(timeout_s=30)
+    assert err.value.process_exit_code == 3
+    assert "exited with code 3 during start-up" in str(err.value)
+    assert "RuntimeError: no such model" in err.value.log_tail
+
+
+def test_health_timeout_stops_the_process(tmp_path):
+    mp = ManagedProcess(plan_for("import time; time.sleep(600)", free_port()), log_path=tmp_path / "log")
+    with mp, pytest.raises(ServerStartError, match="did not answer / within 1 s"):
+        mp.wait_healthy(timeout_s=1)
+    assert not mp.alive()
+
+
+def test_sigterm_ignoring_server_is_killed_after_grace(tmp_path):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    mp = ManagedProcess(plan_for(code, free_port()), log_path=tmp_path / "log", grace_s=1.0)
+    mp.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    assert mp.stop() == -signal.SIGKILL
+    assert time.monotonic() - t0 < 10
+
+
+def test_port_in_use_is_refused_before_starting(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"port {port} on 127.0.0.1 is already in use"):
+            ManagedProcess(plan_for(TREE_SERVER, port), log_path=tmp_path / "log").start()
+
+
+# A program that starts a managed tree the way the CLI does, then waits to be signalled.
+PARENT = textwrap.dedent("""
+    import sys, time
+    from specadapt.adapters.base import LaunchPlan
+    from specadapt.adapters.process import ManagedProcess, install_signal_handlers
+    install_signal_handlers()
+    port = int(sys.argv[1])
+    plan = LaunchPlan(backend="t", argv=[sys.executable, "-c", sys.argv[2], str(port)], port=port,
+                      health_path="/", spec_enabled=False, model="none")
+    with ManagedProcess(plan, log_path=__import__("pathlib").Path(sys.argv[3])) as mp:
+        mp.wait_healthy(30)
+        print(mp.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_parent_signal_stops_the_server_tree(tmp_path, sig):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(free_port()), TREE_SERVER, str(tmp_path / "log")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(parent.stdout.readline())
+        procs = tree(server_pid)
+        assert len(procs) >= 2
+        parent.send_signal(sig)
+        parent.wait(30)
+        assert_all_gone(procs)
+        assert "Traceback" not in parent.stderr.read() or sig == signal.SIGINT
+    finally:
+        parent.kill()
