@@ -4,7 +4,9 @@ Every process started here is stopped when specadapt exits, however it exits: th
 context manager stops it on normal exit and on exceptions (KeyboardInterrupt included),
 ``install_signal_handlers`` turns SIGTERM/SIGHUP into a normal unwinding exit, an
 ``atexit`` hook stops whatever is still registered, and on Linux the child gets a
-parent-death signal so it ends even if specadapt is killed with SIGKILL.
+parent-death signal so it ends even if specadapt is killed with SIGKILL. That signal
+is tied to the thread that starts the child: call ``start()`` from a thread that lives as
+long as the server should (the main thread), never from a short-lived worker thread.
 """
 
 from __future__ import annotations

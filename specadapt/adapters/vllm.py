@@ -7,7 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -201,22 +202,48 @@ def check_interpreter_has_vllm(python: str) -> None:
 
 
 @contextmanager
+def launched_servers(opts_list: list[VLLMLaunch], startup_timeout_s: float = 900.0,
+                     on_wait: Callable[[float, str], None] | None = None,
+                     on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[list[VLLMServer]]:
+    """Start several vLLM servers side by side, wait until all are healthy, yield them;
+    stop every process group on exit (also when one of them fails to start).
+
+    Processes are started from the calling thread (the parent-death signal is tied to the
+    thread that forks, so a short-lived worker thread must not start them); only the
+    health waits run in threads.
+    """
+    for opts in opts_list:
+        check_interpreter_has_vllm(opts.python)
+    with ExitStack() as stack:
+        procs = []
+        for opts in opts_list:
+            plan = launch_plan(opts)
+            proc = stack.enter_context(ManagedProcess(plan))
+            if on_plan:
+                on_plan(plan, proc.log_path)
+            procs.append(proc)
+        if len(procs) == 1:
+            procs[0].wait_healthy(startup_timeout_s, on_wait)
+        else:
+            with ThreadPoolExecutor(len(procs)) as pool:
+                for fut in [pool.submit(p.wait_healthy, startup_timeout_s) for p in procs]:
+                    fut.result()
+        servers = []
+        for opts, proc in zip(opts_list, procs):
+            server = VLLMServer(proc.plan.base_url, spec_config=opts.spec_config, launched=True)
+            server.process = proc
+            stack.callback(server.close)
+            servers.append(server)
+        yield servers
+
+
+@contextmanager
 def launched_server(opts: VLLMLaunch, startup_timeout_s: float = 900.0,
                     on_wait: Callable[[float, str], None] | None = None,
                     on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[VLLMServer]:
     """Start vLLM, wait until healthy, yield a VLLMServer; stop the whole group on exit."""
-    check_interpreter_has_vllm(opts.python)
-    plan = launch_plan(opts)
-    with ManagedProcess(plan) as proc:
-        if on_plan:
-            on_plan(plan, proc.log_path)
-        proc.wait_healthy(startup_timeout_s, on_wait)
-        server = VLLMServer(plan.base_url, spec_config=opts.spec_config, launched=True)
-        server.process = proc
-        try:
-            yield server
-        finally:
-            server.close()
+    with launched_servers([opts], startup_timeout_s, on_wait, on_plan) as (server,):
+        yield server
 
 
 class VLLMBackend:

@@ -1,0 +1,66 @@
+"""Real vLLM (CPU build) servers with the embedded model, started once per test session.
+
+Both servers start side by side (their start-up is mostly single-threaded compilation)
+through the same code the CLI uses, and are stopped at the end of the session.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from specadapt.adapters.vllm import VLLMLaunch, launched_servers
+from specadapt.models import resolve_model_dir
+
+NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+SERVER_SETTINGS = dict(dtype="bfloat16", max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> str:
+    return str(resolve_model_dir(None))
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(embedded_model):
+    """{'off': VLLMServer, 'ngram': VLLMServer}, started side by side, stopped after the session."""
+    specs = {"off": None, "ngram": NGRAM_K4}
+    opts = [VLLMLaunch(model=embedded_model, spec_config=spec, **SERVER_SETTINGS) for spec in specs.values()]
+    with launched_servers(opts, startup_timeout_s=900) as servers:
+        yield dict(zip(specs, servers))
+
+
+@pytest.fixture(scope="session")
+def vllm_off(vllm_servers):
+    return vllm_servers["off"]
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram(vllm_servers):
+    return vllm_servers["ngram"]
+
+
+def raw_counter(base_url: str, name: str) -> float:
+    """A counter read straight from /metrics by regex, independent of specadapt's parser."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+@pytest.fixture(scope="session")
+def settled_counter():
+    return _settled_counter
+
+
+def _settled_counter(base_url: str, name: str) -> float:
+    """Read until two reads 0.3 s apart agree (stats land just after the response)."""
+    last = raw_counter(base_url, name)
+    for _ in range(20):
+        time.sleep(0.3)
+        now = raw_counter(base_url, name)
+        if now == last:
+            return now
+        last = now
+    return last
