@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
+from specadapt.configs import yamlio
 
 from specadapt.configs import versions as V
 from specadapt.configs.checks import (Problem, check_draft_len_schedule, check_spec,
@@ -140,7 +140,7 @@ def render_trtllm_config(spec: SpecConfig, version: str | None = None,
 
 def render_trtllm_yaml(spec: SpecConfig, version: str | None = None,
                        engine: str = "pytorch") -> str:
-    return yaml.safe_dump(render_trtllm_config(spec, version, engine), sort_keys=False)
+    return yamlio.dump(render_trtllm_config(spec, version, engine))
 
 
 def config_flag(version: str | None = None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
+from specadapt.configs import yamlio
 
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_batch_schedule, check_spec, raise_on_errors
@@ -200,7 +200,7 @@ def render_vllm_yaml(spec: SpecConfig, version: str | None = None, *, host: str 
             doc[key] = parsed if ver >= V.VLLM_YAML_NESTED_SINCE else value
         else:
             doc[key] = int(value) if value.isdigit() else value
-    return yaml.safe_dump(doc, sort_keys=False)
+    return yamlio.dump(doc)
 
 
 # ---------------------------------------------------------------- vLLM JSON -> SpecConfig
