@@ -193,7 +193,8 @@ def spec_from_trtllm(doc: dict[str, Any], target: str | None = None) -> SpecConf
                          f"{', '.join(sorted(_METHOD_OF))}.")
     schedule = sc.get("draft_len_schedule")
     return SpecConfig(
-        target=target, method=_METHOD_OF[dt], k=sc.get("max_draft_len"),
+        target=target, method=_METHOD_OF[dt],
+        k=sc.get("max_draft_len") or sc.get("num_nextn_predict_layers"),
         draft=sc.get("speculative_model") or sc.get("speculative_model_dir"),
         ngram_max=sc.get("max_matching_ngram_size"),
         max_concurrency=sc.get("max_concurrency"),
@@ -236,7 +237,13 @@ def _speculative_rules(sc: dict[str, Any], engine: str):
         yield Problem(f"decoding_type {dt} is not supported on the {engine} backend{hint}: "
                       f"use one of {ok}.")
     k = sc.get("max_draft_len")
-    if dt in NEEDS_DRAFT_LEN and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
+    nextn = sc.get("num_nextn_predict_layers")
+    if dt == "MTP" and k is None and isinstance(nextn, int) and nextn > 0:
+        # docs/source/deployment-guide (1.0-1.1 era) set MTP depth this way; the current
+        # schema says "auto-populated ... do not set manually"
+        yield Problem("num_nextn_predict_layers is the older way to set the MTP depth: "
+                      f"write 'max_draft_len: {nextn}' instead.", "warning")
+    elif dt in NEEDS_DRAFT_LEN and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
         yield Problem(f"max_draft_len must be an integer > 0 for {dt}: set it (3 is typical).")
     if dt in NEEDS_MODEL and not (sc.get("speculative_model") or sc.get("speculative_model_dir")):
         yield Problem(f"{dt} needs speculative_model (the draft or head path): add it.")

@@ -265,6 +265,10 @@ def check_vllm_json(d: Any, version: str | None = None) -> list[Problem]:
             out.append(Problem(f"Unknown key '{key}' in the speculative config: remove it "
                                f"(known keys: {', '.join(sorted(SPEC_KEYS)[:8])}, ...)."))
     method = _infer_method(d)
+    known_methods = sorted({*METHODS, *OTHER_METHODS} - {"off"})
+    if method not in known_methods:
+        return out + [Problem(f"Unknown method {method!r}: use one of "
+                              f"{', '.join(known_methods)}.")]
     k = d.get("num_speculative_tokens")
     if k is None and method != "suffix":
         out.append(Problem("num_speculative_tokens is missing: add it (k > 0)."))
