@@ -40,18 +40,6 @@ def smol_dir() -> Path:
     return SMOL
 
 
-def make_model_dir(root: Path, name: str, config: dict, vocab: dict[str, int] | None = None,
-                   ) -> Path:
-    """A fake HF model dir: config.json and, optionally, a tokenizer.json vocabulary."""
-    d = root / name
-    d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(config))
-    if vocab is not None:
-        (d / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab},
-                                                      "added_tokens": []}))
-    return d
-
-
 @pytest.fixture
 def smol_copy(tmp_path: Path, smol_dir: Path):
     """Copy of the embedded model's config/tokenizer (weights linked) with config edits."""
