@@ -81,7 +81,8 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
     spec = _build_spec(**spec_kw)
     for warning in R.validate(spec, backend, backend_version, engine):
         click.echo(str(warning), err=True)
-    fmts = list(R.FORMATS) if "all" in formats else list(formats or ["yaml"])
+    fmts = (R.available_formats(spec, backend, backend_version) if "all" in formats
+            else list(formats or ["yaml"]))
     if out_dir is not None:
         for path in R.write_outputs(spec, backend, fmts, out_dir, backend_version, engine,
                                     entry=entry, port=port, image=image):

@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specadapt.configs.render import FORMATS, write_outputs
+from specadapt.configs.render import available_formats, write_outputs
 from specadapt.configs.spec import SpecConfig
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -37,7 +37,7 @@ EXAMPLES: dict[str, tuple[str, SpecConfig]] = {
 def write_examples(root: Path) -> list[Path]:
     written = []
     for name, (backend, spec) in EXAMPLES.items():
-        written += write_outputs(spec, backend, list(FORMATS), root / name)
+        written += write_outputs(spec, backend, available_formats(spec, backend), root / name)
     return written
 
 

@@ -22,6 +22,16 @@ FILE_NAMES = {
 }
 
 
+def available_formats(spec: SpecConfig, backend: str, version: str | None = None) -> list[str]:
+    """Every format that exists for this spec: no speculative-config JSON for 'off' or for
+    vLLM <= 0.7 (flags only)."""
+    from specadapt.configs import versions as V
+
+    legacy = backend == "vllm" and V.resolve_version("vllm", version) < V.VLLM_JSON_SINCE
+    no_json = backend == "vllm" and (legacy or not spec.enabled)
+    return [f for f in FORMATS if not (f == "json" and no_json)]
+
+
 def validate(spec: SpecConfig, backend: str, version: str | None = None,
              engine: str = "pytorch") -> list[Problem]:
     """Spec rules plus local model-dir checks; raises UsageError on errors, returns warnings."""
@@ -68,8 +78,6 @@ def write_outputs(spec: SpecConfig, backend: str, formats: list[str], out_dir: P
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for fmt in formats:
-        if fmt == "json" and backend == "vllm" and not spec.enabled:
-            continue  # no speculative-config for method off
         path = out_dir / FILE_NAMES[(backend, fmt)]
         path.write_text(render(spec, backend, fmt, version, engine, **kw))
         written.append(path)
