@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def render(spec: SpecConfig, backend: str, fmt: str, version: str | None = None,
             argv = vllm.render_vllm_argv(spec, version, host=host, port=port, entry=entry)
             return shlex.join(argv) + "\n"
         if fmt == "json":
-            return json.dumps(vllm.vllm_spec_dict(spec, version), indent=2) + "\n"
+            return _json(vllm.vllm_spec_dict(spec, version))
         return vllm.render_vllm_yaml(spec, version, host=host, port=port)
     if backend == "trtllm":
         if fmt == "argv":
@@ -64,9 +65,17 @@ def render(spec: SpecConfig, backend: str, fmt: str, version: str | None = None,
                                              host=host, port=port)
             return shlex.join(argv) + "\n"
         if fmt == "json":
-            return json.dumps(trtllm.trtllm_llm_kwargs(spec, version, engine), indent=2) + "\n"
+            return _json(trtllm.trtllm_llm_kwargs(spec, version, engine))
         return trtllm.render_trtllm_yaml(spec, version, engine)
     raise UsageError(f"Unknown backend '{backend}': use vllm or trtllm.")
+
+
+def _json(data) -> str:
+    """Indented JSON, but lists of numbers on one line ([1, 16, 4])."""
+    text = json.dumps(data, indent=2)
+    return re.sub(r"\[\s+([-\d.,\s]+?)\s+\]",
+                  lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]",
+                  text) + "\n"
 
 
 def write_outputs(spec: SpecConfig, backend: str, formats: list[str], out_dir: Path,
