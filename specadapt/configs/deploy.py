@@ -57,7 +57,8 @@ def render_k8s(spec: SpecConfig, backend: str, version: str | None = None,
     run = launch(spec, backend, version, engine, port)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "inference",
               "specadapt/method": spec.method}
-    mounts = [{"name": "models", "mountPath": MODEL_MOUNT}, {"name": "shm", "mountPath": "/dev/shm"}]
+    mounts = [{"name": "models", "mountPath": MODEL_MOUNT},
+              {"name": "shm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [
         {"name": "models", "persistentVolumeClaim": {"claimName": model_claim}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}]

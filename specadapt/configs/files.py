@@ -309,7 +309,8 @@ def _describe(unit: Unit) -> list[str]:
                 known = {**trtllm.BASE_KEYS, **trtllm.TYPE_KEYS.get(val.get("decoding_type"), {})}
                 lines += ["  " + ln for ln in _describe_keys(val, known, trtllm.OLD_KEYS)]
             else:
-                lines.append(f"{key} = {val}: {trtllm.TOP_KEYS.get(key, 'not checked by specadapt')}")
+                what = trtllm.TOP_KEYS.get(key, "not checked by specadapt")
+                lines.append(f"{key} = {val}: {what}")
         return lines
     return [f"{' '.join(unit.obj)}"]
 
