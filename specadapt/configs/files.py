@@ -18,7 +18,8 @@ import yaml
 
 from specadapt.configs import trtllm, vllm
 from specadapt.configs import versions as V
-from specadapt.configs.checks import Problem
+from specadapt.configs.checks import Problem, check_model_dirs, errors
+from specadapt.errors import UsageError
 
 # vLLM <= 0.7 flag names (without dashes) and the 0.8 replacement
 VLLM_LEGACY_KEYS = {
@@ -66,7 +67,6 @@ def load(path: str | Path) -> tuple[str, list[Any]]:
     try:
         text = p.read_text()
     except OSError as exc:
-        from specadapt.errors import UsageError
         raise UsageError(f"Cannot read {p} ({exc.strerror}): check the path.") from exc
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
@@ -76,8 +76,6 @@ def load(path: str | Path) -> tuple[str, list[Any]]:
 
 
 def units_of(path: str | Path, backend: str | None = None) -> list[Unit]:
-    from specadapt.errors import UsageError
-
     text, docs = load(path)
     if docs and all(isinstance(d, dict) for d in docs):
         out: list[Unit] = []
@@ -193,7 +191,10 @@ def _check_unit(unit: Unit, version: str | None, engine: str,
     if unit.kind == "vllm-yaml":
         return _check_vllm_options({_norm(k): v for k, v in unit.obj.items()}, version)
     if unit.kind == "vllm-argv":
-        return _check_vllm_options(_argv_options(unit.obj), version)
+        opts = _argv_options(unit.obj)
+        if unit.obj[:2] == ["vllm", "serve"] and len(unit.obj) > 2:
+            opts.setdefault("model", unit.obj[2])
+        return _check_vllm_options(opts, version)
     if unit.kind == "trtllm-yaml":
         found = trtllm.check_trtllm_config(unit.obj, engine)
         if schema_doc is not None:
@@ -251,7 +252,23 @@ def _check_vllm_options(opts: dict[str, Any], version: str | None) -> list[Probl
     if tp and isinstance(dtp, int) and dtp not in (1, int(tp)):
         out.append(Problem(f"draft_tensor_parallel_size={dtp} must be 1 or the target's "
                            f"tensor-parallel-size ({tp}): change it to 1 or {tp}."))
+    if not errors(out):
+        out += _model_dir_problems(opts, sc)
     return out
+
+
+def _model_dir_problems(opts: dict[str, Any], sc: Any) -> list[Problem]:
+    """Vocab/tokenizer/length/head checks when the files name local model directories."""
+    if not isinstance(sc, dict) or not opts.get("model"):
+        return []
+    try:
+        spec = vllm.spec_from_vllm_json({k: v for k, v in sc.items() if k in vllm.MAPPED_KEYS},
+                                        target=str(opts["model"]))
+        max_len = opts.get("max-model-len")
+        spec = spec.model_copy(update={"max_model_len": int(max_len) if max_len else None})
+    except (UsageError, ValueError):
+        return []
+    return check_model_dirs(spec)
 
 
 def _check_trtllm_argv(argv: list[str], version: str | None) -> list[Problem]:

@@ -76,7 +76,7 @@ GONE_KEYS: dict[str, str] = {
 OTHER_METHODS = ("mlp_speculator", "ngram_gpu", "custom_class", "dflash", "dspark",
                  "extract_hidden_states")
 # the keys SpecConfig carries
-_MAPPED = frozenset({"method", "model", "num_speculative_tokens", "prompt_lookup_min",
+MAPPED_KEYS = frozenset({"method", "model", "num_speculative_tokens", "prompt_lookup_min",
                      "prompt_lookup_max", "draft_tensor_parallel_size",
                      "num_speculative_tokens_per_batch_size"})
 NO_MODEL_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp", "extract_hidden_states", "dspark")
@@ -225,7 +225,7 @@ def spec_from_vllm_json(d: dict[str, Any], target: str | None = None) -> SpecCon
     if method in OTHER_METHODS:
         raise UsageError(f"Method '{method}' is valid in vLLM but specadapt does not model "
                          "it: use ngram, draft_model, eagle, eagle3, mtp, medusa or suffix.")
-    extra = sorted(set(d) - _MAPPED)
+    extra = sorted(set(d) - MAPPED_KEYS)
     if extra:
         raise UsageError(f"specadapt cannot carry the keys {', '.join(extra)} into a "
                          "SpecConfig: remove them, or validate the file as it is with "
@@ -287,7 +287,7 @@ def check_vllm_json(d: Any, version: str | None = None) -> list[Problem]:
                                          k if isinstance(k, int) else None))
     if not out and method in METHODS:
         try:  # version support and spec-level rules through the neutral model
-            spec = spec_from_vllm_json({k: v for k, v in d.items() if k in _MAPPED})
+            spec = spec_from_vllm_json({k: v for k, v in d.items() if k in MAPPED_KEYS})
             out += check_spec(spec, "vllm", version)
         except UsageError as err:
             out.append(Problem(str(err)))

@@ -131,3 +131,19 @@ def test_explain_vllm_json(tmp_path):
 def test_examples_check(repo_root):
     r = run("config", "examples", "--check", "--out", str(repo_root / "configs"))
     assert r.exit_code == 0, r.output
+
+
+def test_validate_checks_local_model_dirs(tmp_path):
+    from cfg_helpers import make_model_dir
+
+    cfg = {"model_type": "llama", "vocab_size": 5, "hidden_size": 8,
+           "max_position_embeddings": 1024}
+    t = make_model_dir(tmp_path, "t", cfg)
+    d = make_model_dir(tmp_path, "d", {**cfg, "vocab_size": 7})
+    f = tmp_path / "cfg.yaml"
+    f.write_text(f"model: {t}\nmax-model-len: 4096\nspeculative-config:\n"
+                 f"  method: draft_model\n  model: {d}\n  num_speculative_tokens: 3\n")
+    r = run("config", "validate", str(f))
+    assert r.exit_code == 1
+    assert "Draft vocab size 7 differs from the target's 5" in r.output
+    assert "lower --max-model-len to 1024" in r.output
