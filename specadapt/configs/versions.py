@@ -49,12 +49,13 @@ VLLM_SUPPORT: tuple[Support, ...] = (
             "V0 engine; V1 raised NotImplementedError 0.10-0.13 (vllm#21797, #31883)"),
     Support("draft_model", (0, 14, 0), None, "V1 draft models, vllm PR #24322 (approx. 0.14)"),
     Support("eagle", (0, 0, 0), None, "EAGLE-1 heads; legacy --speculative-model"),
-    Support("eagle3", (0, 8, 5), None, "EAGLE-3 in V1 (approx. 0.8.5)"),
+    Support("eagle3", (0, 8, 5), None, "EAGLE-3 in V1, vllm PR #16937 (approx. 0.8.5)"),
     Support("medusa", (0, 0, 0), None, "Medusa heads"),
     Support("mtp", (0, 8, 0), None, "deepseek_mtp, later 'mtp' (vllm/config/speculative.py)"),
     Support("suffix", (0, 11, 1), None, "vllm PR #25784, needs arctic-inference (approx.)"),
 )
-# legacy flags (<= 0.7) could only express these
+# what specadapt writes with the legacy flags (<= 0.7); 0.7.3 also ran DeepSeek MTP through
+# them, which specadapt does not write
 VLLM_LEGACY_METHODS = ("ngram", "draft_model", "eagle", "medusa")
 
 # TensorRT-LLM 1.x: method -> decoding_type, and which engine backends accept it
