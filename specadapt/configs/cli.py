@@ -72,6 +72,9 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"backend": backend, "version": backend_version, "engine": engine}
         return
+    if backend is None and spec_kw["method"] is None and spec_kw["target"] is None:
+        click.echo(ctx.get_help())
+        return
     if backend is None:
         raise UsageError("Say which server to write for: add --backend vllm or "
                          "--backend trtllm (see 'specadapt config --help').")
@@ -88,7 +91,10 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
                                     entry=entry, port=port, image=image):
             click.echo(str(path))
         return
-    for i, fmt in enumerate(fmts):
+    if backend == "trtllm" and "argv" in fmts and "yaml" not in fmts:
+        click.echo("note: the command reads trtllm-config.yaml: write it with --format yaml "
+                   "(or --out DIR)", err=True)
+    for fmt in fmts:
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
         click.echo(R.render(spec, backend, fmt, backend_version, engine, entry=entry,

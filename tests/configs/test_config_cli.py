@@ -147,3 +147,13 @@ def test_validate_checks_local_model_dirs(tmp_path):
     assert r.exit_code == 1
     assert "Draft vocab size 7 differs from the target's 5" in r.output
     assert "lower --max-model-len to 1024" in r.output
+
+
+def test_bare_config_prints_help():
+    r = run("config")
+    assert r.exit_code == 0 and r.output.startswith("Usage: ")
+
+
+def test_multiple_formats_are_labelled():
+    r = run(*EAGLE3, "--format", "json", "--format", "yaml")
+    assert r.output.startswith("# --- json ---\n{") and "# --- yaml ---\nmodel: M\n" in r.output
