@@ -95,9 +95,14 @@ def _off_rules(spec: SpecConfig) -> Iterator[Problem]:
 
 def _common_rules(spec: SpecConfig) -> Iterator[Problem]:
     m = spec.method
+    # vLLM 0.32 _verify_args: num_speculative_tokens required (suffix defaults it to the
+    # tree depth); TRT-LLM: max_draft_len > 0 for Eagle/NGram/Draft_Target
     if spec.k is None and m != "suffix":
         yield Problem(f"Method '{m}' needs k, the number of draft tokens per step: "
                       "add --k N (N > 0, 2 to 5 is typical).")
+    # vLLM 0.32 __post_init__: "num_speculative_tokens was provided but without speculative
+    # model" for every method but ngram/suffix/mtp; TRT-LLM: speculative_model for Eagle3,
+    # Draft_Target
     if m in NEEDS_DRAFT and not spec.draft:
         yield Problem(f"Method '{m}' needs a draft (a draft model, EAGLE head or Medusa "
                       "heads): add --draft PATH_OR_HF_ID.")
@@ -107,10 +112,12 @@ def _common_rules(spec: SpecConfig) -> Iterator[Problem]:
     if m != "ngram" and (spec.ngram_min is not None or spec.ngram_max is not None):
         yield Problem(f"The n-gram window only applies to method ngram, not '{m}': "
                       "remove --ngram-min/--ngram-max.")
+    # vLLM 0.32 __post_init__: prompt_lookup_min <= prompt_lookup_max
     if spec.ngram_min is not None and spec.ngram_max is not None \
             and spec.ngram_min > spec.ngram_max:
         yield Problem(f"ngram_min={spec.ngram_min} is larger than ngram_max="
                       f"{spec.ngram_max}: make ngram_min <= ngram_max.")
+    # vLLM 0.32 _verify_and_get_draft_tp: 1 or the target's tensor_parallel_size
     if spec.draft_tp is not None and spec.draft_tp not in (1, spec.tp):
         yield Problem(f"Draft tensor parallel size {spec.draft_tp} must be 1 or the "
                       f"target's tp ({spec.tp}): set --draft-tp 1 or --draft-tp {spec.tp}.")
@@ -132,6 +139,7 @@ def _vllm_rules(spec: SpecConfig, ver: V.Version) -> Iterator[Problem]:
                           f"{V.fmt(V.VLLM_BATCH_SCHEDULE_SINCE)}, not in {V.fmt(ver)}: "
                           "confirm your version accepts it.", "warning")
         yield from check_batch_schedule(spec.k_per_batch_size, spec.k)
+    # vLLM 0.32 _validate_suffix_decoding: ImportError without arctic-inference
     if spec.method == "suffix":
         yield Problem("Suffix decoding needs the arctic-inference package in the server's "
                       "environment (pip install arctic-inference); vLLM refuses to start "
@@ -176,15 +184,18 @@ def _trtllm_rules(spec: SpecConfig, engine: str) -> Iterator[Problem]:
     if spec.k_per_batch_size is not None:
         yield Problem("k_per_batch_size is a vLLM setting: on TensorRT-LLM use "
                       "max_concurrency or draft_len_schedule.")
+    # TRT-LLM DecodingBaseConfig.validate_max_concurrency_and_draft_len_schedule_...
     if spec.max_concurrency is not None and spec.draft_len_schedule is not None:
         yield Problem("max_concurrency and draft_len_schedule are mutually exclusive in "
                       "TensorRT-LLM: keep max_concurrency for a simple cut-off, or "
                       "draft_len_schedule for per-batch-size draft lengths.")
     if spec.draft_len_schedule is not None:
         yield from check_draft_len_schedule(spec.draft_len_schedule, spec.k)
+    # TRT-LLM 1.x DecodingBaseConfig has no draft TP field (schema at 20e20312)
     if spec.draft_tp is not None and spec.draft_tp != spec.tp:
         yield Problem(f"TensorRT-LLM runs the draft with the target's tensor parallel size "
                       f"({spec.tp}) and has no separate draft TP: remove --draft-tp.")
+    # TRT-LLM NGramDecodingConfig: only max_matching_ngram_size
     if spec.method == "ngram" and spec.ngram_min is not None:
         yield Problem("TensorRT-LLM NGram has no minimum match length; ngram_min is ignored "
                       "(ngram_max becomes max_matching_ngram_size).", "warning")
