@@ -68,6 +68,8 @@ def load(path: str | Path) -> tuple[str, list[Any]]:
         text = p.read_text()
     except OSError as exc:
         raise UsageError(f"Cannot read {p} ({exc.strerror}): check the path.") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p} is not a text file: pass a JSON, YAML or shell file.") from exc
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError:
@@ -129,11 +131,18 @@ def _argv_unit(label: str, argv: list[str]) -> Unit | None:
     return None
 
 
+def _safe_yaml(text: Any) -> Any:
+    try:
+        return yaml.safe_load(text) if isinstance(text, str) else None
+    except yaml.YAMLError:
+        return None
+
+
 def _k8s_units(d: dict) -> list[Unit]:
     out: list[Unit] = []
     if d.get("kind") == "ConfigMap":
         for key, text in (d.get("data") or {}).items():
-            parsed = yaml.safe_load(text)
+            parsed = _safe_yaml(text)
             if isinstance(parsed, dict):
                 out.append(Unit(f"ConfigMap {key}", _detect_mapping(parsed, None), parsed))
         return out
@@ -157,7 +166,7 @@ def _compose_units(d: dict) -> list[Unit]:
         if unit:
             out.append(unit)
     for name, cfg in (d.get("configs") or {}).items():
-        parsed = yaml.safe_load(cfg.get("content", "")) if isinstance(cfg, dict) else None
+        parsed = _safe_yaml(cfg.get("content", "")) if isinstance(cfg, dict) else None
         if isinstance(parsed, dict):
             out.append(Unit(f"config {name}", _detect_mapping(parsed, None), parsed))
     return out
@@ -309,7 +318,10 @@ def _describe(unit: Unit) -> list[str]:
         lines = []
         for key, val in opts.items():
             if _norm(key) == "speculative-config":
-                sc = json.loads(val) if isinstance(val, str) else val
+                try:
+                    sc = json.loads(val) if isinstance(val, str) else val
+                except ValueError:
+                    sc = val  # reported as invalid JSON among the findings
                 lines.append("speculative-config: the speculative decoding settings")
                 lines += ["  " + ln for ln in _describe_keys(sc, vllm.SPEC_KEYS, vllm.GONE_KEYS)]
             elif _norm(key) in VLLM_LEGACY_KEYS:

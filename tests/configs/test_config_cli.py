@@ -157,3 +157,25 @@ def test_bare_config_prints_help():
 def test_multiple_formats_are_labelled():
     r = run(*EAGLE3, "--format", "json", "--format", "yaml")
     assert r.output.startswith("# --- json ---\n{") and "# --- yaml ---\nmodel: M\n" in r.output
+
+
+@pytest.mark.parametrize("text,code", [
+    ("speculative_config: 5\nenable_iter_perf_stats: true\n", 1),
+    ("speculative-config: [1, 2]\nmodel: M\n", 1),
+    ('{"method": 5, "num_speculative_tokens": 3}', 1),
+    ('{"method": "ngram", "num_speculative_tokens": "3"}', 1),
+    ("speculative_config:\n  decoding_type: NGram\n  max_draft_len: x\n"
+     "  draft_len_schedule: abc\n", 1),
+    ("speculative_config:\n  decoding_type: 7\n", 1),
+    ("python -m vllm.entrypoints.openai.api_server --model M --speculative-config {bad\n", 1),
+    ("- a\n- b\n", 2),
+    ("apiVersion: apps/v1\nkind: Deployment\nspec: {template: {spec: {containers: [{}]}}}\n", 2),
+])
+def test_malformed_files_never_trace_back(tmp_path, text, code):
+    f = tmp_path / "f.yaml"
+    f.write_text(text)
+    for sub in ("validate", "explain"):
+        r = run("config", sub, str(f))
+        assert r.exception is None or isinstance(r.exception, SystemExit), r.output
+        assert "Traceback" not in r.output
+    assert run("config", "validate", str(f)).exit_code == code
