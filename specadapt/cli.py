@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from specadapt import __version__
+from specadapt.configs.cli import config
 from specadapt.errors import ServerStartError, SpecadaptError
 
 
@@ -62,6 +63,9 @@ def models_path() -> None:
     if not is_complete(path):
         click.echo("not fetched yet: run 'specadapt models fetch'", err=True)
         sys.exit(1)
+
+
+cli.add_command(config)
 
 
 def main() -> None:

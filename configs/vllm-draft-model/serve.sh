@@ -1,0 +1,1 @@
+python -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-3.1-70B-Instruct --host 0.0.0.0 --port 8000 --tensor-parallel-size 4 --speculative-config '{"method":"draft_model","model":"meta-llama/Llama-3.2-1B-Instruct","num_speculative_tokens":4,"draft_tensor_parallel_size":1,"num_speculative_tokens_per_batch_size":[[1,16,4],[17,64,2],[65,256,0]]}'

@@ -1,0 +1,59 @@
+"""The example deployments in the repository's configs/ directory, and their regeneration.
+
+    python -m specadapt.configs.examples [DIR]        # rewrite them
+    specadapt config examples [--check] [--out DIR]   # the same from the CLI
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from specadapt.configs.render import available_formats, write_outputs
+from specadapt.configs.spec import SpecConfig
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+# name -> (backend, spec); public model ids the upstream docs use for these methods
+EXAMPLES: dict[str, tuple[str, SpecConfig]] = {
+    "vllm-ngram": ("vllm", SpecConfig(target=LLAMA, method="ngram", k=4, ngram_min=2,
+                                      ngram_max=4)),
+    "vllm-eagle3": ("vllm", SpecConfig(target=LLAMA, method="eagle3", k=3,
+                                       draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")),
+    "vllm-draft-model": ("vllm", SpecConfig(
+        target="meta-llama/Llama-3.1-70B-Instruct", method="draft_model", k=4,
+        draft="meta-llama/Llama-3.2-1B-Instruct", draft_tp=1, tp=4,
+        k_per_batch_size=[(1, 16, 4), (17, 64, 2), (65, 256, 0)])),
+    "trtllm-eagle3": ("trtllm", SpecConfig(target=LLAMA, method="eagle3", k=3,
+                                           draft="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+                                           max_concurrency=32)),
+    "trtllm-mtp": ("trtllm", SpecConfig(target="deepseek-ai/DeepSeek-R1", method="mtp", k=3,
+                                        tp=8)),
+    "trtllm-ngram": ("trtllm", SpecConfig(target=LLAMA, method="ngram", k=3, ngram_max=4,
+                                          draft_len_schedule={4: 3, 16: 2, 64: 1})),
+}
+
+
+def write_examples(root: Path) -> list[Path]:
+    written = []
+    for name, (backend, spec) in EXAMPLES.items():
+        written += write_outputs(spec, backend, available_formats(spec, backend), root / name)
+    return written
+
+
+def stale_examples(root: Path) -> list[str]:
+    """Files under ``root`` that differ from (or are missing versus) a fresh generation."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp)
+        write_examples(fresh)
+        want = {p.relative_to(fresh): p.read_text() for p in fresh.rglob("*") if p.is_file()}
+    have = {p.relative_to(root): p.read_text() for p in root.rglob("*")
+            if p.is_file() and p.name != "README.md"} if root.is_dir() else {}
+    names = sorted(set(want) | set(have))
+    return [str(n) for n in names if want.get(n) != have.get(n)]
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "configs")
+    for path in write_examples(target):
+        print(path)

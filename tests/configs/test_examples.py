@@ -1,0 +1,26 @@
+"""configs/ holds the generated examples; this fails when they are out of date."""
+
+from __future__ import annotations
+
+from specadapt.configs.examples import EXAMPLES, stale_examples
+
+
+def test_examples_are_up_to_date(repo_root):
+    stale = stale_examples(repo_root / "configs")
+    assert stale == [], ("out of date: " + ", ".join(stale) +
+                         " -- regenerate with: python -m specadapt.configs.examples configs")
+
+
+def test_examples_cover_the_required_set():
+    assert set(EXAMPLES) == {"vllm-ngram", "vllm-eagle3", "vllm-draft-model", "trtllm-eagle3",
+                             "trtllm-mtp", "trtllm-ngram"}
+
+
+def test_docs_show_the_generated_examples(repo_root):
+    docs = (repo_root / "docs" / "configs.md").read_text()
+    for rel in ("vllm-ngram/serve.sh", "vllm-eagle3/vllm-config.yaml",
+                "vllm-draft-model/speculative-config.json", "trtllm-eagle3/trtllm-config.yaml",
+                "trtllm-eagle3/serve.sh", "trtllm-mtp/trtllm-config.yaml",
+                "trtllm-ngram/trtllm-config.yaml"):
+        text = (repo_root / "configs" / rel).read_text().rstrip("\n")
+        assert text in docs, f"docs/configs.md is missing the current configs/{rel}"

@@ -1,0 +1,16 @@
+"""The configs package and the CLI import without vllm, torch or tensorrt_llm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_configs_import_no_heavy_dependencies(repo_root):
+    code = ("import sys; import specadapt.cli; "
+            "import specadapt.configs.examples, specadapt.configs.files; "
+            "heavy = [m for m in ('vllm', 'torch', 'tensorrt_llm', 'transformers') "
+            "if m in sys.modules]; print(heavy); sys.exit(1 if heavy else 0)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True,
+                         text=True, timeout=60, env={"PYTHONPATH": str(repo_root)})
+    assert out.returncode == 0, out.stdout + out.stderr
