@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
 from specadapt.adapters.http import HttpGetter, check_url
 from specadapt.adapters.process import ManagedProcess, free_port
+from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
 from specadapt.errors import NotAServer, UsageError
 from specadapt.probes.metrics_text import by_label, parse_samples, total
 
@@ -29,7 +30,6 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
-ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> CounterSnapshot:
@@ -165,23 +165,24 @@ class VLLMLaunch(BaseModel):
 def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     """The argv and environment for one vLLM server (spec on when ``spec_config`` is set)."""
     port = opts.port or free_port(opts.host)
-    # `--flag=value` keeps user-supplied values (paths, JSON) from ever parsing as flags.
-    argv = [opts.python, "-m", ENTRY_MODULE, f"--model={opts.model}", f"--host={opts.host}", f"--port={port}"]
-    if opts.dtype:
-        argv.append(f"--dtype={opts.dtype}")
-    if opts.max_model_len:
-        argv.append(f"--max-model-len={opts.max_model_len}")
-    if opts.seed is not None:
-        argv.append(f"--seed={opts.seed}")
-    if opts.spec_config:
-        argv.append("--speculative-config=" + json.dumps(opts.spec_config, separators=(",", ":")))
-    argv += opts.extra_args
+    argv = vllm_server_argv(opts.python, opts.model, opts.host, port, opts.spec_config, opts.dtype,
+                            opts.max_model_len, opts.seed, opts.extra_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.kv_cache_gib))}
     iomp = Path(opts.python).parent.parent / "lib" / "libiomp5.so"
     if opts.spec_config and iomp.is_file() and "LD_PRELOAD" not in os.environ:
         env["LD_PRELOAD"] = str(iomp)  # vLLM's CPU backend wants Intel OpenMP for spec decoding
     return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
                       health_path="/v1/models", spec_enabled=bool(opts.spec_config), model=opts.model)
+
+
+def check_spec_config(spec: dict[str, Any] | None) -> None:
+    """UsageError naming the first problem when vLLM would refuse this speculative config."""
+    if not spec:
+        return
+    problems = validate_vllm_spec_json(spec)
+    if problems:
+        more = f" ({len(problems) - 1} more: run 'specadapt config validate')" if len(problems) > 1 else ""
+        raise UsageError(f"--spec-config: {problems[0].rstrip('.')}{more}")
 
 
 def check_interpreter_has_vllm(python: str) -> None:
@@ -213,6 +214,7 @@ def launched_servers(opts_list: list[VLLMLaunch], startup_timeout_s: float = 900
     health waits run in threads.
     """
     for opts in opts_list:
+        check_spec_config(opts.spec_config)
         check_interpreter_has_vllm(opts.python)
     with ExitStack() as stack:
         procs = []

@@ -145,15 +145,17 @@ def vllm_server_argv(python: str, model: str, host: str, port: int,
 
     ``spec`` is the speculative-config mapping (see ``vllm_spec_dict``), None for off.
     """
-    argv = [python, "-m", MODULE, F_MODEL, model, F_HOST, host, F_PORT, str(port)]
+    # `--flag=value` keeps user-supplied values (paths, JSON) from ever parsing as flags.
+    pairs: list[tuple[str, object]] = [(F_MODEL, model), (F_HOST, host), (F_PORT, port)]
     if dtype:
-        argv += [F_DTYPE, dtype]
+        pairs.append((F_DTYPE, dtype))
     if max_model_len is not None:
-        argv += [F_MAX_LEN, str(max_model_len)]
+        pairs.append((F_MAX_LEN, max_model_len))
     if seed is not None:
-        argv += [F_SEED, str(seed)]
+        pairs.append((F_SEED, seed))
     if spec:
-        argv += [F_SPEC, json.dumps(spec, separators=(",", ":"))]
+        pairs.append((F_SPEC, json.dumps(spec, separators=(",", ":"))))
+    argv = [python, "-m", MODULE] + [f"{flag}={value}" for flag, value in pairs]
     return argv + list(extra_args)
 
 

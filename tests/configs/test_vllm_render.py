@@ -74,10 +74,10 @@ def test_server_argv_for_the_adapter():
     argv = vllm.vllm_server_argv("py", "M", "127.0.0.1", 8001,
                                  {"method": "ngram", "num_speculative_tokens": 3},
                                  "float32", 2048, 0, ["--enforce-eager"])
-    assert argv == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "M",
-                    "--host", "127.0.0.1", "--port", "8001", "--dtype", "float32",
-                    "--max-model-len", "2048", "--seed", "0", "--speculative-config",
-                    '{"method":"ngram","num_speculative_tokens":3}', "--enforce-eager"]
+    assert argv == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model=M",
+                    "--host=127.0.0.1", "--port=8001", "--dtype=float32",
+                    "--max-model-len=2048", "--seed=0",
+                    '--speculative-config={"method":"ngram","num_speculative_tokens":3}', "--enforce-eager"]
     assert "--speculative-config" not in vllm.vllm_server_argv("py", "M", "h", 1, None, None,
                                                                None, None, [])
 

@@ -71,6 +71,17 @@ def test_spec_config_that_is_not_an_object(model_dir, tmp_path):
     assert "must hold a JSON object" in line
 
 
+@pytest.mark.parametrize("spec, message", [
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens=0 must be an integer > 0"),
+    ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
+     "make min <= max"),
+    ('{"method": "eagle3", "num_speculative_tokens": 3}', "needs 'model'"),
+])
+def test_spec_config_that_vllm_would_refuse(model_dir, spec, message):
+    line = one_error_line(specadapt("probe", "--model", str(model_dir), "--spec-config", spec))
+    assert line.startswith("error: --spec-config: ") and message in line
+
+
 def test_model_dir_that_does_not_exist(tmp_path):
     line = one_error_line(specadapt("probe", "--model", str(tmp_path / "nope")))
     assert "does not exist" in line and str(tmp_path / "nope") in line
