@@ -81,5 +81,9 @@ def main() -> None:
 
 from specadapt.probes.cli import probe, report_group  # noqa: E402  (commands live beside their code)
 
+from specadapt.probes.compare_cli import compare, equiv  # noqa: E402
+
 cli.add_command(probe)
 cli.add_command(report_group)
+cli.add_command(compare)
+cli.add_command(equiv)

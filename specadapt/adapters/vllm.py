@@ -47,6 +47,8 @@ class VLLMServer:
     """A vLLM OpenAI-compatible server at ``base_url`` (launched by us or already running)."""
 
     backend = "vllm"
+    # vLLM extension: logprob tokens as "token_id:N", so identity is decided on ids.
+    identity_extras = {"return_tokens_as_token_ids": True}
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
@@ -256,6 +258,7 @@ class VLLMBackend:
     launch_options = VLLMLaunch
     connect = VLLMServer
     launched = staticmethod(launched_server)
+    launched_many = staticmethod(launched_servers)
 
     @staticmethod
     def version() -> str | None:

@@ -36,6 +36,8 @@ class RequestSettings(BaseModel):
     logprobs: bool = True
     top_logprobs: int = 0
     request_timeout_s: float = 300.0
+    extra_body: dict[str, Any] = Field(default_factory=dict,
+                                       description="Backend-specific request fields, merged into the body.")
 
 
 class RequestRecord(BaseModel):
@@ -46,6 +48,9 @@ class RequestRecord(BaseModel):
     api: Literal["chat", "completions"]
     repeat: int = 0
     warmup: bool = False
+    side: Literal["on", "off", ""] = Field("", description="A/B runs: which server answered.")
+    concurrency: int = 1
+    replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
     ok: bool = False
     error: str | None = None
     status_code: int | None = None
@@ -78,6 +83,7 @@ def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[s
     }
     if settings.seed is not None:
         body["seed"] = settings.seed
+    body.update(settings.extra_body)
     if prompt.api == "chat":
         body["messages"] = [m.model_dump() for m in prompt.messages or []]
         if settings.logprobs:

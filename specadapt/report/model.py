@@ -47,18 +47,24 @@ class ProbeReport(BaseModel):
     requests: list[RequestRecord] = Field(default_factory=list)
 
 
-def write_report(report: BaseModel, path: Path) -> None:
-    """Write JSON atomically (temp file in the same directory, then rename)."""
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file atomically (temp file in the same directory, then rename): a crash never
+    leaves a half-written report that a staging gate could read as valid."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(report.model_dump_json(indent=2))
+            fh.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_report(report: BaseModel, path: Path) -> None:
+    """Write a report model as JSON, atomically."""
+    atomic_write_text(path, report.model_dump_json(indent=2))
 
 
 def read_report(path: Path) -> ProbeReport:

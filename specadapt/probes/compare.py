@@ -1,0 +1,275 @@
+"""A/B: the same prompts against a spec-off and a spec-on server, interleaved.
+
+Interleaving. At concurrency 1 every (prompt, repeat) goes to both servers back to back,
+the order alternating (off-on, on-off, ...), so slow drift of the machine hits both
+sides alike. At concurrency N > 1 a block of at least 2N requests (the prompt set,
+copied as often as needed) runs against one server at a time, and the blocks alternate
+off/on, on/off with the repeats. Warm-up requests go to both servers first and are
+discarded. The spec-on server's counters are read before and after each concurrency
+level, so acceptance is known per level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from typing import Callable
+
+import httpx
+
+from specadapt.adapters.base import CounterSnapshot, Server
+from specadapt.probes.acceptance import acceptance_summary
+from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
+from specadapt.probes.latency import latency_summary, tpot_ns
+from specadapt.probes.prompts import Prompt
+from specadapt.probes.runner import settle_counters
+from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
+from specadapt.report.compare_model import (CompareReport, CompareSettings, CounterPair, LevelResult, PromptSpeed,
+                                            SpeedRatios, TheoryCheck)
+
+Progress = Callable[[RequestRecord], None]
+
+
+def _client(server: Server, settings: RequestSettings, concurrency: int) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
+                             verify=getattr(server, "verify", True))
+
+
+def side_settings(server: Server, base: RequestSettings, temperature: float | None = None) -> RequestSettings:
+    """Request settings for one side: the server's identity extras (e.g. token ids) merged in."""
+    extras = {**base.extra_body, **getattr(server, "identity_extras", {})}
+    update: dict = {"extra_body": extras}
+    if temperature is not None:
+        update["temperature"] = temperature
+    return base.model_copy(update=update)
+
+
+class ABRunner:
+    """Runs the interleaved A/B workload and returns the raw records and counter deltas."""
+
+    def __init__(self, off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
+                 progress: Progress | None = None):
+        self.off, self.on, self.prompts, self.settings, self.progress = off, on, prompts, settings, progress
+        self.req_off = side_settings(off, settings.request)
+        self.req_on = side_settings(on, settings.request, settings.on_temperature)
+
+    def total_requests(self) -> int:
+        n = 2 * self.settings.warmup
+        for c in self.settings.concurrency:
+            n += 2 * self.settings.repeat * len(self.prompts) * self._copies(c)
+        return n
+
+    def _copies(self, concurrency: int) -> int:
+        return 1 if concurrency == 1 else max(1, math.ceil(2 * concurrency / len(self.prompts)))
+
+    async def _send(self, client, side: str, prompt: Prompt, t0: int, level: int, repeat: int, copy: int,
+                    warmup: bool = False) -> RequestRecord:
+        req = self.req_on if side == "on" else self.req_off
+        rec = await stream_request(client, prompt, self._model[side], req, t0, repeat=repeat, warmup=warmup)
+        rec.side, rec.concurrency, rec.replica = side, level, copy  # type: ignore[assignment]
+        if self.progress:
+            self.progress(rec)
+        return rec
+
+    async def run(self, sides: tuple[str, ...] = ("off", "on")
+                  ) -> tuple[list[RequestRecord], dict[int, CounterPair], dict[int, CounterPair]]:
+        """Records, and for each level the (before, after) counters of the on and off servers.
+
+        ``sides`` restricts the run to one server (servers started one after the other)."""
+        s = self.settings
+        self._sides = sides
+        servers = {"off": self.off, "on": self.on}
+        records: list[RequestRecord] = []
+        on_counters: dict[int, CounterPair] = {}
+        off_counters: dict[int, CounterPair] = {}
+        self._model = {side: servers[side].model_id for side in sides}
+        counters = {"off": off_counters, "on": on_counters}
+        t0 = time.perf_counter_ns()
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {side: await stack.enter_async_context(_client(servers[side], s.request, max(s.concurrency)))
+                       for side in sides}
+            for i in range(s.warmup):
+                for side in sides:
+                    await self._send(clients[side], side, self.prompts[i % len(self.prompts)], t0, 1, 0, 0, True)
+            for level in s.concurrency:
+                before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
+                records += await self._level(clients, level, t0)
+                for side in sides:
+                    counters[side][level] = CounterPair(
+                        before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
+        return records, on_counters, off_counters
+
+    async def _level(self, clients, level: int, t0: int) -> list[RequestRecord]:
+        s = self.settings
+        out: list[RequestRecord] = []
+        if level == 1:
+            k = 0
+            for r in range(s.repeat):
+                for p in self.prompts:
+                    order = ("off", "on") if k % 2 == 0 else ("on", "off")
+                    k += 1
+                    for side in (x for x in order if x in self._sides):
+                        out.append(await self._send(clients[side], side, p, t0, 1, r, 0))
+            return out
+        copies = self._copies(level)
+        for r in range(s.repeat):
+            order = ("off", "on") if r % 2 == 0 else ("on", "off")
+            for side in (x for x in order if x in self._sides):
+                sem = asyncio.Semaphore(level)
+
+                async def one(p: Prompt, cp: int, side=side, r=r) -> RequestRecord:
+                    async with sem:
+                        return await self._send(clients[side], side, p, t0, level, r, cp)
+
+                out += await asyncio.gather(*(one(p, cp) for cp in range(copies) for p in self.prompts))
+        return out
+
+
+def pair_records(records: list[RequestRecord], level: int) -> list[tuple[RequestRecord, RequestRecord]]:
+    """(off, on) pairs of the same prompt, repeat and copy at one level; both must have succeeded."""
+    keyed: dict[tuple, dict[str, RequestRecord]] = {}
+    for r in records:
+        if r.concurrency == level and not r.warmup:
+            keyed.setdefault((r.prompt_id, r.repeat, r.replica), {})[r.side] = r
+    return [(v["off"], v["on"]) for v in keyed.values() if "off" in v and "on" in v and v["off"].ok and v["on"].ok]
+
+
+def speed_ratios(pairs: list[tuple[RequestRecord, RequestRecord]], n_boot: int, seed: int) -> SpeedRatios:
+    tp = [(tpot_ns(a), tpot_ns(b)) for a, b in pairs]
+    tp = [(a, b) for a, b in tp if a is not None and b is not None]
+    return SpeedRatios(
+        tpot=latency_speedup([a for a, _ in tp], [b for _, b in tp], n_boot=n_boot, seed=seed),
+        e2e=latency_speedup([a.e2e_ns for a, _ in pairs], [b.e2e_ns for _, b in pairs], n_boot=n_boot, seed=seed),
+        throughput=throughput_ratio([a.output_tokens for a, _ in pairs], [a.e2e_ns for a, _ in pairs],
+                                    [b.output_tokens for _, b in pairs], [b.e2e_ns for _, b in pairs],
+                                    n_boot=n_boot, seed=seed),
+    )
+
+
+def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: float | None,
+                 draft_cost: float | None) -> TheoryCheck | None:
+    """Theory beside measurement: ideal speedup from acceptance, the implied draft cost c, best k."""
+    from specadapt.native_reference import theory
+
+    acc = level.acceptance
+    if not acc.known or not acc.drafts or not acc.per_position_rate:
+        return None
+    k = len(acc.per_position_rate)
+    tokens_per_pass = acc.mean_acceptance_length
+    c = draft_cost if draft_cost is not None else 0.0
+    per_pos = [acc.per_position_rate[i] * acc.drafts for i in range(k)]
+    predicted = theory.predicted_speedup_per_position(per_pos, int(acc.drafts), c)
+    measured = level.speed.tpot.point
+    implied_c = None
+    if tpot_off_ms and tpot_on_ms:
+        # one verify pass costs tpot_on * L; relative to a decode step: k*c + 1
+        implied_c = max(0.0, (tpot_on_ms * tokens_per_pass / tpot_off_ms - 1.0) / k)
+    a = theory.acceptance_from_mean_length(tokens_per_pass, k) if 1 < tokens_per_pass < k + 1 else None
+    best = theory.best_k(a, implied_c if implied_c is not None else c) if a is not None and 0 < a < 1 else None
+    best_measured = max(range(1, k + 1), key=lambda kk: theory.predicted_speedup_per_position(
+        per_pos[:kk], int(acc.drafts), implied_c if implied_c is not None else c))
+    return TheoryCheck(k=k, tokens_per_pass=tokens_per_pass, draft_cost_assumed=c, predicted_speedup=predicted,
+                       measured_speedup=measured,
+                       measured_over_predicted=(measured / predicted) if measured and predicted else None,
+                       implied_draft_cost=implied_c, iid_acceptance=a,
+                       best_k_iid=best[0] if best else None, best_k_measured_positions=best_measured)
+
+
+def analyse(report: CompareReport) -> None:
+    """Fill per-level speed, acceptance, theory and the crossover from the raw records."""
+    s = report.settings
+    report.levels = []
+    for level in s.concurrency:
+        pairs = pair_records(report.requests, level)
+        speed = speed_ratios(pairs, s.bootstrap, s.seed)
+        by_prompt = []
+        for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
+            pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
+            by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category,
+                                         ratios=speed_ratios(pp, s.bootstrap, s.seed)))
+        recs = [r for r in report.requests if r.concurrency == level and not r.warmup]
+        off_lat = latency_summary([r for r in recs if r.side == "off"])
+        on_lat = latency_summary([r for r in recs if r.side == "on"])
+        counters = report.counters_on.get(level) or CounterPair(before=CounterSnapshot(), after=CounterSnapshot())
+        acc = acceptance_summary(counters.before, counters.after)
+        lr = LevelResult(concurrency=level, pairs=len(pairs), speed=speed, by_prompt=by_prompt,
+                         off=off_lat, on=on_lat, acceptance=acc)
+        lr.theory = theory_check(lr, off_lat.tpot_ms.mean, on_lat.tpot_ms.mean, s.draft_cost)
+        report.levels.append(lr)
+    report.crossover = find_crossover([lv.concurrency for lv in report.levels],
+                                      [lv.speed.throughput.point for lv in report.levels])
+
+
+def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
+                progress: Progress | None = None) -> CompareReport:
+    """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
+    settings.concurrency = sorted(set(settings.concurrency))
+    off_info, on_info = off.describe(), on.describe()
+    runner = ABRunner(off, on, prompts, settings, progress)
+    records, on_counters, off_counters = asyncio.run(runner.run())
+    report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
+                           counters_on=on_counters, counters_off=off_counters)
+    return finish_compare(report, off, prompts, runner.req_off)
+
+
+def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: CompareSettings,
+                 progress: Progress | None = None):
+    """One side only (servers started one after the other): (info, records, counters)."""
+    settings.concurrency = sorted(set(settings.concurrency))
+    info = server.describe()
+    off, on = (server, server)
+    runner = ABRunner(off, on, prompts, settings, progress)
+    records, on_c, off_c = asyncio.run(runner.run(sides=(side,)))
+    return info, records, (on_c if side == "on" else off_c)
+
+
+def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
+                   off_request: RequestSettings) -> CompareReport:
+    """Analysis, identity and triage (the spec-off server must still be up for triage)."""
+    from specadapt.probes.equivalence import default_threshold, identity_report, server_triage
+
+    settings = report.settings
+    records = report.requests
+    analyse(report)
+    threshold = settings.near_tie_threshold if settings.near_tie_threshold is not None \
+        else default_threshold(settings.dtype)
+    settings.near_tie_threshold = threshold
+    scorer = None
+    if settings.reference:
+        from specadapt.probes.reference_check import ReferenceScorer
+        scorer = ReferenceScorer(settings.reference)
+
+    def triage(prompt: Prompt, div, off_rec: RequestRecord):
+        t = server_triage(off, prompt, off_request, div, off_rec.tokens, threshold) if settings.triage else None
+        if scorer is not None:
+            t = scorer.triage(off, prompt, div, off_rec, threshold, t)
+        return t
+
+    report.identity = identity_report(records, prompts, triage)
+    report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
+                     for v in ("identical", "near-tie", "suspect", "unknown")}
+    report.notes += _compare_notes(report)
+    return report
+
+
+def _compare_notes(report: CompareReport) -> list[str]:
+    notes = []
+    if report.off_server.spec_enabled:
+        notes.append("the 'off' server has spec-decode counters: speculation looks ON there")
+    if report.on_server.spec_enabled is False:
+        notes.append("the 'on' server has no spec-decode counters: speculation looks OFF there")
+    if report.off_server.model_id != report.on_server.model_id:
+        notes.append(f"the servers serve different model ids ({report.off_server.model_id} vs "
+                     f"{report.on_server.model_id})")
+    if report.settings.on_temperature not in (None, report.settings.request.temperature):
+        notes.append(f"drill: the spec-on side ran at temperature {report.settings.on_temperature}")
+    failed = [r for r in report.requests if not r.ok and not r.warmup]
+    if failed:
+        notes.append(f"{len(failed)} request(s) failed and were left out of the pairs")
+    if not report.settings.interleaved:
+        notes.append("the servers ran one after the other (not interleaved): machine drift can bias the ratios")
+    return notes

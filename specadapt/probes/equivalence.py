@@ -1,0 +1,182 @@
+"""Output identity of spec-on vs spec-off, the first divergence, and its triage.
+
+Identity is decided on tokens (the logprobs' token ids when the server gives them, as
+vLLM does with ``return_tokens_as_token_ids``), so that a difference cannot hide behind
+detokenization; the character position and 40 characters of context come from the texts.
+
+Triage of a divergence at token i (everything after i follows from it, so only the first
+divergence of a pair is reported, and a prompt's divergences that share an origin are
+reported once):
+- server logprobs: the spec-off server is asked the same request for i+1 tokens with its
+  top 5 logprobs; margin = logp(off token) - logp(on token) at i. If the on token is not
+  in the top 5, the margin is at least logp(off token) - min(top 5) (a lower bound).
+- reference (``--reference DIR``): the target is recomputed in float64 on the same prefix
+  (prompt ids from the server's /tokenize, then the spec-off tokens before i): the true
+  margin, decisive where the server's own logprobs carry its dtype's noise.
+- verdict: |margin| below the threshold is a "numerical near-tie" (the server's
+  arithmetic can flip it); above it, "suspect". The default threshold depends on the
+  server dtype (see NEAR_TIE_THRESHOLDS and the README for how they were measured).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import httpx
+
+from specadapt.adapters.base import Server
+from specadapt.probes.client import RequestRecord, RequestSettings, build_body
+from specadapt.probes.prompts import Prompt
+from specadapt.report.compare_model import Divergence, PromptIdentity, Triage
+
+CONTEXT_CHARS = 40
+TOP_LOGPROBS = 5
+# Nats. Measured with benchmarks/near_tie_noise.py (README "Near-tie threshold"): the
+# largest change of a top-2 logprob margin between float64 and each dtype, times ~2.
+NEAR_TIE_THRESHOLDS = {"bfloat16": 0.5, "float16": 0.1, "float32": 0.01, "float64": 1e-6}
+DEFAULT_THRESHOLD = 0.5  # unknown dtype: assume the noisiest common one (bfloat16)
+_VERDICT_RANK = {"identical": 0, "near-tie": 1, "unknown": 2, "suspect": 3}
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
+def default_threshold(dtype: str | None) -> float:
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+               "fp64": "float64", "double": "float64"}
+    if dtype is None:
+        return DEFAULT_THRESHOLD
+    d = dtype.lower()
+    return NEAR_TIE_THRESHOLDS.get(aliases.get(d, d), DEFAULT_THRESHOLD)
+
+
+def token_id(token: str) -> int | None:
+    m = _TOKEN_ID.match(token)
+    return int(m.group(1)) if m else None
+
+
+def _common_prefix(a: list[str] | str, b: list[str] | str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def first_divergence(off: RequestRecord, on: RequestRecord) -> Divergence | None:
+    """None when the outputs are identical token for token (and character for character)."""
+    if off.tokens and on.tokens:
+        i = _common_prefix(off.tokens, on.tokens)
+        if i == len(off.tokens) == len(on.tokens) and off.text == on.text:
+            return None
+        same_tokens_len = len(off.tokens) == len(on.tokens)
+        kind = "length" if i == min(len(off.tokens), len(on.tokens)) and not same_tokens_len else "token"
+        off_tok = off.tokens[i] if i < len(off.tokens) else None
+        on_tok = on.tokens[i] if i < len(on.tokens) else None
+    else:  # no logprobs: texts only
+        if off.text == on.text:
+            return None
+        i, kind, off_tok, on_tok = -1, "token", None, None
+    j = _common_prefix(off.text, on.text)
+    lo = max(0, j - CONTEXT_CHARS)
+    return Divergence(prompt_id=off.prompt_id, category=off.category, concurrency=off.concurrency,
+                      repeat=off.repeat, replica=off.replica, kind=kind, token_index=i, char_index=j,
+                      off_token=off_tok, on_token=on_tok, off_context=off.text[lo:j + CONTEXT_CHARS],
+                      on_context=on.text[lo:j + CONTEXT_CHARS], off_tokens=len(off.tokens) or off.output_tokens,
+                      on_tokens=len(on.tokens) or on.output_tokens)
+
+
+def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
+    req = settings.model_copy(update={"logprobs": True, "top_logprobs": TOP_LOGPROBS})
+    path, body = build_body(prompt, model, req)
+    body.update(stream=False, max_tokens=n_tokens)
+    body.pop("stream_options", None)
+    return path, body
+
+
+def _top_at(choice: dict[str, Any], api: str, i: int) -> tuple[list[str], dict[str, float]]:
+    lp = choice.get("logprobs") or {}
+    if api == "chat":
+        entries = lp.get("content") or []
+        tokens = [e["token"] for e in entries]
+        top = {t["token"]: float(t["logprob"]) for t in (entries[i].get("top_logprobs") or [])} if i < len(entries) else {}
+        if i < len(entries):
+            top.setdefault(entries[i]["token"], float(entries[i]["logprob"]))
+        return tokens, top
+    tokens = list(lp.get("tokens") or [])
+    tops = lp.get("top_logprobs") or []
+    top = {k: float(v) for k, v in (tops[i] or {}).items()} if i < len(tops) else {}
+    if i < len(tokens) and i < len(lp.get("token_logprobs") or []):
+        top.setdefault(tokens[i], float(lp["token_logprobs"][i]))
+    return tokens, top
+
+
+def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div: Divergence,
+                  off_tokens: list[str], threshold: float, timeout_s: float = 120.0) -> Triage:
+    """Ask the spec-off server for its top logprobs at the divergence and classify."""
+    if div.token_index < 0:
+        return Triage(verdict="unknown", source="none", threshold=threshold,
+                      note="the servers returned no tokens (no logprobs), so no position to triage")
+    i = div.token_index
+    path, body = _triage_body(prompt, server.model_id, settings, i + 1)
+    try:
+        resp = httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
+                          verify=getattr(server, "verify", True))
+        data = resp.json()
+        choice = data["choices"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        return Triage(verdict="unknown", source="none", threshold=threshold,
+                      note=f"could not get logprobs from the spec-off server: {type(exc).__name__}")
+    tokens, top = _top_at(choice, prompt.api, i)
+    note = ""
+    if tokens[:i] != off_tokens[:i]:
+        note = "the spec-off server's output changed between runs before this position; "
+    if not top:
+        return Triage(verdict="unknown", source="none", threshold=threshold,
+                      note=note + "the spec-off server gave no logprobs at this position")
+    off_tok = div.off_token if div.off_token in top else (tokens[i] if i < len(tokens) else None)
+    if off_tok is None or div.on_token is None:
+        return Triage(verdict="unknown", source="server-logprobs", threshold=threshold, top_logprobs=top,
+                      note=note + "one output ended here (end of sequence): its token's logprob is not known")
+    lp_off = top.get(off_tok, max(top.values()))
+    if div.on_token in top:
+        margin, lower = lp_off - top[div.on_token], False
+    else:
+        margin, lower = lp_off - min(top.values()), True
+    verdict = "suspect" if (lower and margin >= threshold) or (not lower and abs(margin) >= threshold) else "near-tie"
+    if lower and margin < threshold:
+        verdict = "unknown"
+        note += f"the spec-on token is not in the top {TOP_LOGPROBS}, margin only known to be >= {margin:.3f}; "
+    return Triage(verdict=verdict, source="server-logprobs", margin=margin, margin_is_lower_bound=lower,
+                  threshold=threshold, server_margin=margin, top_logprobs=top, note=note.rstrip("; "))
+
+
+def identity_report(records: list[RequestRecord], prompts: list[Prompt],
+                    triage: Callable[[Prompt, Divergence, RequestRecord], Triage] | None) -> list[PromptIdentity]:
+    """Per prompt: identical pairs, and the origin of divergence with its triage."""
+    by_prompt = {p.id: p for p in prompts}
+    keyed: dict[tuple, dict[str, RequestRecord]] = {}
+    for r in records:
+        if not r.warmup and r.ok:
+            keyed.setdefault((r.prompt_id, r.concurrency, r.repeat, r.replica), {})[r.side] = r
+    out: list[PromptIdentity] = []
+    for pid in by_prompt:
+        pairs = [(v["off"], v["on"]) for (p, *_), v in keyed.items() if p == pid and "off" in v and "on" in v]
+        if not pairs:
+            continue
+        divs = [(d, off) for off, on in pairs if (d := first_divergence(off, on)) is not None]
+        ident = PromptIdentity(prompt_id=pid, category=by_prompt[pid].category, pairs=len(pairs),
+                               identical_pairs=len(pairs) - len(divs), verdict="identical")
+        if divs:
+            origins: dict[tuple, tuple[Divergence, RequestRecord]] = {}
+            for d, off in sorted(divs, key=lambda x: (x[0].token_index, x[0].concurrency, x[0].repeat)):
+                origins.setdefault((d.token_index, d.off_token, d.on_token), (d, off))
+            worst = None
+            for d, off in origins.values():
+                d.triage = triage(by_prompt[pid], d, off) if triage else None
+                v = d.triage.verdict if d.triage else "unknown"
+                if worst is None or _VERDICT_RANK[v] > _VERDICT_RANK[worst[0]]:
+                    worst = (v, d)
+            ident.verdict, ident.divergence = worst
+            ident.same_origin_pairs = sum(1 for d, _ in divs if d.token_index == worst[1].token_index) - 1
+        out.append(ident)
+    return out

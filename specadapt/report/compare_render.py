@@ -1,0 +1,171 @@
+"""Renderers of a compare report: console (rich), Markdown, JUnit XML. HTML is in html.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+from rich.console import Console
+from rich.table import Table
+
+from specadapt.probes.stats import RatioCI
+from specadapt.report.compare_model import CompareReport, PromptIdentity
+from specadapt.report.model import atomic_write_text
+
+
+def ci(r: RatioCI) -> str:
+    if r.point is None:
+        return "-"
+    if r.low is None:
+        return f"{r.point:.2f}x"
+    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def identity_line(p: PromptIdentity) -> str:
+    d = p.divergence
+    if d is None:
+        return f"{p.prompt_id}: identical ({p.identical_pairs}/{p.pairs} pairs)"
+    t = d.triage
+    margin = "-" if t is None or t.margin is None else (">=" if t.margin_is_lower_bound else "") + f"{t.margin:.3f}"
+    src = t.source if t else "none"
+    return (f"{p.prompt_id}: {p.verdict.upper()} at token {d.token_index} / char {d.char_index} "
+            f"(off {d.off_token!r} vs on {d.on_token!r}; margin {margin} nats by {src}, threshold "
+            f"{t.threshold if t else '-'}; {p.pairs - p.identical_pairs}/{p.pairs} pairs diverged)")
+
+
+def render_console(report: CompareReport, console: Console) -> None:
+    on, off = report.on_server, report.off_server
+    console.print(f"[bold]compare[/]: off {off.base_url} ({off.backend} {off.version or '?'}, spec "
+                  f"{'on' if off.spec_enabled else 'off'}) vs on {on.base_url} (spec "
+                  f"{'ON' if on.spec_enabled else 'off?'}{', k=' + str(on.num_speculative_tokens) if on.num_speculative_tokens else ''})"
+                  f"; model {on.model_id}")
+    table = Table(title="speed, spec on vs off (> 1x: on is faster; 95% bootstrap interval)")
+    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "acceptance", "mean len"):
+        table.add_column(col, justify="right")
+    for lv in report.levels:
+        table.add_row(str(lv.concurrency), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
+                      _pct(lv.acceptance.acceptance_rate),
+                      "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
+    console.print(table)
+    if report.crossover:
+        console.print(f"load: {report.crossover.text}")
+    first = report.levels[0] if report.levels else None
+    if first and first.by_prompt:
+        per = Table(title=f"per prompt at concurrency {first.concurrency}")
+        for col in ("prompt", "category", "tokens/s ratio", "TPOT ratio"):
+            per.add_column(col, justify="left" if col in ("prompt", "category") else "right")
+        for p in first.by_prompt:
+            per.add_row(p.prompt_id, p.category, ci(p.ratios.throughput), ci(p.ratios.tpot))
+        console.print(per)
+    if first and first.acceptance.known:
+        console.print("acceptance per position: " + " / ".join(f"{r:.0%}" for r in first.acceptance.per_position_rate))
+    if first and first.theory:
+        t = first.theory
+        console.print(
+            f"theory: {t.tokens_per_pass:.2f} tokens per pass; predicted speedup {t.predicted_speedup:.2f}x at c="
+            f"{t.draft_cost_assumed:g}, measured {'-' if t.measured_speedup is None else f'{t.measured_speedup:.2f}x'}"
+            + ("" if t.implied_draft_cost is None else f"; implied cost per draft token c={t.implied_draft_cost:.3f}")
+            + ("" if t.best_k_iid is None else f"; best k {t.best_k_iid} (i.i.d. a={t.iid_acceptance:.2f})")
+            + ("" if t.best_k_measured_positions is None else
+               f"; best k <= {t.k} from per-position acceptance: {t.best_k_measured_positions}"))
+    c = report.counts
+    console.print(f"identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
+                  f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)")
+    for p in report.identity:
+        if p.divergence:
+            console.print("  " + identity_line(p))
+            console.print(f"    off: …{p.divergence.off_context!r}")
+            console.print(f"    on:  …{p.divergence.on_context!r}")
+            if p.divergence.triage and p.divergence.triage.note:
+                console.print(f"    note: {p.divergence.triage.note}")
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if report.gate:
+        g = report.gate
+        console.print(f"gate: [bold]{'PASS' if g.passed else 'FAIL'}[/]" + ("" if g.passed else ": " + "; ".join(g.reasons)))
+
+
+def to_markdown(report: CompareReport) -> str:
+    out = ["## specadapt: speculative decoding on vs off", ""]
+    if report.gate:
+        out += [f"**Gate: {'PASS' if report.gate.passed else 'FAIL'}**"
+                + ("" if report.gate.passed else " - " + "; ".join(report.gate.reasons)), ""]
+    on = report.on_server
+    out += [f"Model `{on.model_id}`, {on.backend} {on.version or '?'}, k={on.num_speculative_tokens or '?'}; "
+            f"{len(report.identity)} prompts, repeat {report.settings.repeat}.", "",
+            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | acceptance | mean length |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for lv in report.levels:
+        a = lv.acceptance
+        out.append(f"| {lv.concurrency} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
+                   f"{_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
+    if report.crossover:
+        out += ["", f"Load: {report.crossover.text}."]
+    c = report.counts
+    out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
+                f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]
+    for p in report.identity:
+        if p.divergence:
+            d = p.divergence
+            off_ctx, on_ctx = (c.replace("`", "'") for c in (d.off_context, d.on_context))
+            out += [f"- `{p.prompt_id}`: **{p.verdict}** at token {d.token_index}, char {d.char_index}",
+                    f"  - off: `…{off_ctx}`",
+                    f"  - on: `…{on_ctx}`"]
+            if d.triage and d.triage.margin is not None:
+                out.append(f"  - margin {d.triage.margin:.3f} nats ({d.triage.source}), threshold {d.triage.threshold}")
+    for n in report.notes:
+        out.append(f"- note: {n}")
+    return "\n".join(out) + "\n"
+
+
+def to_junit(report: CompareReport) -> str:
+    """One testcase per prompt: identical passes, near-tie passes (with a message unless the
+    gate's max_near_tie was exceeded), suspect/unknown fail; plus one case for the speed gate."""
+    suite = TestSuite("specadapt.equiv")
+    gate = report.gate
+    near_fail = gate is not None and gate.max_near_tie is not None and report.counts.get("near-tie", 0) > gate.max_near_tie
+    for p in report.identity:
+        case = TestCase(p.prompt_id, classname=f"specadapt.identity.{p.category}")
+        if p.verdict in ("suspect", "unknown") or (p.verdict == "near-tie" and near_fail):
+            fail = Failure(identity_line(p))
+            fail.text = "" if not p.divergence else f"off: {p.divergence.off_context}\non: {p.divergence.on_context}"
+            case.result = [fail]
+        elif p.verdict == "near-tie":
+            case.system_out = identity_line(p)
+        suite.add_testcase(case)
+    if gate is not None and gate.min_speedup is not None:
+        case = TestCase("speedup", classname="specadapt.speed")
+        speed_reasons = [r for r in gate.reasons if r.startswith("throughput speedup")]
+        if speed_reasons:
+            case.result = [Failure(speed_reasons[0])]
+        suite.add_testcase(case)
+    if not report.identity:
+        case = TestCase("identity", classname="specadapt.identity")
+        case.result = [Skipped("no prompt pair succeeded on both servers")]
+        suite.add_testcase(case)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
+
+
+def write_outputs(report: CompareReport, json_path: Path | None = None, junit_path: Path | None = None,
+                  markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+    written = []
+    if json_path:
+        atomic_write_text(json_path, report.model_dump_json(indent=2))
+        written.append(json_path)
+    if junit_path:
+        atomic_write_text(junit_path, to_junit(report))
+        written.append(junit_path)
+    if markdown_path:
+        atomic_write_text(markdown_path, to_markdown(report))
+        written.append(markdown_path)
+    if html_path:
+        from specadapt.report.html import to_html
+        atomic_write_text(html_path, to_html(report))
+        written.append(html_path)
+    return written

@@ -1,0 +1,138 @@
+"""Self-contained HTML report of a compare run: inline SVG plots (matplotlib), no external assets."""
+
+from __future__ import annotations
+
+import io
+
+from jinja2 import Environment, select_autoescape
+from markupsafe import Markup
+
+from specadapt.probes.latency import tpot_ns
+from specadapt.report.compare_model import CompareReport
+from specadapt.report.compare_render import ci, identity_line
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>specadapt compare: {{ r.on_server.model_id }}</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: .3em .6em; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.pass { color: #096; font-weight: bold; } .fail { color: #c00; font-weight: bold; }
+.identical { color: #096; } .near-tie { color: #b80; } .suspect, .unknown { color: #c00; font-weight: bold; }
+pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; } .plots svg { max-width: 100%; height: auto; }
+.plots { display: flex; flex-wrap: wrap; gap: 1em; }
+</style></head><body>
+<h1>Speculative decoding on vs off: {{ r.on_server.model_id }}</h1>
+<p>{{ r.on_server.backend }} {{ r.on_server.version or "?" }}; off: {{ r.off_server.base_url }}, on: {{ r.on_server.base_url }}
+(k={{ r.on_server.num_speculative_tokens or "?" }}); {{ r.identity|length }} prompts, repeat {{ r.settings.repeat }};
+created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
+{% if r.gate %}<p>Gate: <span class="{{ 'pass' if r.gate.passed else 'fail' }}">{{ 'PASS' if r.gate.passed else 'FAIL' }}</span>
+{% for reason in r.gate.reasons %}<br>{{ reason }}{% endfor %}</p>{% endif %}
+<h2>Speed</h2>
+<table><tr><th>concurrency</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
+<th>acceptance</th><th>mean length</th></tr>
+{% for lv in r.levels %}<tr><td class="num">{{ lv.concurrency }}</td><td class="num">{{ lv.pairs }}</td>
+<td class="num">{{ ci(lv.speed.throughput) }}</td><td class="num">{{ ci(lv.speed.tpot) }}</td><td class="num">{{ ci(lv.speed.e2e) }}</td>
+<td class="num">{{ pct(lv.acceptance.acceptance_rate) }}</td><td class="num">{{ num(lv.acceptance.mean_acceptance_length) }}</td></tr>{% endfor %}
+</table>
+{% if r.crossover %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
+<div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
+{% if theory %}<p>Theory: {{ num(theory.tokens_per_pass) }} tokens per target pass; predicted speedup {{ num(theory.predicted_speedup) }}x
+(draft cost c={{ theory.draft_cost_assumed }}), measured TPOT ratio {{ num(theory.measured_speedup) }}x
+{% if theory.implied_draft_cost is not none %}; implied cost per draft token c={{ "%.3f"|format(theory.implied_draft_cost) }}{% endif %}
+{% if theory.best_k_iid is not none %}; best k {{ theory.best_k_iid }}{% endif %}.</p>{% endif %}
+<h2>Identity</h2>
+<p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
+{{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
+<table><tr><th>prompt</th><th>verdict</th><th>where</th><th>margin (nats)</th><th>context</th></tr>
+{% for p in r.identity %}<tr><td>{{ p.prompt_id }}</td><td class="{{ p.verdict }}">{{ p.verdict }}</td>
+{% if p.divergence %}<td>token {{ p.divergence.token_index }}, char {{ p.divergence.char_index }}<br>
+off {{ p.divergence.off_token }} / on {{ p.divergence.on_token }}</td>
+<td class="num">{% if p.divergence.triage and p.divergence.triage.margin is not none %}{{ '>=' if p.divergence.triage.margin_is_lower_bound }}{{ "%.3f"|format(p.divergence.triage.margin) }}
+({{ p.divergence.triage.source }}; threshold {{ p.divergence.triage.threshold }}){% else %}-{% endif %}</td>
+<td><pre>off: …{{ p.divergence.off_context }}
+on:  …{{ p.divergence.on_context }}</pre>{% if p.divergence.triage and p.divergence.triage.note %}{{ p.divergence.triage.note }}{% endif %}</td>
+{% else %}<td>-</td><td>-</td><td>{{ p.identical_pairs }}/{{ p.pairs }} pairs identical</td>{% endif %}</tr>{% endfor %}
+</table>
+{% if r.notes %}<h2>Notes</h2><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
+</body></html>
+"""
+
+
+def _svg(fig) -> Markup:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return Markup(text[text.index("<svg"):])  # drop the XML prolog and DOCTYPE
+
+
+def _plots(report: CompareReport) -> dict[str, Markup]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots: dict[str, Markup] = {}
+    levels = [lv for lv in report.levels if lv.speed.throughput.point is not None]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if levels:
+        xs = [lv.concurrency for lv in levels]
+        ys = [lv.speed.throughput.point for lv in levels]
+        lo = [y - (lv.speed.throughput.low if lv.speed.throughput.low is not None else y) for y, lv in zip(ys, levels)]
+        hi = [(lv.speed.throughput.high if lv.speed.throughput.high is not None else y) - y for y, lv in zip(ys, levels)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label="tokens/s on / off (95% CI)")
+        if len(xs) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    if report.crossover and report.crossover.estimate:
+        ax.axvline(report.crossover.estimate, color="red", linestyle=":", label=f"crossover ~{report.crossover.estimate:.1f}")
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("speedup")
+    ax.set_title("Speedup vs concurrency")
+    ax.legend(fontsize=8)
+    plots["speedup"] = _svg(fig)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    first = report.levels[0].concurrency if report.levels else 1
+    for side, color in (("off", "tab:blue"), ("on", "tab:orange")):
+        vals = [t / 1e6 for r in report.requests if r.side == side and r.ok and not r.warmup
+                and r.concurrency == first and (t := tpot_ns(r)) is not None]
+        if vals:
+            ax.hist(vals, bins=min(20, max(5, len(vals) // 2)), alpha=0.6, color=color, label=f"spec {side}")
+    ax.set_xlabel("TPOT per request (ms)")
+    ax.set_ylabel("requests")
+    ax.set_title(f"Latency distribution (concurrency {first})")
+    ax.legend(fontsize=8)
+    plots["latency"] = _svg(fig)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    acc = report.levels[0].acceptance if report.levels else None
+    if acc and acc.known and acc.per_position_rate:
+        pos = list(range(len(acc.per_position_rate)))
+        ax.bar(pos, acc.per_position_rate, label="accepted / drafts")
+        cond = [c if c is not None else 0 for c in acc.per_position_conditional]
+        ax.plot(pos, cond, "o-", color="tab:red", label="conditional")
+        ax.set_xticks(pos)
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "acceptance unknown", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("draft position")
+    ax.set_title("Acceptance per position")
+    plots["acceptance"] = _svg(fig)
+    plt.close(fig)
+    return plots
+
+
+def to_html(report: CompareReport) -> str:
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    env.globals.update(ci=ci, identity_line=identity_line,
+                       pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
+                       num=lambda v: "-" if v is None else f"{v:.2f}")
+    theory = report.levels[0].theory if report.levels else None
+    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), theory=theory)

@@ -1,0 +1,113 @@
+"""Compare reports from synthetic records: analysis, gate, JUnit, Markdown, HTML."""
+
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+from junitparser import JUnitXml
+
+from specadapt.adapters.base import CounterSnapshot, ServerInfo
+from specadapt.probes.client import RequestRecord
+from specadapt.probes.compare import analyse
+from specadapt.probes.equivalence import identity_report
+from specadapt.probes.prompts import Prompt
+from specadapt.report.compare_model import CompareReport, CompareSettings, CounterPair, Triage
+from specadapt.report.compare_render import to_junit, to_markdown
+from specadapt.report.gate import apply_gate
+from specadapt.report.html import to_html
+
+PROMPTS = [Prompt(id=f"p{i}", category="grounded" if i < 2 else "open", prompt=f"prompt {i}") for i in range(4)]
+
+
+def rec(side, pid, repeat, tokens, ms_per_token):
+    n = len(tokens)
+    chunk_ns = [int(20e6 + i * ms_per_token * 1e6) for i in range(n)]
+    return RequestRecord(prompt_id=pid, category="x", api="completions", side=side, repeat=repeat, ok=True,
+                         tokens=tokens, text="".join(tokens), output_tokens=n, chunk_ns=chunk_ns,
+                         chunk_tokens=[1] * n, e2e_ns=chunk_ns[-1] + 1_000_000)
+
+
+def make_report():
+    recs = []
+    for r in range(3):
+        for i, p in enumerate(PROMPTS):
+            base = [f"t{j}" for j in range(20)]
+            on = list(base)
+            if p.id == "p1":
+                on[5] = "DIFF"
+            if p.id == "p3":
+                on[9] = "BUG"
+            recs += [rec("off", p.id, r, base, 50 + r), rec("on", p.id, r, on, 25 + r)]
+    before = CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=0, accepted_per_position={0: 0, 1: 0},
+                             generation_tokens=0)
+    after = CounterSnapshot(drafts=100, draft_tokens=200, accepted_tokens=120, accepted_per_position={0: 70, 1: 50},
+                            generation_tokens=240)
+    info = ServerInfo(backend="vllm", base_url="http://x", model_id="m", version="0.32.0")
+    report = CompareReport(settings=CompareSettings(repeat=3, bootstrap=200), off_server=info,
+                           on_server=info.model_copy(update={"spec_enabled": True, "num_speculative_tokens": 2}),
+                           requests=recs, counters_on={1: CounterPair(before=before, after=after)})
+    analyse(report)
+
+    def triage(prompt, div, off):
+        if prompt.id == "p1":
+            return Triage(verdict="near-tie", source="server-logprobs", margin=0.1, threshold=0.5)
+        return Triage(verdict="suspect", source="server-logprobs", margin=3.0, threshold=0.5)
+
+    report.identity = identity_report(recs, PROMPTS, triage)
+    report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
+                     for v in ("identical", "near-tie", "suspect", "unknown")}
+    return report
+
+
+def test_analysis_speed_and_acceptance():
+    report = make_report()
+    (lv,) = report.levels
+    assert lv.pairs == 12
+    # ITL halves: TPOT ratio ~ (50+r)/(25+r) averaged, clearly > 1.8
+    assert lv.speed.tpot.point > 1.8 and lv.speed.tpot.low <= lv.speed.tpot.point <= lv.speed.tpot.high
+    assert lv.acceptance.acceptance_rate == pytest.approx(0.6)
+    assert lv.acceptance.mean_acceptance_length == pytest.approx(2.2)
+    assert lv.theory.predicted_speedup == pytest.approx(2.2)  # c = 0: tokens per pass
+    assert [p.prompt_id for p in lv.by_prompt] == ["p0", "p1", "p2", "p3"]
+
+
+def test_gate_and_counts():
+    report = make_report()
+    assert report.counts == {"identical": 2, "near-tie": 1, "suspect": 1, "unknown": 0}
+    gate = apply_gate(report, max_suspect=0)
+    assert not gate.passed and "p3" in gate.reasons[0]
+    assert apply_gate(report, max_suspect=1).passed
+    assert not apply_gate(report, max_suspect=1, max_near_tie=0).passed
+    assert not apply_gate(report, max_suspect=1, min_speedup=5.0).passed
+
+
+def test_junit_round_trip_counts():
+    report = make_report()
+    apply_gate(report, max_suspect=0, min_speedup=1.0)
+    xml_text = to_junit(report)
+    path_cases = JUnitXml.fromstring(xml_text)
+    suites = list(path_cases) if not hasattr(path_cases, "name") or path_cases._tag == "testsuites" else [path_cases]
+    cases = [c for s in suites for c in s]
+    assert {c.name for c in cases} == {"p0", "p1", "p2", "p3", "speedup"}
+    failed = {c.name for c in cases if c.result and type(c.result[0]).__name__ == "Failure"}
+    assert failed == {"p3"}
+    root = ET.fromstring(xml_text)  # plain XML consumers too
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    assert int(suite.get("tests")) == 5 and int(suite.get("failures")) == 1
+
+
+def test_markdown_summary():
+    report = make_report()
+    apply_gate(report)
+    md = to_markdown(report)
+    assert "**Gate: FAIL**" in md and "`p3`: **suspect** at token 9" in md and "`p1`: **near-tie**" in md
+
+
+def test_html_is_self_contained_with_three_plots():
+    report = make_report()
+    apply_gate(report)
+    html = to_html(report)
+    assert html.count("<svg") >= 3
+    assert not re.search(r"""(src|href)=["']https?://""", html)
+    assert "<script" not in html
+    assert "suspect" in html and "FAIL" in html
