@@ -221,10 +221,10 @@ class SpecEngine:
     def _verify(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams) -> tuple[int, int]:
         if self.fault and self.fault.kind == "accept-always":
             # the bug: no comparison with the target at all; next token from the last row
-            row = logits[len(proposal.tokens):]
+            row = logits[len(proposal.tokens):]  # [1, V]
             if params.greedy:
                 return len(proposal.tokens), int(row.argmax(-1).item())
-            return rejection_verify(probs(row, params), None, [], self.generator)
+            return len(proposal.tokens), rejection_verify(probs(row, params), None, [], self.generator)[1]
         if params.greedy:
             return greedy_verify(logits, proposal.tokens)
         return rejection_verify(probs(logits, params), proposal.q, proposal.tokens, self.generator)

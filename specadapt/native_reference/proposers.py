@@ -55,6 +55,9 @@ class DraftModelProposer:
 
     def propose(self, tokens, k, params, generator) -> Proposal:
         feed = self.lm.sync(tokens)
+        if not feed:  # everything is cached already: recompute the last position for its logits
+            self.lm.rewind(len(tokens) - 1)
+            feed = tokens[-1:]
         out: list[int] = []
         dists: list[torch.Tensor] = []
         for i in range(k):
