@@ -46,6 +46,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype = torch.float32,
     """A local HF causal LM, in eval mode, on ``device`` in ``dtype``."""
     transformers = require("transformers", "reference", "the native reference engine")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    transformers.utils.logging.disable_progress_bar()
     path = Path(path)
     if not (path / "config.json").is_file():
         raise UsageError(f"{path} is not a Hugging Face model directory (no config.json in it)")
