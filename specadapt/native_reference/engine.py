@@ -163,7 +163,7 @@ class SpecEngine:
         if self.proposer is not None:
             self.proposer.reset()
         if len(prompt) > 1:
-            self.target.forward(tokens[:-1])  # prefill: every prompt token but the last
+            self.target.forward(tokens[:-1], last_only=True)  # prefill: every prompt token but the last
             stats.target_forwards += 1
         stats.time_prefill += time.perf_counter() - t0
         generated = 0

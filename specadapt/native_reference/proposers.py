@@ -61,7 +61,7 @@ class DraftModelProposer:
         out: list[int] = []
         dists: list[torch.Tensor] = []
         for i in range(k):
-            logits = self.lm.forward(feed)[-1:]  # [1, V]
+            logits = self.lm.forward(feed, last_only=True)  # [1, V]
             if params.greedy:
                 x = int(logits.argmax(-1).item())
             else:
