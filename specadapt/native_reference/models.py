@@ -69,7 +69,9 @@ def load_tokenizer(path: str | Path):
 
 def vocab_size(model) -> int:
     """Rows of the output projection: the size of the distribution the model predicts."""
-    return int(model.get_output_embeddings().weight.shape[0])
+    weight = model.get_output_embeddings().weight
+    weight = weight() if callable(weight) else weight  # dynamically quantized heads expose a method
+    return int(weight.shape[0])
 
 
 def check_draft_compatible(target, draft, target_name: str = "target", draft_name: str = "draft") -> None:
@@ -121,7 +123,7 @@ class CachedLM:
 
     @property
     def device(self) -> torch.device:
-        return self.model.get_output_embeddings().weight.device
+        return self.model.get_input_embeddings().weight.device
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:

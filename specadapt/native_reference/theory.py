@@ -18,11 +18,14 @@ def expected_tokens_per_pass(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def predicted_speedup(a: float, k: int, c: float) -> float:
-    """Formula: (1 - a^(k+1)) / ((1 - a)(k c + 1)): tokens per pass over the cost of a pass."""
-    if c < 0:
-        raise ValueError(f"cost ratio c must be >= 0, not {c}")
-    return expected_tokens_per_pass(a, k) / (k * c + 1.0)
+def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
+    """Formula: (1 - a^(k+1)) / ((1 - a)(k c + v)): tokens per pass over the cost of a pass.
+
+    ``v`` is the cost of verifying k+1 tokens relative to one 1-token target pass; the
+    classic formula takes v = 1 (true when decoding is purely memory-bound)."""
+    if c < 0 or v <= 0:
+        raise ValueError(f"cost ratios need c >= 0 and v > 0, not c={c}, v={v}")
+    return expected_tokens_per_pass(a, k) / (k * c + v)
 
 
 def best_k(a: float, c: float, k_max: int = 16) -> tuple[int, float]:
@@ -41,10 +44,11 @@ def tokens_per_pass_per_position(accepted_per_pos: Sequence[int], num_drafts: in
     return 1.0 + sum(accepted_per_pos) / num_drafts
 
 
-def predicted_speedup_per_position(accepted_per_pos: Sequence[int], num_drafts: int, c: float) -> float:
-    """Formula: (1 + sum_i accepted_i / num_drafts) / (k c + 1), k = len(accepted_per_pos)."""
+def predicted_speedup_per_position(accepted_per_pos: Sequence[int], num_drafts: int, c: float,
+                                   v: float = 1.0) -> float:
+    """Formula: (1 + sum_i accepted_i / num_drafts) / (k c + v), k = len(accepted_per_pos)."""
     k = len(accepted_per_pos)
-    return tokens_per_pass_per_position(accepted_per_pos, num_drafts) / (k * c + 1.0)
+    return tokens_per_pass_per_position(accepted_per_pos, num_drafts) / (k * c + v)
 
 
 def conditional_acceptance(accepted_per_pos: Sequence[int], num_drafts: int) -> list[float]:

@@ -42,3 +42,12 @@ def test_greedy_identity_smollm2(smol, kind, k):
     gen = SpecEngine(target, proposer, k).generate(prompt, N)
     assert gen.tokens == base, divergence(target, prompt, base, gen.tokens)
     assert gen.stats.draft_tokens > 0
+
+
+def test_divergence_report_shows_the_margin(smol):
+    """The failure message of the identity test names the position and the top-2 margin."""
+    target, _, prompt, base = smol
+    fake = base[:5] + [base[5] + 1] + base[6:]
+    msg = divergence(target, prompt, base, fake)
+    assert msg.startswith(f"first difference at generated token 5: target alone {base[5]}, speculative {base[5] + 1}")
+    assert float(msg.split("margin ")[1].split()[0]) > 0

@@ -42,6 +42,8 @@ def test_limits_and_speedup():
     assert theory.predicted_speedup(0.7, 4, 0.0) == pytest.approx(sum(0.7 ** i for i in range(5)))
     assert theory.predicted_speedup(0.7, 4, 0.25) == pytest.approx(
         theory.expected_tokens_per_pass(0.7, 4) / 2.0)
+    assert theory.predicted_speedup(0.7, 4, 0.25, v=1.5) == pytest.approx(
+        theory.expected_tokens_per_pass(0.7, 4) / 2.5)
 
 
 def test_simulated_speedup_with_costs():
