@@ -39,6 +39,7 @@ def model_options(fn):
 
 def _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed, fault=None):
     torch = require("torch", "reference", "the native reference engine")
+    require("transformers", "reference", "the native reference engine")
     if threads:
         torch.set_num_threads(threads)
     from specadapt.models import resolve_model_dir
@@ -67,10 +68,10 @@ def reference() -> None:
 def generate(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed,
              prompt, chat, max_tokens, temperature, top_k, top_p, check, as_json) -> None:
     """Generate with speculative decoding; print the text and the statistics."""
+    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed)
     from specadapt.native_reference.engine import SpecEngine
     from specadapt.native_reference.sampling import SamplingParams
 
-    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed)
     ids = ref.encode(prompt, chat)
     params = SamplingParams(temperature, top_k, top_p)
     gen = ref.engine.generate(ids, max_tokens, params, ref.stop_ids)
@@ -130,9 +131,11 @@ def _format_stats(result: dict) -> str:
 def serve(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed,
           host, port, served_model_name, fault) -> None:
     """Serve the reference engine as an OpenAI-compatible HTTP server (one request at a time)."""
+    for module in ("starlette", "uvicorn"):
+        require(module, "reference", "specadapt reference serve")
+    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed, fault)
     from specadapt.native_reference.server import run_server
 
-    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed, fault)
     if fault:
         click.echo(f"WARNING: fault injection '{fault}' is ON: this server is deliberately wrong", err=True)
     run_server(ref, host, port, served_model_name)

@@ -182,6 +182,8 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
             prompt = list(raw)
         else:
             raise BadRequest("'prompt' must be a string or a list of token ids")
+    if not prompt:
+        raise BadRequest("the prompt is empty")
     limit = state.max_model_len - len(prompt) - ref.engine.k - 1
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (limit if chat else 16)
     if not isinstance(max_tokens, int) or max_tokens < 1:

@@ -55,3 +55,20 @@ def test_both_proposers_refused(tiny_dirs):
 def test_help_lists_reference():
     res = CliRunner().invoke(cli, ["--help"])
     assert res.exit_code == 0 and "reference" in res.output
+
+
+def test_cli_works_without_torch():
+    """With torch made unimportable, help works and generate names the extra to install."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
+        "from click.testing import CliRunner\nfrom specadapt.cli import cli\n"
+        "r = CliRunner()\n"
+        "for args in (['--help'], ['reference', '--help'], ['reference', 'generate', '--help']):\n"
+        "    res = r.invoke(cli, args); assert res.exit_code == 0, res.output\n"
+        "res = r.invoke(cli, ['reference', 'generate', '--prompt', 'x'])\n"
+        "assert res.exit_code == 2, res.output\n"
+        "assert \"pip install 'specadapt[reference]'\" in res.output, res.output\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
