@@ -155,6 +155,9 @@ class SpecEngine:
         """Yield one Step per target pass; ``stats`` (if given) is updated as it goes."""
         if not prompt:
             raise UsageError("the prompt is empty: give at least one token")
+        if not all(isinstance(t, int) for t in prompt):
+            raise UsageError("the reference engine decodes one sequence at a time (batch size 1): "
+                             "pass one list of token ids, and loop over a batch yourself")
         stats = stats if stats is not None else SpecStats(k=self.k)
         stats.prompt_tokens += len(prompt)
         t0 = time.perf_counter()

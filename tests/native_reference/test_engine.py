@@ -121,3 +121,8 @@ def test_fault_perturb_logits_only_on_verify(tiny_target, tiny_draft, baseline):
 def test_bad_fault_refused(text):
     with pytest.raises(UsageError):
         Fault.parse(text)
+
+
+def test_batch_of_prompts_refused_with_reason(tiny_target):
+    with pytest.raises(UsageError, match="batch size 1"):
+        SpecEngine(tiny_target).generate([[1, 2], [3, 4]], 4)

@@ -125,6 +125,18 @@ def test_chat_and_non_stream_and_sampling(ref):
             "prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": s}).json()["choices"][0]["text"]
             for s in (1, 1, 2)]
         assert sampled[0] == sampled[1]
+        streamed = []
+        with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+                "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    streamed.append(json.loads(line[6:]))
+        assert streamed[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert all(c["object"] == "chat.completion.chunk" for c in streamed)
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in streamed)
+        assert text == body["choices"][0]["message"]["content"]
+        assert streamed[-1]["choices"][0]["finish_reason"] == body["choices"][0]["finish_reason"]
         bad = httpx.post(f"{base}/v1/completions", json={"model": "nope", "prompt": "x"})
         assert bad.status_code == 404 and "not served" in bad.json()["error"]["message"]
         assert httpx.get(f"{base}/version").json()["speculative_method"] == "draft_model"
