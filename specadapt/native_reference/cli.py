@@ -25,7 +25,9 @@ def model_options(fn):
         click.option("--ngram", is_flag=True, help="Propose by n-gram prompt lookup instead of a draft model."),
         click.option("--ngram-min", type=int, default=1, show_default=True, help="Shortest n-gram to match."),
         click.option("--ngram-max", type=int, default=4, show_default=True, help="Longest n-gram to match."),
-        click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per target pass."),
+        click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per target pass (at most)."),
+        click.option("--draft-min-confidence", type=float, default=0.0, show_default=True,
+                     help="Stop drafting after a token the draft gives less than this probability."),
         click.option("--dtype", type=_DTYPES, default="auto", show_default=True,
                      help="auto: bfloat16 on CUDA, float32 on CPU; float64 on CPU is the ground truth."),
         click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N]."),
@@ -37,7 +39,8 @@ def model_options(fn):
     return fn
 
 
-def _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed, fault=None):
+def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
+          fault=None):
     torch = require("torch", "reference", "the native reference engine")
     require("transformers", "reference", "the native reference engine")
     if threads:
@@ -47,7 +50,8 @@ def _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads,
 
     target_dir = resolve_model_dir(str(target) if target else None)
     draft_dir = resolve_model_dir(str(draft)) if draft else None
-    return open_reference(target_dir, draft_dir, ngram, k, dtype, device, ngram_min, ngram_max, fault, seed)
+    return open_reference(target_dir, draft_dir, ngram, k, dtype, device, ngram_min, ngram_max, fault, seed,
+                          min_confidence=draft_min_confidence)
 
 
 @click.group()
@@ -65,10 +69,10 @@ def reference() -> None:
 @click.option("--top-p", type=float, default=1.0, help="1.0: off.")
 @click.option("--check", is_flag=True, help="Also run the target alone and compare token by token.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def generate(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed,
+def generate(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
              prompt, chat, max_tokens, temperature, top_k, top_p, check, as_json) -> None:
     """Generate with speculative decoding; print the text and the statistics."""
-    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed)
+    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed)
     from specadapt.native_reference.engine import SpecEngine
     from specadapt.native_reference.sampling import SamplingParams
 
@@ -128,12 +132,13 @@ def _format_stats(result: dict) -> str:
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the target dir name).")
 @click.option("--inject-fault", "fault", default=None,
               help="TEST AID, off by default: accept-always, drop-bonus or perturb-logits=EPS.")
-def serve(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed,
+def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
           host, port, served_model_name, fault) -> None:
     """Serve the reference engine as an OpenAI-compatible HTTP server (one request at a time)."""
     for module in ("starlette", "uvicorn"):
         require(module, "reference", "specadapt reference serve")
-    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, dtype, device, threads, seed, fault)
+    ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
+                fault)
     from specadapt.native_reference.server import run_server
 
     if fault:

@@ -43,8 +43,12 @@ class DraftModelProposer:
 
     name = "draft_model"
 
-    def __init__(self, model):
+    def __init__(self, model, min_confidence: float = 0.0):
+        """``min_confidence`` > 0: stop drafting after a token the draft itself gives less
+        than this probability (like transformers' assistant_confidence_threshold). The
+        rule looks at the draft only, so verification stays exact."""
         self.lm = CachedLM(model)
+        self.min_confidence = min_confidence
 
     @property
     def forwards(self) -> int:
@@ -64,11 +68,14 @@ class DraftModelProposer:
             logits = self.lm.forward(feed, last_only=True)  # [1, V]
             if params.greedy:
                 x = int(logits.argmax(-1).item())
+                q = torch.softmax(logits[0].double(), -1) if self.min_confidence > 0 else None
             else:
                 q = probs(logits, params)[0]  # [V]
                 x = sample(q, generator)
                 dists.append(q)
             out.append(x)
+            if self.min_confidence > 0 and float(q[x]) < self.min_confidence:
+                break  # the draft is unsure: let the target decide from here
             feed = [x]
         return Proposal(out, torch.stack(dists) if dists else None)
 

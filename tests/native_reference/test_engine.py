@@ -126,3 +126,11 @@ def test_bad_fault_refused(text):
 def test_batch_of_prompts_refused_with_reason(tiny_target):
     with pytest.raises(UsageError, match="batch size 1"):
         SpecEngine(tiny_target).generate([[1, 2], [3, 4]], 4)
+
+
+def test_confidence_stop_shortens_drafts_and_keeps_identity(tiny_target, tiny_draft, baseline):
+    prop = DraftModelProposer(tiny_draft, min_confidence=0.1)
+    gen = SpecEngine(tiny_target, prop, 8).generate(PROMPT, N)
+    assert gen.tokens == baseline[:N]
+    lengths = {len(s.proposed) for s in gen.steps}
+    assert min(lengths) < 8 and gen.stats.draft_forwards == sum(len(s.proposed) for s in gen.steps)

@@ -94,10 +94,13 @@ PROMPT = [1, 4, 2]
 N = 1500
 
 
-def test_draft_model_sampling_matches_target_exactly(small_vocab_pair):
+@pytest.mark.parametrize("min_confidence", [0.0, 0.4])
+def test_draft_model_sampling_matches_target_exactly(small_vocab_pair, min_confidence):
+    """Also with the confidence stop: a rule that looks only at the draft keeps exactness."""
     target, draft = small_vocab_pair
     exact = exact_first_two(target, PROMPT)
-    counts = sample_first_two(SpecEngine(target, DraftModelProposer(draft), 2, seed=123), PROMPT, N)
+    prop = DraftModelProposer(draft, min_confidence=min_confidence)
+    counts = sample_first_two(SpecEngine(target, prop, 2, seed=123), PROMPT, N)
     assert sum(counts.values()) == N
     assert chi_square_p(counts, exact, N) > 1e-3
 
