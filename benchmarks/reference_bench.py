@@ -66,12 +66,14 @@ def int8_copy(model):
 @click.option("--draft", "draft_dir", default=None, help="Draft dir (default: the 8-layer cut in the cache).")
 @click.option("--k", type=int, default=4, show_default=True, help="k for n-gram.")
 @click.option("--draft-k", type=int, default=2, show_default=True, help="k for the truncated draft.")
-@click.option("--int8-k", type=int, default=4, show_default=True, help="k for the int8 draft (0: skip it).")
+@click.option("--int8-k", type=int, default=8, show_default=True, help="Most draft tokens for the int8 draft (0: skip it).")
+@click.option("--int8-min-confidence", type=float, default=0.4, show_default=True,
+              help="Stop drafting below this draft probability (transformers' default threshold is 0.4).")
 @click.option("--max-tokens", type=int, default=48, show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--prompts", "only", multiple=True, help="Subset of prompt names (prefix match).")
 @click.option("--repeats", type=int, default=2, show_default=True, help="Runs per method; the fastest counts.")
-def main(draft_dir, k, draft_k, int8_k, max_tokens, threads, only, repeats):
+def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads, only, repeats):
     import torch
 
     from specadapt.models import embedded_model_dir, resolve_model_dir
@@ -104,7 +106,8 @@ def main(draft_dir, k, draft_k, int8_k, max_tokens, threads, only, repeats):
     if int8_k:
         q8 = int8_copy(target)
         check_draft_compatible(target, q8)
-        ours[f"ours: draft int8 copy of target k={int8_k}"] = lambda: SpecEngine(target, DraftModelProposer(q8), int8_k)
+        ours[f"ours: draft int8 copy of target k<={int8_k}, stop below {int8_min_confidence}"] = \
+            lambda: SpecEngine(target, DraftModelProposer(q8, int8_min_confidence), int8_k)
         peers["transformers: assistant_model=int8 copy"] = {"assistant_model": q8}
 
     # warm-up (allocator, first-call overheads): one short run of each path, not measured
@@ -156,9 +159,10 @@ def main(draft_dir, k, draft_k, int8_k, max_tokens, threads, only, repeats):
             passes = st.target_forwards - 1  # verify passes (the prefill is not one)
             c = (st.time_draft / st.draft_forwards / t_pass) if st.draft_forwards else 0.0
             v = st.time_verify / passes / t_pass
-            # per-position theory over every pass (a pass without a proposal accepts nothing)
-            pred = theory.predicted_speedup_per_position(st.accepted_per_pos, passes, c)
-            pred_v = theory.predicted_speedup_per_position(st.accepted_per_pos, passes, c, v)
+            # per-position theory over every pass (a pass without a proposal accepts nothing),
+            # with the draft work actually spent per pass
+            pred = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c)
+            pred_v = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c, v)
             cells[4:] = [f"{st.acceptance_rate:.2f}", f"{st.mean_acceptance_length:.2f}", f"{c:.2f}",
                          f"{v:.2f}", f"{pred:.2f}", f"{dec / pred:.2f}", f"{pred_v:.2f}"]
         print(f"| {pname} | {name} | " + " | ".join(cells) + " |")

@@ -51,6 +51,18 @@ def predicted_speedup_per_position(accepted_per_pos: Sequence[int], num_drafts: 
     return tokens_per_pass_per_position(accepted_per_pos, num_drafts) / (k * c + v)
 
 
+def predicted_speedup_from_counts(accepted_per_pos: Sequence[int], passes: int, draft_forwards: int,
+                                  c: float, v: float = 1.0) -> float:
+    """Formula: (1 + sum_i accepted_i / passes) / ((draft_forwards / passes) c + v).
+
+    The per-position form for proposals of varying length (n-gram misses, a draft that
+    stops early): the draft cost is what was spent per pass, not k c. Equal to
+    predicted_speedup_per_position when every pass drafts exactly k tokens."""
+    if passes <= 0:
+        return 1.0
+    return tokens_per_pass_per_position(accepted_per_pos, passes) / (draft_forwards / passes * c + v)
+
+
 def conditional_acceptance(accepted_per_pos: Sequence[int], num_drafts: int) -> list[float]:
     """P(position i accepted | positions < i accepted), from per-position counts."""
     out, before = [], num_drafts

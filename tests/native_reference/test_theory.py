@@ -77,3 +77,12 @@ def test_theory_imports_without_torch():
     code = ("import sys; import specadapt.native_reference.theory, specadapt.native_reference.cli, "
             "specadapt.cli; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_counts_form_equals_per_position_form_for_fixed_k():
+    per_pass, per_pos = simulate(0.6, 4, 1000, random.Random(3))
+    fixed = theory.predicted_speedup_per_position(per_pos, 1000, 0.2, 1.3)
+    assert theory.predicted_speedup_from_counts(per_pos, 1000, 4 * 1000, 0.2, 1.3) == pytest.approx(fixed)
+    # half the draft work per pass: cheaper passes, same tokens
+    assert theory.predicted_speedup_from_counts(per_pos, 1000, 2 * 1000, 0.2, 1.3) == pytest.approx(
+        (sum(per_pass) / 1000) / (2 * 0.2 + 1.3))
