@@ -65,7 +65,10 @@ def models_path() -> None:
         sys.exit(1)
 
 
+from specadapt.native_reference.cli import reference  # noqa: E402  (imports without torch)
+
 cli.add_command(config)
+cli.add_command(reference)
 
 
 def main() -> None:

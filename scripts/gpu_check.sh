@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# GPU check of the native reference engine (CUDA, torch + transformers, no network).
+# Seeded random ~1B LLaMA-shaped target + 2-layer draft in bf16: greedy identity,
+# target-only vs speculative tokens/s, verify-pass time. Finishes in well under 8 minutes.
+#   scripts/gpu_check.sh [NEW_TOKENS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python}"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.cuda.get_device_name())"
+timeout 420 "$PY" scripts/gpu_check.py "${1:-128}"

@@ -1,0 +1,77 @@
+"""One loaded reference: target, proposer, tokenizer and engine, built from CLI-style options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specadapt.errors import UsageError
+from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.models import (check_draft_compatible, load_causal_lm,
+                                               load_tokenizer, pick_device, pick_dtype)
+from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
+
+
+@dataclass
+class Reference:
+    engine: SpecEngine
+    tokenizer: object
+    target_dir: Path
+    draft_dir: Path | None
+    method: str  # "none", "draft_model" or "ngram"
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def model_name(self) -> str:
+        return self.target_dir.name
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        eos = self.tokenizer.eos_token_id
+        return () if eos is None else (int(eos),)
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            return self.encode_messages([{"role": "user", "content": text}])
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise UsageError(f"the tokenizer of {self.target_dir} has no chat template: use plain completions")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def open_reference(target: Path, draft: Path | None = None, ngram: bool = False, k: int = 4,
+                   dtype: str = "auto", device: str = "auto", ngram_min: int = 1,
+                   ngram_max: int = 4, fault: str | None = None, seed: int = 0,
+                   draft_layers: int | None = None, min_confidence: float = 0.0) -> Reference:
+    """Load the target (and draft) and build the engine. ``draft_layers`` truncates the draft."""
+    if draft is not None and ngram:
+        raise UsageError("choose one proposer: --draft DIR or --ngram, not both")
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    target_model = load_causal_lm(target, dt, dev)
+    proposer = None
+    method = "none"
+    if draft is not None:
+        draft_model = load_causal_lm(draft, dt, dev)
+        check_draft_compatible(target_model, draft_model, str(target), str(draft))
+        if draft_layers:
+            from specadapt.native_reference.models import truncate_layers
+
+            truncate_layers(draft_model, draft_layers)
+        proposer, method = DraftModelProposer(draft_model, min_confidence), "draft_model"
+    elif ngram:
+        proposer, method = NgramProposer(ngram_min, ngram_max), "ngram"
+    engine = SpecEngine(target_model, proposer, k, Fault.parse(fault) if fault else None, seed)
+    return Reference(engine, load_tokenizer(target), Path(target), Path(draft) if draft else None,
+                     method, dt, dev)

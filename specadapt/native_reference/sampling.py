@@ -1,0 +1,83 @@
+"""Sampling and verification: greedy acceptance and exact modified rejection sampling.
+
+Rejection sampling follows Leviathan et al. 2023 / Chen et al. 2023: draft token x_i
+drawn from q_i is accepted with probability min(1, p_i(x)/q_i(x)); at the first
+rejection the replacement is drawn from norm(max(p_i - q_i, 0)); when all k drafts are
+accepted a bonus token is drawn from p_{k+1}. The output is then distributed exactly as
+sampling from the target alone. Proposals without a distribution (n-gram lookup) are
+deterministic, so their q is one-hot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the request asks for; applied identically to target (p) and draft (q)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Processed distributions ``[S, V]`` (float64): temperature, then top-k, then top-p."""
+    x = logits.to(torch.float64) / params.temperature  # [S, V]
+    if params.top_k > 0 and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [S, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        p_sorted = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(p_sorted, dim=-1) - p_sorted  # [S, V]
+        drop_sorted = mass_before >= params.top_p  # keep the smallest set reaching top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from the distribution ``p`` ``[V]``."""
+    return int(torch.multinomial(p, 1, generator=generator).item())
+
+
+def greedy_verify(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, int]:
+    """Accept the longest prefix of ``draft`` equal to the target's argmax.
+
+    ``target_logits`` ``[k+1, V]``: row i predicts the token at draft position i.
+    Returns (accepted count m, next token = target argmax at position m).
+    """
+    best = target_logits.argmax(dim=-1).tolist()  # [k+1]
+    m = 0
+    while m < len(draft) and draft[m] == best[m]:
+        m += 1
+    return m, best[m]
+
+
+def rejection_verify(p: torch.Tensor, q: torch.Tensor | None, draft: list[int],
+                     generator: torch.Generator | None) -> tuple[int, int]:
+    """Modified rejection sampling over ``draft``.
+
+    ``p`` ``[k+1, V]``: target distributions; ``q`` ``[k, V]``: draft distributions the
+    tokens were drawn from, or None for deterministic proposals (q one-hot).
+    Returns (accepted count m, next token: the replacement or the bonus).
+    """
+    u = torch.rand(len(draft), generator=generator, dtype=torch.float64, device=p.device)
+    for i, x in enumerate(draft):
+        q_i = q[i] if q is not None else torch.nn.functional.one_hot(
+            torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
+        # accept with probability min(1, p/q)
+        if u[i] * q_i[x] < p[i, x]:
+            continue
+        residual = torch.clamp(p[i] - q_i, min=0.0)  # norm(max(p - q, 0))
+        total = residual.sum()
+        return i, sample(residual / total if total > 0 else p[i], generator)
+    return len(draft), sample(p[len(draft)], generator)  # bonus token from p

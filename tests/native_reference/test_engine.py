@@ -1,0 +1,136 @@
+"""Greedy identity, statistics and faults of the engine on seeded tiny random LLaMAs (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specadapt.errors import UsageError
+from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.models import CachedLM, check_draft_compatible
+from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer, ngram_lookup
+
+from .conftest import tiny_llama
+
+PROMPT = [3, 17, 5, 9, 3, 17, 22, 41, 8, 3, 17, 5]
+N = 40
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_target):
+    # Long enough to check every proposal, even past the last emitted token.
+    return SpecEngine(tiny_target).generate(PROMPT, N + 10).tokens
+
+
+def proposer(kind, draft):
+    return DraftModelProposer(draft) if kind == "draft" else NgramProposer(1, 3)
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_identity(tiny_target, tiny_draft, baseline, kind, k):
+    gen = SpecEngine(tiny_target, proposer(kind, tiny_draft), k).generate(PROMPT, N)
+    assert gen.tokens == baseline[:N]
+    # the test is only meaningful when some drafts are accepted and some rejected
+    assert 0 < gen.stats.accepted_tokens < gen.stats.draft_tokens
+
+
+@pytest.mark.parametrize("kind", ["draft", "ngram"])
+def test_stats_recomputed_from_tokens(tiny_target, tiny_draft, baseline, kind):
+    k = 4
+    gen = SpecEngine(tiny_target, proposer(kind, tiny_draft), k).generate(PROMPT, N)
+    accepted_per_pos, proposed_per_pos = [0] * k, [0] * k
+    for step in gen.steps:
+        offset = step.position - len(PROMPT)
+        truth = baseline[offset:offset + len(step.proposed)]
+        m = next((i for i, (a, b) in enumerate(zip(step.proposed, truth)) if a != b), len(step.proposed))
+        for i in range(len(step.proposed)):
+            proposed_per_pos[i] += 1
+            accepted_per_pos[i] += i < m
+    s = gen.stats
+    assert s.accepted_per_pos == accepted_per_pos
+    assert s.proposed_per_pos == proposed_per_pos
+    assert s.accepted_tokens == sum(accepted_per_pos)
+    assert s.draft_tokens == sum(len(st.proposed) for st in gen.steps)
+    assert s.num_drafts == sum(1 for st in gen.steps if st.proposed)
+    assert s.generated_tokens == len(gen.tokens) == N
+    # one target pass per step plus the prefill; a draft model runs k times per step
+    assert s.target_forwards == len(gen.steps) + 1
+    if kind == "draft":
+        assert s.draft_forwards == k * len(gen.steps)
+    assert s.mean_acceptance_length == pytest.approx(1 + s.accepted_tokens / s.num_drafts)
+
+
+def test_cache_positions_match_full_recompute(tiny_target, tiny_draft):
+    """After speculation with rejections, the target's cache equals a fresh prefill."""
+    engine = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3)
+    tokens = PROMPT + engine.generate(PROMPT, 20).tokens
+    feed = engine.target.sync(tokens[:-1])  # keep the cached prefix of the final sequence
+    assert feed == []  # every accepted position is still cached: nothing recomputed
+    cached = engine.target.forward([tokens[-1]])[-1]  # next-token logits through the cache
+    fresh = CachedLM(tiny_target).forward(tokens)[-1]
+    torch.testing.assert_close(cached, fresh, rtol=0, atol=1e-10)
+
+
+def test_draft_cache_in_step_when_all_accepted(tiny_target):
+    """A draft identical to the target accepts everything; its cache must stay in step."""
+    prop = DraftModelProposer(tiny_target)
+    gen = SpecEngine(tiny_target, prop, 4).generate(PROMPT, 20)
+    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
+    assert all(len(s.tokens) == 5 for s in gen.steps[:-1])
+    full = PROMPT + gen.tokens
+    assert prop.lm.tokens == full[:len(prop.lm.tokens)]
+
+
+def test_ngram_lookup_prefers_longest_then_most_recent():
+    seq = [1, 2, 3, 9, 2, 3, 7, 1, 2, 3]
+    assert ngram_lookup(seq, 2, 1, 3) == [9, 2]  # "1 2 3" matched at the start
+    assert ngram_lookup(seq, 2, 1, 2) == [7, 1]  # "2 3": the most recent earlier match
+    assert ngram_lookup([5, 6, 7], 3, 1, 3) == []
+
+
+def test_draft_with_other_vocab_is_refused(tiny_target):
+    other = tiny_llama(seed=5, vocab=65)
+    with pytest.raises(UsageError, match="vocab size 65 .* 64"):
+        check_draft_compatible(tiny_target, other)
+
+
+def test_fault_accept_always_changes_output(tiny_target, tiny_draft, baseline):
+    gen = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("accept-always")).generate(PROMPT, N)
+    assert gen.stats.accepted_tokens == gen.stats.draft_tokens
+    assert gen.tokens != baseline[:N]
+
+
+def test_fault_drop_bonus_loses_throughput_not_identity(tiny_target, baseline):
+    prop = DraftModelProposer(tiny_target)  # accepts everything: a bonus every step
+    gen = SpecEngine(tiny_target, prop, 4, Fault.parse("drop-bonus")).generate(PROMPT, N)
+    assert gen.tokens == baseline[:N]
+    assert max(len(s.tokens) for s in gen.steps) == 4
+    good = SpecEngine(tiny_target, DraftModelProposer(tiny_target), 4).generate(PROMPT, N)
+    assert gen.stats.target_forwards > good.stats.target_forwards
+
+
+def test_fault_perturb_logits_only_on_verify(tiny_target, tiny_draft, baseline):
+    gen = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("perturb-logits=5")).generate(PROMPT, N)
+    assert gen.tokens != baseline[:N]
+    alone = SpecEngine(tiny_target, None, 0, Fault.parse("perturb-logits=5")).generate(PROMPT, N)
+    assert alone.tokens == baseline[:N]  # no verify pass, no noise
+
+
+@pytest.mark.parametrize("text", ["bogus", "perturb-logits", "perturb-logits=x", "accept-always=1"])
+def test_bad_fault_refused(text):
+    with pytest.raises(UsageError):
+        Fault.parse(text)
+
+
+def test_batch_of_prompts_refused_with_reason(tiny_target):
+    with pytest.raises(UsageError, match="batch size 1"):
+        SpecEngine(tiny_target).generate([[1, 2], [3, 4]], 4)
+
+
+def test_confidence_stop_shortens_drafts_and_keeps_identity(tiny_target, tiny_draft, baseline):
+    prop = DraftModelProposer(tiny_draft, min_confidence=0.1)
+    gen = SpecEngine(tiny_target, prop, 8).generate(PROMPT, N)
+    assert gen.tokens == baseline[:N]
+    lengths = {len(s.proposed) for s in gen.steps}
+    assert min(lengths) < 8 and gen.stats.draft_forwards == sum(len(s.proposed) for s in gen.steps)

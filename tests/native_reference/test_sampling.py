@@ -1,0 +1,130 @@
+"""Verification rules on fixed distributions, and the distribution of the first two
+generated tokens through the whole engine against the target's exact distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.models import CachedLM
+from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
+from specadapt.native_reference.sampling import SamplingParams, greedy_verify, probs, rejection_verify
+
+from .conftest import tiny_llama
+
+V = 6
+
+
+def chi_square_p(counts: dict, expected: dict, n: int) -> float:
+    """Pearson chi-square p-value; cells with expected count < 5 are pooled."""
+    big = [c for c in expected if expected[c] * n >= 5]
+    small = [c for c in expected if expected[c] * n < 5]
+    obs = [counts.get(c, 0) for c in big] + [sum(counts.get(c, 0) for c in small)]
+    exp = [expected[c] * n for c in big] + [sum(expected[c] for c in small) * n]
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+    df = len(obs) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def test_greedy_verify_prefix_and_bonus():
+    logits = torch.tensor([[0, 5.0, 0], [0, 0, 5.0], [5.0, 0, 0]])  # argmax 1, 2, 0
+    assert greedy_verify(logits, [1, 2]) == (2, 0)  # all accepted, bonus from the last row
+    assert greedy_verify(logits, [1, 0]) == (1, 2)  # second rejected, target's choice instead
+    assert greedy_verify(logits, [2, 2]) == (0, 1)
+
+
+def test_top_k_top_p():
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert probs(x, SamplingParams(1.0, top_k=2))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
+    assert probs(x, SamplingParams(1.0, top_p=0.7))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
+    assert probs(x, SamplingParams(1.0, top_p=0.85))[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_single_position_is_exact(one_hot):
+    """One draft position: the emitted token must follow p whatever q is."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.6, 0.1, 0.2]], dtype=torch.float64)
+    n, counts = 20000, {}
+    for _ in range(n):
+        x = 1 if one_hot else int(torch.multinomial(q[0], 1, generator=gen))
+        m, nxt = rejection_verify(p, None if one_hot else q, [x], gen)
+        first = x if m == 1 else nxt
+        counts[first] = counts.get(first, 0) + 1
+    assert chi_square_p(counts, {i: float(p[0, i]) for i in range(4)}, n) > 1e-3
+
+
+def exact_first_two(target, prompt):
+    """P(t1, t2) = p(t1 | prompt) p(t2 | prompt, t1), from the target alone in float64."""
+    lm = CachedLM(target)
+    p1 = torch.softmax(lm.forward(prompt)[-1], -1)
+    out = {}
+    for t1 in range(V):
+        lm.rewind(len(prompt))
+        p2 = torch.softmax(lm.forward([t1])[-1], -1)
+        for t2 in range(V):
+            out[(t1, t2)] = float(p1[t1] * p2[t2])
+    return out
+
+
+def sample_first_two(engine, prompt, n):
+    counts = {}
+    for _ in range(n):
+        toks = tuple(engine.generate(prompt, 2, SamplingParams(temperature=1.0)).tokens)
+        counts[toks] = counts.get(toks, 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    # large init: peaked, clearly different distributions, so a wrong sampler is visible
+    target = tiny_llama(seed=10, vocab=V, layers=1, hidden=16, init=0.6)
+    draft = tiny_llama(seed=11, vocab=V, layers=1, hidden=16, init=0.6)
+    return target, draft
+
+
+PROMPT = [1, 4, 2]
+N = 1500
+
+
+@pytest.mark.parametrize("min_confidence", [0.0, 0.4])
+def test_draft_model_sampling_matches_target_exactly(small_vocab_pair, min_confidence):
+    """Also with the confidence stop: a rule that looks only at the draft keeps exactness."""
+    target, draft = small_vocab_pair
+    exact = exact_first_two(target, PROMPT)
+    prop = DraftModelProposer(draft, min_confidence=min_confidence)
+    counts = sample_first_two(SpecEngine(target, prop, 2, seed=123), PROMPT, N)
+    assert sum(counts.values()) == N
+    assert chi_square_p(counts, exact, N) > 1e-3
+
+
+def test_ngram_sampling_matches_target_exactly(small_vocab_pair):
+    target, _ = small_vocab_pair
+    prompt = [1, 4, 2, 5, 3, 1, 4]  # the lookup proposes 2, 5 (q one-hot)
+    exact = exact_first_two(target, prompt)
+    engine = SpecEngine(target, NgramProposer(1, 2), 2, seed=7)
+    counts = sample_first_two(engine, prompt, N)
+    assert chi_square_p(counts, exact, N) > 1e-3
+
+
+def test_always_accept_sampler_fails_the_same_test(small_vocab_pair):
+    target, draft = small_vocab_pair
+    exact = exact_first_two(target, PROMPT)
+    wrong = SpecEngine(target, DraftModelProposer(draft), 2, Fault.parse("accept-always"), seed=123)
+    n = N // 5  # the effect is large; fewer samples keep the suite fast
+    counts = sample_first_two(wrong, PROMPT, n)
+    assert chi_square_p(counts, exact, n) < 1e-6
+
+
+def test_target_and_draft_really_differ(small_vocab_pair):
+    """Precondition of the power of the tests above: q is far from p."""
+    target, draft = small_vocab_pair
+    p, q = exact_first_two(target, PROMPT), exact_first_two(draft, PROMPT)
+    assert 0.5 * sum(abs(p[c] - q[c]) for c in p) > 0.2
