@@ -230,7 +230,7 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
 def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                    off_request: RequestSettings) -> CompareReport:
     """Analysis, identity and triage (the spec-off server must still be up for triage)."""
-    from specadapt.probes.equivalence import default_threshold, identity_report, server_triage
+    from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 
     settings = report.settings
     records = report.requests
@@ -250,6 +250,7 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
         return t
 
     report.identity = identity_report(records, prompts, triage)
+    readable_tokens(off, [p.divergence for p in report.identity if p.divergence])
     report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
                      for v in ("identical", "near-tie", "suspect", "unknown")}
     report.notes += _compare_notes(report)

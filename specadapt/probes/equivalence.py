@@ -150,6 +150,24 @@ def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div
                   threshold=threshold, server_margin=margin, top_logprobs=top, note=note.rstrip("; "))
 
 
+def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
+    """Replace "token_id:N" in divergences by the token's text, via the server's POST /detokenize
+    (vLLM); left as ids where the server cannot say."""
+    for d in divergences:
+        for attr in ("off_token", "on_token"):
+            tid = token_id(getattr(d, attr) or "")
+            if tid is None:
+                continue
+            try:
+                resp = httpx.post(server.base_url + "/detokenize", json={"model": server.model_id, "tokens": [tid]},
+                                  headers=server.headers(), timeout=10, verify=getattr(server, "verify", True))
+                text = resp.json()["prompt"] if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, KeyError):
+                text = None
+            if isinstance(text, str):
+                setattr(d, attr, f"{text} (id {tid})")
+
+
 def identity_report(records: list[RequestRecord], prompts: list[Prompt],
                     triage: Callable[[Prompt, Divergence, RequestRecord], Triage] | None) -> list[PromptIdentity]:
     """Per prompt: identical pairs, and the origin of divergence with its triage."""

@@ -98,8 +98,10 @@ def load_prompts(path: str | Path | None) -> list[Prompt]:
         text = resources.files("specadapt.probes").joinpath("data/default_prompts.jsonl").read_text()
         return parse_prompt_lines(text.splitlines(), "built-in prompts")
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UsageError(f"prompt file {path} does not exist")
+    if path.is_dir():
+        raise UsageError(f"prompt file {path} is a directory: give a JSONL file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

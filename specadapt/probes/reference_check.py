@@ -32,6 +32,7 @@ class ReferenceScorer:
             purpose = "--reference (float64 recomputation)"
             torch = require("torch", "reference", purpose)
             transformers = require("transformers", "reference", purpose)
+            transformers.utils.logging.disable_progress_bar()
             self._torch = torch
             self._model = transformers.AutoModelForCausalLM.from_pretrained(
                 str(self.model_dir), dtype=torch.float64).eval()

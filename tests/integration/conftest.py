@@ -1,7 +1,9 @@
-"""Real vLLM (CPU build) servers with the embedded model, started once per test session.
+"""Real servers with the embedded model, started once per test session.
 
-Both servers start side by side (their start-up is mostly single-threaded compilation)
-through the same code the CLI uses, and are stopped at the end of the session.
+The vLLM (CPU build) servers start side by side (their start-up is mostly single-threaded
+compilation) through the same code the CLI uses; the reference servers
+(`specadapt reference serve`) run as real subprocesses on loopback. All are stopped at the
+end of the session.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from specadapt.adapters.vllm import VLLMLaunch, launched_servers
 from specadapt.models import resolve_model_dir
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-SERVER_SETTINGS = dict(dtype="bfloat16", max_model_len=2048)
 
 
 @pytest.fixture(scope="session")
@@ -24,13 +25,20 @@ def embedded_model() -> str:
     return str(resolve_model_dir(None))
 
 
+SERVERS = {  # name: (spec config, dtype)
+    "off": (None, "bfloat16"), "ngram": (NGRAM_K4, "bfloat16"),
+    "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"),
+}
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(embedded_model):
-    """{'off': VLLMServer, 'ngram': VLLMServer}, started side by side, stopped after the session."""
-    specs = {"off": None, "ngram": NGRAM_K4}
-    opts = [VLLMLaunch(model=embedded_model, spec_config=spec, **SERVER_SETTINGS) for spec in specs.values()]
-    with launched_servers(opts, startup_timeout_s=900) as servers:
-        yield dict(zip(specs, servers))
+    """Four vLLM servers (spec off / ngram k=4, bfloat16 / float32), started side by side
+    once per session and stopped after it."""
+    opts = [VLLMLaunch(model=embedded_model, spec_config=spec, dtype=dtype, max_model_len=2048)
+            for spec, dtype in SERVERS.values()]
+    with launched_servers(opts, startup_timeout_s=1500) as servers:
+        yield dict(zip(SERVERS, servers))
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +49,16 @@ def vllm_off(vllm_servers):
 @pytest.fixture(scope="session")
 def vllm_ngram(vllm_servers):
     return vllm_servers["ngram"]
+
+
+@pytest.fixture(scope="session")
+def vllm_off_fp32(vllm_servers):
+    return vllm_servers["off_fp32"]
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram_fp32(vllm_servers):
+    return vllm_servers["ngram_fp32"]
 
 
 def raw_counter(base_url: str, name: str) -> float:

@@ -1,0 +1,101 @@
+"""compare / equiv end to end against real vLLM CPU servers (shared per session)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+pytestmark = pytest.mark.integration
+
+# The prompt that diverged in bfloat16 when tried as a new user would (field-notes.md):
+# spec off wrote `def reverse_string(input_str):`, spec on `def reverse_string(s):`.
+REVERSE = {"id": "reverse-string", "category": "open",
+           "messages": [{"role": "user", "content": "Write a Python function that reverses a string, then explain it."}]}
+CAPITAL = {"id": "capital", "category": "open",
+           "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+COPY = {"id": "copy-code", "category": "grounded", "messages": [{"role": "user", "content":
+        "Copy the following code exactly, adding a docstring to each function:\n\n"
+        "def add(x, y):\n    return x + y\n\ndef sub(x, y):\n    return x - y"}]}
+
+
+def prompts_file(tmp_path: Path, *rows) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "specadapt", "equiv", "--off", off.base_url, "--on", on.base_url,
+                           "--prompts", str(prompts), "--repeat", "1", "--max-tokens", str(max_tokens),
+                           "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
+    return proc, report, out
+
+
+def test_bf16_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_off, vllm_ngram, embedded_model):
+    proc, report, out = equiv(tmp_path, vllm_off, vllm_ngram, prompts_file(tmp_path, REVERSE),
+                              "--dtype", "bfloat16", "--reference", embedded_model)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (ident,) = report["identity"]
+    assert ident["verdict"] == "near-tie", ident
+    d = ident["divergence"]
+    assert d["token_index"] > 0 and d["char_index"] > 0
+    assert d["off_context"] != d["on_context"]
+    t = d["triage"]
+    assert t["source"] == "reference-float64"
+    assert abs(t["reference_margin"]) < t["threshold"]
+    assert t["server_margin"] is not None and abs(t["server_margin"]) < t["threshold"]
+    assert "NEAR-TIE at token" in proc.stdout and "margin" in proc.stdout
+    # every output format was written and says the same
+    assert "**near-tie**" in (out / "summary.md").read_text()
+    xml = JUnitXml.fromfile(str(out / "junit.xml"))
+    cases = [c for suite in (xml if xml._tag == "testsuites" else [xml]) for c in suite]
+    assert [c.name for c in cases] == ["reverse-string"] and not cases[0].result
+    html = (out / "report.html").read_text()
+    assert "near-tie" in html and html.count("<svg") >= 3
+
+
+def test_fp32_spec_on_is_identical_to_spec_off(tmp_path, vllm_off_fp32, vllm_ngram_fp32):
+    proc, report, _ = equiv(tmp_path, vllm_off_fp32, vllm_ngram_fp32,
+                            prompts_file(tmp_path, REVERSE, CAPITAL, COPY), "--dtype", "float32")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["counts"]["identical"] == 3, [i["verdict"] for i in report["identity"]]
+    assert report["gate"]["passed"]
+    assert report["levels"][0]["acceptance"]["known"]
+
+
+def test_sampling_on_the_spec_side_is_suspect_and_fails_the_gate(tmp_path, vllm_off, vllm_ngram):
+    proc, report, out = equiv(tmp_path, vllm_off, vllm_ngram, prompts_file(tmp_path, REVERSE, CAPITAL, COPY),
+                              "--dtype", "bfloat16", "--on-temperature", "1.5", max_tokens=32)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert report["counts"]["suspect"] >= 1
+    assert not report["gate"]["passed"]
+    assert "gate: FAIL" in proc.stdout
+    xml = JUnitXml.fromfile(str(out / "junit.xml"))
+    cases = [c for suite in (xml if xml._tag == "testsuites" else [xml]) for c in suite]
+    assert sum(1 for c in cases if c.result) == report["counts"]["suspect"] + report["counts"]["unknown"]
+
+
+def test_concurrency_sweep_reports_acceptance_per_level(tmp_path, vllm_off, vllm_ngram):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", vllm_off.base_url,
+                           "--on", vllm_ngram.base_url, "--prompts", str(prompts_file(tmp_path, COPY, CAPITAL)),
+                           "--concurrency", "1,4", "--repeat", "2", "--max-tokens", "24", "--no-triage",
+                           "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    levels = {lv["concurrency"]: lv for lv in report["levels"]}
+    assert sorted(levels) == [1, 4]
+    # level 1: 2 repeats x 2 prompts; level 4: each block holds >= 2N = 8 requests, so 4 copies
+    assert levels[1]["pairs"] == 4 and levels[4]["pairs"] == 2 * 2 * 4
+    for lv in levels.values():
+        assert lv["acceptance"]["known"] and 0 <= lv["acceptance"]["acceptance_rate"] <= 1
+        assert lv["speed"]["throughput"]["low"] <= lv["speed"]["throughput"]["point"] <= lv["speed"]["throughput"]["high"]
+    assert report["crossover"]["status"] in ("faster-everywhere", "never-faster", "crosses")
+    assert "load:" in proc.stdout
