@@ -1,0 +1,33 @@
+"""The HTML report in a real headless browser (Debian's chromium), with the network off."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from specadapt.report.gate import apply_gate
+from specadapt.report.html import to_html
+
+from test_compare_outputs import make_report  # same synthetic report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--proxy-server=http://0.0.0.0:9", "--proxy-bypass-list=<-loopback>"]  # any fetch would fail
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it with apt-get)")
+def test_html_renders_its_plots_offline(tmp_path):
+    report = make_report()
+    apply_gate(report)
+    page = tmp_path / "report.html"
+    page.write_text(to_html(report))
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    assert dom.stdout.count("<svg") >= 3 and "Speedup vs concurrency" in dom.stdout
+    shot = tmp_path / "shot.png"
+    subprocess.run([*common, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000  # a page with plots, not a blank one
