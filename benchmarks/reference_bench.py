@@ -143,7 +143,8 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
     print(f"\nDate: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: 2-core {platform.machine()} "
           f"CPU, no GPU (shared with other work), torch {torch.__version__}, {threads} thread(s), float32, "
           f"greedy, max {max_tokens} new tokens, chat template, best of {repeats} interleaved runs. "
-          f"Target {target_dir.name}. One 1-token target pass: {t_pass * 1000:.1f} ms.\n")
+          f"Target {target_dir.name}. One 1-token target pass: {t_pass * 1000:.1f} ms. "
+          f"Load average at the end: {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[2]:.1f} (15 min).\n")
     print("| prompt | method | tokens | tokens/s | speedup | decode speedup | acceptance | mean acc. len "
           "| c | v | theory (v=1) | measured/theory | theory (measured v) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -143,4 +143,6 @@ def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
 
     if fault:
         click.echo(f"WARNING: fault injection '{fault}' is ON: this server is deliberately wrong", err=True)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"WARNING: serving on {host}, not loopback: anyone who can reach it can use it", err=True)
     run_server(ref, host, port, served_model_name)

@@ -82,7 +82,8 @@ class DraftModelProposer:
 
 class NgramProposer:
     """Prompt lookup: find the last n tokens (n from max_n down to min_n) earlier in the
-    sequence, and propose the k tokens that followed the most recent such occurrence."""
+    sequence, and propose the k tokens that followed the earliest such occurrence (the
+    choice vLLM's ngram proposer makes, so the acceptance counters are comparable)."""
 
     name = "ngram"
     forwards = 0
@@ -102,11 +103,12 @@ class NgramProposer:
 
 
 def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The up to k tokens after the most recent earlier match of the longest suffix n-gram."""
+    """The up to k tokens after the earliest match of the longest suffix n-gram (n in
+    min_n..max_n); a match may overlap the suffix itself but not be it."""
     size = len(tokens)
     for n in range(min(max_n, size - 1), min_n - 1, -1):
         suffix = tokens[size - n:]
-        for start in range(size - n - 1, -1, -1):
+        for start in range(size - n):
             if tokens[start:start + n] == suffix:
                 return tokens[start + n:start + n + k]
     return []

@@ -53,8 +53,8 @@ class Reference:
 def open_reference(target: Path, draft: Path | None = None, ngram: bool = False, k: int = 4,
                    dtype: str = "auto", device: str = "auto", ngram_min: int = 1,
                    ngram_max: int = 4, fault: str | None = None, seed: int = 0,
-                   draft_layers: int | None = None, min_confidence: float = 0.0) -> Reference:
-    """Load the target (and draft) and build the engine. ``draft_layers`` truncates the draft."""
+                   min_confidence: float = 0.0) -> Reference:
+    """Load the target (and draft) and build the engine."""
     if draft is not None and ngram:
         raise UsageError("choose one proposer: --draft DIR or --ngram, not both")
     dev = pick_device(device)
@@ -65,10 +65,6 @@ def open_reference(target: Path, draft: Path | None = None, ngram: bool = False,
     if draft is not None:
         draft_model = load_causal_lm(draft, dt, dev)
         check_draft_compatible(target_model, draft_model, str(target), str(draft))
-        if draft_layers:
-            from specadapt.native_reference.models import truncate_layers
-
-            truncate_layers(draft_model, draft_layers)
         proposer, method = DraftModelProposer(draft_model, min_confidence), "draft_model"
     elif ngram:
         proposer, method = NgramProposer(ngram_min, ngram_max), "ngram"

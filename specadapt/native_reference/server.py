@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specadapt import __version__
+from specadapt.errors import SpecadaptError
 from specadapt.native_reference.engine import SpecStats, Step
 from specadapt.native_reference.runtime import Reference
 from specadapt.native_reference.sampling import SamplingParams
@@ -146,6 +147,8 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
         return _error("the request body is not JSON", 400)
     except BadRequest as err:
         return _error(str(err), err.status)
+    except (SpecadaptError, TypeError, ValueError) as err:  # e.g. no chat template, "temperature": "hot"
+        return _error(f"bad request: {err}", 400)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if job.stream:
         return StreamingResponse(_stream(state, job, rid), media_type="text/event-stream")

@@ -82,11 +82,13 @@ def test_draft_cache_in_step_when_all_accepted(tiny_target):
     assert prop.lm.tokens == full[:len(prop.lm.tokens)]
 
 
-def test_ngram_lookup_prefers_longest_then_most_recent():
-    seq = [1, 2, 3, 9, 2, 3, 7, 1, 2, 3]
-    assert ngram_lookup(seq, 2, 1, 3) == [9, 2]  # "1 2 3" matched at the start
-    assert ngram_lookup(seq, 2, 1, 2) == [7, 1]  # "2 3": the most recent earlier match
+def test_ngram_lookup_prefers_longest_then_earliest():
+    seq = [2, 3, 5, 1, 2, 3, 9, 2, 3, 7, 1, 2, 3]
+    assert ngram_lookup(seq, 2, 1, 3) == [9, 2]  # "1 2 3" is longer than "2 3"
+    assert ngram_lookup(seq, 2, 1, 2) == [5, 1]  # "2 3": the earliest match, as vLLM picks
+    assert ngram_lookup(seq, 20, 2, 2) == seq[2:]  # k capped by what follows the match
     assert ngram_lookup([5, 6, 7], 3, 1, 3) == []
+    assert ngram_lookup([4, 4, 4], 2, 2, 2) == [4]  # overlapping match, not the suffix itself
 
 
 def test_draft_with_other_vocab_is_refused(tiny_target):

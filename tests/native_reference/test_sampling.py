@@ -3,7 +3,6 @@ generated tokens through the whole engine against the target's exact distributio
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -140,6 +140,8 @@ def test_chat_and_non_stream_and_sampling(ref):
         bad = httpx.post(f"{base}/v1/completions", json={"model": "nope", "prompt": "x"})
         assert bad.status_code == 404 and "not served" in bad.json()["error"]["message"]
         assert httpx.get(f"{base}/version").json()["speculative_method"] == "draft_model"
+        hot = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "temperature": "hot"})
+        assert hot.status_code == 400
         empty = httpx.post(f"{base}/v1/completions", json={"prompt": ""})
         assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
 
