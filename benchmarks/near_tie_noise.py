@@ -47,6 +47,9 @@ def main() -> None:
             out = ref.generate(ids, max_new_tokens=args.tokens, do_sample=False)
         seqs.append((ids.shape[1], out))
     errors: dict[str, list[float]] = {"bfloat16": [], "float16": [], "float32": []}
+    # each dtype loaded from the float32 checkpoint on disk (a round trip through a lower
+    # precision would round the weights for every later dtype)
+    models = {name: AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, name)).eval() for name in errors}
     margins64 = []
     with torch.no_grad():
         for n_prompt, seq in seqs:
@@ -54,12 +57,10 @@ def main() -> None:
             top2 = lp64.topk(2, dim=-1).indices  # [T, 2]
             m64 = (lp64.gather(1, top2[:, :1]) - lp64.gather(1, top2[:, 1:])).squeeze(1)
             margins64 += m64.tolist()
-            for name in errors:
-                model = ref.to(getattr(torch, name))
+            for name, model in models.items():
                 lp = torch.log_softmax(model(seq).logits[0, n_prompt - 1:-1].double(), -1)
                 m = (lp.gather(1, top2[:, :1]) - lp.gather(1, top2[:, 1:])).squeeze(1)
                 errors[name] += (m - m64).abs().tolist()
-                ref = ref.to(torch.float64)
     print(f"Measured {datetime.date.today()} on {platform.machine()}, torch {torch.__version__} CPU, "
           f"embedded SmolLM2-135M, {len(margins64)} generated positions of {len(seqs)} built-in prompts; "
           f"`python benchmarks/near_tie_noise.py --tokens {args.tokens}`\n")
