@@ -82,8 +82,11 @@ class VLLMServer:
     def read_counters(self) -> CounterSnapshot:
         text = self.metrics_text()
         if text is None:
-            return CounterSnapshot(source="GET /metrics unavailable")
-        return counters_from_metrics(text)
+            return CounterSnapshot(source="unavailable: GET /metrics did not answer 200")
+        try:
+            return counters_from_metrics(text)
+        except NotAServer as exc:
+            return CounterSnapshot(source=f"unavailable: {exc}")
 
     def describe(self) -> ServerInfo:
         models = self._http.models()
@@ -102,7 +105,11 @@ class VLLMServer:
 
     def _fill_spec_state(self, info: ServerInfo) -> None:
         text = self.metrics_text()
-        samples = parse_samples(text) if text is not None else {}
+        try:
+            samples = parse_samples(text) if text is not None else {}
+        except NotAServer:
+            samples = {}
+            info.notes.append("GET /metrics answered, but not with Prometheus text")
         info.metrics_available = any(name.startswith("vllm:") for name in samples)
         info.spec_counters = [name for name in SPEC_COUNTERS if name in samples]
         positions = by_label(samples, ACCEPTED_PER_POS, "position")
