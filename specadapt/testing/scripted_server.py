@@ -26,7 +26,7 @@ Fields (all optional; a prompt that is not a JSON object gets the defaults):
 Timing truth: chunks are scheduled at absolute times (received + ttft + i * itl) and the
 moment each one is handed to the socket is logged with ``time.perf_counter_ns()``
 (CLOCK_MONOTONIC, the same clock in every process on the machine). ``GET /_script/log``
-returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt"}}``.
+returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}``.
 
 ``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
 /_script/metrics`` with ``{"mode": ...}`` switches them: ``vllm`` (spec counters),
@@ -171,7 +171,8 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
     key = str(s["id"])
     attempt = st.attempts.get(key, 0) + 1
     st.attempts[key] = attempt
-    entry: dict[str, Any] = {"recv_ns": recv_ns, "chunk_ns": [], "done_ns": None, "attempt": attempt}
+    entry: dict[str, Any] = {"recv_ns": recv_ns, "chunk_ns": [], "done_ns": None, "attempt": attempt,
+                             "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"]}
     st.log[key] = entry
     if st.metrics_mode == "reset" and st.base:
         st.base, st.chunks, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
