@@ -57,22 +57,25 @@ async def _watch_process(process, poll_s: float = 0.2) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def _gather_or_death(jobs: list, process) -> tuple[list[RequestRecord], int]:
-    """Run ``jobs``; if ``process`` exits first, cancel the rest. (finished records, planned)."""
+async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
+    """Run ``jobs`` (each returns a record, or None when the server was gone); if
+    ``process`` exits first, cancel the rest and raise ServerDied(finished, planned)."""
     tasks = [asyncio.ensure_future(j) for j in jobs]
     if process is None:
-        return list(await asyncio.gather(*tasks)), len(tasks)
+        return list(await asyncio.gather(*tasks))
     watcher = asyncio.ensure_future(_watch_process(process))
     all_done = asyncio.gather(*tasks)
     await asyncio.wait({all_done, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if all_done.done():
-        watcher.cancel()
-        return list(all_done.result()), len(tasks)
-    finished = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(all_done, return_exceptions=True)
-    raise ServerDied(finished, len(tasks))
+    watcher.cancel()
+    if not all_done.done():
+        for t in tasks:
+            t.cancel()
+    await asyncio.gather(all_done, watcher, return_exceptions=True)
+    results = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
+    finished = [r for r in results if r is not None]
+    if len(finished) < len(tasks):
+        raise ServerDied(finished, len(tasks))
+    return finished
 
 
 async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
@@ -91,17 +94,22 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
         sem = asyncio.Semaphore(concurrency)
         t0 = time.perf_counter_ns()
 
-        async def one(prompt: Prompt, r: int) -> RequestRecord:
+        process = getattr(server, "process", None)  # set when specadapt started the server
+
+        async def one(prompt: Prompt, r: int) -> RequestRecord | None:
             async with sem:
+                if process is not None and not process.alive():
+                    return None  # not sent: the server is gone
                 rec = await stream_request(client, prompt, model, settings, t0, repeat=r)
+            if process is not None and not rec.ok and not process.alive():
+                return None  # it failed because the server died under it: not a finished request
             if progress:
                 progress(rec)
             return rec
 
         jobs = [one(p, r) for r in range(repeat) for p in prompts]
-        process = getattr(server, "process", None)
         try:
-            records, _planned = await _gather_or_death(jobs, process)
+            records = await _gather_or_death(jobs, process)
         except ServerDied as died:
             finished, planned = died.args
             raise _Partial(finished, planned, before) from None
