@@ -1,8 +1,14 @@
-"""Timing truth: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log."""
+"""Timing truth: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log.
+
+The bound (1 ms at p99) holds for the client's own work; on a machine whose cores are
+oversubscribed by other jobs, the OS delays the client by whole time slices and the
+test fails: its message carries the load average so that case is plain to see.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -20,7 +26,7 @@ def test_probe_times_match_the_server_within_1ms_at_p99(scripted_url, concurrenc
     print(f"\ntiming error at concurrency {concurrency}: {summary(errors)}")
     for metric in ("ttft", "itl", "tpot", "e2e"):
         assert len(errors[metric]) >= n
-        assert p99_abs(errors[metric]) < 1.0, (metric, summary(errors)[metric])
+        assert p99_abs(errors[metric]) < 1.0, (metric, summary(errors)[metric], f"load {os.getloadavg()}")
     # Against the script itself the server's own timer jitter adds in; still close.
     assert p99_abs(errors["itl_vs_schedule"]) < 10.0, summary(errors)["itl_vs_schedule"]
 
