@@ -5,9 +5,30 @@ Probes see only this protocol and HTTP; they never import a concrete backend.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
+
+
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
+REDACTED = "REDACTED"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the values of secret flags (``--api-key X``, ``--api-key=X``) replaced."""
+    out, hide_next = [], False
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if hide_next:
+            out.append(REDACTED)
+        elif flag in SECRET_FLAGS and "=" in arg:
+            out.append(f"{flag}={REDACTED}")
+        else:
+            out.append(arg)
+        hide_next = arg in SECRET_FLAGS
+    return out
 
 
 class LaunchPlan(BaseModel):
@@ -27,11 +48,13 @@ class LaunchPlan(BaseModel):
         return f"http://{self.host}:{self.port}"
 
     def printable(self) -> str:
-        """The command line for humans (env first), quoted so it can be pasted into a shell."""
+        """The command line for humans (env first), quoted so it can be pasted into a shell;
+        API keys and tokens (flags and variables) are redacted."""
         import shlex
 
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        env = " ".join(f"{k}={REDACTED if SECRET_ENV.search(k) else shlex.quote(v)}"
+                       for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in redact_argv(self.argv))
         return f"{env} {cmd}".strip()
 
 

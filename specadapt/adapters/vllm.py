@@ -169,8 +169,22 @@ class VLLMLaunch(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="Passed to vLLM verbatim, after ours.")
 
 
+OWNED_FLAGS = ("--model", "--host", "--port", "--speculative-config")
+
+
+def check_extra_args(extra_args: list[str]) -> None:
+    """UsageError when a --server-arg would override a flag specadapt sets itself (the
+    last one wins in vLLM's parser, so specadapt would then probe the wrong thing)."""
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise UsageError(f"--server-arg {flag} is set by specadapt itself: use its own option "
+                             f"({'--spec-config' if flag == '--speculative-config' else flag}) instead")
+
+
 def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     """The argv and environment for one vLLM server (spec on when ``spec_config`` is set)."""
+    check_extra_args(opts.extra_args)
     port = opts.port or free_port(opts.host)
     argv = vllm_server_argv(opts.python, opts.model, opts.host, port, opts.spec_config, opts.dtype,
                             opts.max_model_len, opts.seed, opts.extra_args)

@@ -27,11 +27,19 @@ def api_key_from(option: str | None) -> str | None:
     return None
 
 
-def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | str:
+def tls_verify(insecure: bool, ca_bundle: Path | None) -> "bool | ssl.SSLContext":
+    """What httpx's ``verify`` gets: on by default, a context trusting ``ca_bundle``, or off (warned)."""
     if insecure:
         stderr.print("[yellow]warning:[/] TLS certificate verification is off (--insecure)")
         return False
-    return str(ca_bundle) if ca_bundle else True
+    if ca_bundle:
+        import ssl
+
+        try:
+            return ssl.create_default_context(cafile=str(ca_bundle))
+        except (ssl.SSLError, OSError) as exc:
+            raise UsageError(f"--ca-bundle {ca_bundle} is not a PEM CA bundle ({exc})") from exc
+    return True
 
 
 @contextlib.contextmanager
