@@ -52,6 +52,17 @@ class ServerDied(Exception):
     """Internal: the managed server exited while requests were running."""
 
 
+async def _exits_soon(process, within_s: float = 0.5) -> bool:
+    """True if ``process`` has exited or does within ``within_s``: a dying server drops its
+    connections a moment before the kernel reports its exit."""
+    deadline = time.monotonic() + within_s
+    while process.alive():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 async def _watch_process(process, poll_s: float = 0.2) -> None:
     while process.alive():
         await asyncio.sleep(poll_s)
@@ -101,7 +112,7 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
                 if process is not None and not process.alive():
                     return None  # not sent: the server is gone
                 rec = await stream_request(client, prompt, model, settings, t0, repeat=r)
-            if process is not None and not rec.ok and not process.alive():
+            if process is not None and not rec.ok and await _exits_soon(process):
                 return None  # it failed because the server died under it: not a finished request
             if progress:
                 progress(rec)
