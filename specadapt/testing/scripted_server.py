@@ -26,7 +26,8 @@ Fields (all optional; a prompt that is not a JSON object gets the defaults):
 Timing truth: chunks are scheduled at absolute times (received + ttft + i * itl) and the
 moment each one is handed to the socket is logged with ``time.perf_counter_ns()``
 (CLOCK_MONOTONIC, the same clock in every process on the machine). ``GET /_script/log``
-returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}``.
+returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}``;
+``GET /_script/log?pop=1`` returns the finished entries and forgets them (for long runs).
 
 ``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
 /_script/metrics`` with ``{"mode": ...}`` switches them: ``vllm`` (spec counters),
@@ -152,6 +153,11 @@ def make_app(st: State):
             code, text = metrics_text(st)
             return await _respond(send, code, text, b"text/plain; version=0.0.4")
         if path == "/_script/log":
+            if scope.get("query_string") == b"pop=1":  # finished entries, then forget them (long runs)
+                done = {k: v for k, v in st.log.items() if v["done_ns"] is not None}
+                for k in done:
+                    del st.log[k]
+                return await _respond(send, 200, done)
             return await _respond(send, 200, st.log)
         if path == "/_script/metrics" and method == "POST":
             st.metrics_mode = json.loads(await _read_body(receive))["mode"]
