@@ -168,7 +168,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
         partial=partial_reason is not None, partial_reason=partial_reason,
         latency=latency_summary([r for r in records if r.attempts == 1]),
         latency_retried=latency_summary(retried) if (retried := [r for r in records if r.attempts > 1]) else None,
-        failures=dict(sorted(Counter(r.error_kind or "other" for r in records if not r.ok).items())),
+        failures=dict(sorted(Counter(_failure_key(r) for r in records if not r.ok).items())),
         by_category={cat: latency_summary(recs) for cat, recs in sorted(by_cat.items())},
         acceptance=acceptance_summary(before, after),
         counters_before=before, counters_after=after,
@@ -179,6 +179,13 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     if log_tail:
         report.notes.append("last lines of the server log:\n" + log_tail)
     return report
+
+
+def _failure_key(rec: RequestRecord) -> str:
+    """The error kind; HTTP errors by status (http_429, http_503, ...)."""
+    if rec.error_kind == "http_status" and rec.status_code:
+        return f"http_{rec.status_code}"
+    return rec.error_kind or "other"
 
 
 def failed_count(report: ProbeReport) -> int:

@@ -42,7 +42,7 @@ class ProbeReport(BaseModel):
     latency: LatencySummary = Field(description="Requests answered on their first send (all of them with retries off).")
     latency_retried: LatencySummary | None = Field(
         None, description="Requests that needed more than one send (retries on); kept apart, their times include the waits.")
-    failures: dict[str, int] = Field(default_factory=dict, description="Failed requests per error kind.")
+    failures: dict[str, int] = Field(default_factory=dict, description="Failed requests per error kind (HTTP errors per status: http_429, ...).")
     by_category: dict[str, LatencySummary] = Field(default_factory=dict)
     acceptance: AcceptanceSummary
     counters_before: CounterSnapshot

@@ -96,7 +96,8 @@ def test_a_run_with_faults_continues_counts_and_reports_them(server):
     settings = RequestSettings(max_tokens=8, request_timeout_s=1.0)
     report = run_probe(server, prompts_for("run", faults), settings, concurrency=4, warmup=0)
     assert report.latency.requests == 10 and report.latency.succeeded == 3 and failed_count(report) == 7
-    assert report.failures == {"disconnect": 1, "http_status": 3, "malformed": 1, "no_done": 1, "timeout": 1}
+    assert report.failures == {"disconnect": 1, "http_429": 1, "http_500": 1, "http_503": 1, "malformed": 1,
+                               "no_done": 1, "timeout": 1}
     assert report.latency_retried is None and not report.partial
     assert any("7 request(s) failed" in n for n in report.notes)
     assert report.latency.ttft_ms.count == 3  # figures come from the successful requests only
