@@ -47,6 +47,15 @@ class LaunchPlan(BaseModel):
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def secrets(self) -> list[str]:
+        """Values of secret flags and variables in this plan (to scrub from logs we show)."""
+        values = [v for k, v in self.env.items() if SECRET_ENV.search(k) and v]
+        for i, arg in enumerate(self.argv):
+            flag, eq, value = arg.partition("=")
+            if flag in SECRET_FLAGS:
+                values.append(value if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else ""))
+        return [v for v in values if len(v) >= 4]
+
     def printable(self) -> str:
         """The command line for humans (env first), quoted so it can be pasted into a shell;
         API keys and tokens (flags and variables) are redacted."""

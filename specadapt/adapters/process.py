@@ -153,6 +153,13 @@ class ManagedProcess:
             _LIVE.add(self)
         return self
 
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last lines of the server log, with the plan's secrets (API keys) scrubbed."""
+        text = tail_lines(self.log_path, n)
+        for secret in self.plan.secrets():
+            text = text.replace(secret, "REDACTED")
+        return text
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
@@ -177,20 +184,20 @@ class ManagedProcess:
                 if code is not None:
                     raise ServerStartError(
                         f"{self.plan.backend} server exited with code {code} during start-up "
-                        f"(log: {self.log_path})", log_tail=tail_lines(self.log_path), exit_code=code)
+                        f"(log: {self.log_path})", log_tail=self.log_tail(), exit_code=code)
                 try:
                     if client.get(url).status_code == 200:
                         return elapsed
                 except httpx.HTTPError:
                     pass
                 if elapsed > timeout_s:
-                    tail = tail_lines(self.log_path)
+                    tail = self.log_tail()
                     self.stop()
                     raise ServerStartError(
                         f"{self.plan.backend} server did not answer {self.plan.health_path} within "
                         f"{timeout_s:.0f} s; stopped it (log: {self.log_path})", log_tail=tail)
                 if on_wait:
-                    last = tail_lines(self.log_path, 1)
+                    last = self.log_tail(1)
                     on_wait(elapsed, last[-160:])
                 time.sleep(0.5)
 

@@ -48,8 +48,13 @@ def read_counters_safely(server: Server) -> CounterSnapshot:
         return CounterSnapshot(source=f"unavailable: {exc}")
 
 
-class ServerDied(Exception):
+class _Partial(Exception):
     """Internal: the managed server exited while requests were running."""
+
+    def __init__(self, records: list[RequestRecord], planned: int):
+        super().__init__("partial run")
+        self.records, self.planned = records, planned
+        self.before: CounterSnapshot | None = None
 
 
 async def _exits_soon(process, within_s: float = 0.5) -> bool:
@@ -70,7 +75,7 @@ async def _watch_process(process, poll_s: float = 0.2) -> None:
 
 async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
     """Run ``jobs`` (each returns a record, or None when the server was gone); if
-    ``process`` exits first, cancel the rest and raise ServerDied(finished, planned)."""
+    ``process`` exits first, cancel the rest and raise _Partial."""
     tasks = [asyncio.ensure_future(j) for j in jobs]
     if process is None:
         return list(await asyncio.gather(*tasks))
@@ -85,7 +90,7 @@ async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
     results = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
     finished = [r for r in results if r is not None]
     if len(finished) < len(tasks):
-        raise ServerDied(finished, len(tasks))
+        raise _Partial(finished, len(tasks))
     return finished
 
 
@@ -121,28 +126,20 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
         jobs = [one(p, r) for r in range(repeat) for p in prompts]
         try:
             records = await _gather_or_death(jobs, process)
-        except ServerDied as died:
-            finished, planned = died.args
-            raise _Partial(finished, planned, before) from None
+        except _Partial as part:
+            part.before = before
+            raise
         after = await asyncio.to_thread(settle_counters, server, None)
     return records, before, after
 
 
-class _Partial(Exception):
-    def __init__(self, records: list[RequestRecord], planned: int, before: CounterSnapshot):
-        super().__init__("partial run")
-        self.records, self.planned, self.before = records, planned, before
-
-
 def _death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
     """(one-line reason with the exit code, the server log's last lines)."""
-    from specadapt.adapters.process import tail_lines
-
     process = server.process
     code = process.proc.poll() if process.proc else None
     reason = (f"the {server.backend} server exited with code {code} during the run; {done} of {planned} "
               f"requests had finished (log: {process.log_path})")
-    return reason, tail_lines(process.log_path)
+    return reason, process.log_tail()
 
 
 def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,

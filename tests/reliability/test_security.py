@@ -271,3 +271,35 @@ def test_a_crash_mid_write_leaves_no_half_report(tmp_path, existing):
     else:
         assert not target.exists()
     assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(["source.json"] + (["report.json"] if existing else []))
+
+
+# --- server logs shown to the user are scrubbed ---------------------------------------------
+
+def test_start_up_log_tail_is_scrubbed_of_the_plans_key(tmp_path):
+    from specadapt.errors import ServerStartError
+
+    code = "import sys; print('non-default args:', sys.argv[1:], flush=True); sys.exit(3)"
+    plan = LaunchPlan(backend="t", argv=[sys.executable, "-c", code, "--api-key", KEY], port=free_port(),
+                      spec_enabled=False, model="none")
+    with ManagedProcess(plan, log_path=tmp_path / "log") as mp, pytest.raises(ServerStartError) as err:
+        mp.wait_healthy(30)
+    assert KEY in (tmp_path / "log").read_text()  # the server's own log file is the server's business
+    assert KEY not in err.value.log_tail and "REDACTED" in err.value.log_tail
+
+
+def test_partial_report_log_tail_is_scrubbed(tmp_path):
+    from specadapt.adapters.vllm import VLLMServer
+    from specadapt.probes.prompts import Prompt
+    from specadapt.probes.runner import run_probe
+
+    with scripted_server(tmp_path / "server.log", api_key=KEY) as mp:
+        with open(tmp_path / "server.log", "a") as fh:
+            fh.write(f"non-default args: {{'api_key': '{KEY}'}}\n")
+        server = VLLMServer(mp.plan.base_url, api_key=KEY, launched=True)
+        server.process = mp
+        prompts = [Prompt(id="ok", prompt=script(id="ok", **FAST)),
+                   Prompt(id="die", prompt=script(id="die", **FAST, fault="exit"))]
+        report = run_probe(server, prompts, RequestSettings(max_tokens=4), warmup=0)
+        server.close()
+    assert report.partial and "non-default args" in report.notes[-1]
+    assert KEY not in report.model_dump_json()
