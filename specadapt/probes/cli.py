@@ -134,7 +134,7 @@ def probe(backend, url, api_key, insecure, ca_bundle, model, spec_config, python
     """
     from specadapt.probes.client import RequestSettings
     from specadapt.probes.prompts import load_prompts
-    from specadapt.probes.runner import failed_count, run_probe
+    from specadapt.probes.runner import failed_count, run_probe, server_log_tail
     from specadapt.report.console import render_probe
     from specadapt.report.model import write_report
 
@@ -160,9 +160,8 @@ def probe(backend, url, api_key, insecure, ca_bundle, model, spec_config, python
     if json_out:
         stderr.print(f"report written to {json_out}")
     if report.partial:
-        last = report.notes[-1] if report.notes and report.notes[-1].startswith("last lines") else ""
         raise ServerDied(report.partial_reason or "the server exited during the run",
-                         log_tail=last.split("\n", 1)[1] if last else "")
+                         log_tail=server_log_tail(report))
     if failed_count(report):
         sys.exit(1)
 

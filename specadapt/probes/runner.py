@@ -174,8 +174,16 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     )
     report.notes += _notes(report)
     if log_tail:
-        report.notes.append("last lines of the server log:\n" + log_tail)
+        report.notes.append(LOG_NOTE + log_tail)
     return report
+
+
+LOG_NOTE = "last lines of the server log:\n"
+
+
+def server_log_tail(report: ProbeReport) -> str:
+    """The server log lines a partial report carries in its notes ('' if none)."""
+    return next((n[len(LOG_NOTE):] for n in report.notes if n.startswith(LOG_NOTE)), "")
 
 
 def _failure_key(rec: RequestRecord) -> str:
