@@ -13,7 +13,7 @@ import click
 
 from specadapt import __version__
 from specadapt.configs.cli import config
-from specadapt.errors import ServerStartError, SpecadaptError
+from specadapt.errors import ServerDied, ServerStartError, SpecadaptError
 
 
 class SpecadaptGroup(click.Group):
@@ -24,7 +24,7 @@ class SpecadaptGroup(click.Group):
             return super().invoke(ctx)
         except SpecadaptError as err:
             click.echo(f"error: {err}", err=True)
-            if isinstance(err, ServerStartError) and err.log_tail:
+            if isinstance(err, (ServerStartError, ServerDied)) and err.log_tail:
                 click.echo("last lines of the server log:", err=True)
                 click.echo("\n".join("  " + ln for ln in err.log_tail.splitlines()), err=True)
             ctx.exit(err.exit_code)

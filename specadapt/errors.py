@@ -13,6 +13,7 @@ traceback. Third-party exceptions are translated at the boundary
         ServerUnreachable          connection refused, DNS, TLS, timeout
         NotAServer                 it answers, but not as the expected server does
         ServerStartError           a managed server died or never became healthy
+        ServerDied                 a managed server exited mid-run (the partial report is written)
         PortInUse                  the requested port is taken
       ModelFetchError              the embedded model could not be fetched or converted
 """
@@ -56,6 +57,15 @@ class NotAServer(ServerError):
 
 class ServerStartError(ServerError):
     """A managed server exited during start-up or did not become healthy in time."""
+
+    def __init__(self, message: str, log_tail: str = "", exit_code: int | None = None):
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.process_exit_code = exit_code
+
+
+class ServerDied(ServerError):
+    """A server specadapt started exited while a run was in progress."""
 
     def __init__(self, message: str, log_tail: str = "", exit_code: int | None = None):
         super().__init__(message)

@@ -5,9 +5,30 @@ Probes see only this protocol and HTTP; they never import a concrete backend.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
+
+
+SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
+REDACTED = "REDACTED"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv with the values of secret flags (``--api-key X``, ``--api-key=X``) replaced."""
+    out, hide_next = [], False
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if hide_next:
+            out.append(REDACTED)
+        elif flag in SECRET_FLAGS and "=" in arg:
+            out.append(f"{flag}={REDACTED}")
+        else:
+            out.append(arg)
+        hide_next = arg in SECRET_FLAGS
+    return out
 
 
 class LaunchPlan(BaseModel):
@@ -26,12 +47,23 @@ class LaunchPlan(BaseModel):
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def secrets(self) -> list[str]:
+        """Values of secret flags and variables in this plan (to scrub from logs we show)."""
+        values = [v for k, v in self.env.items() if SECRET_ENV.search(k) and v]
+        for i, arg in enumerate(self.argv):
+            flag, eq, value = arg.partition("=")
+            if flag in SECRET_FLAGS:
+                values.append(value if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else ""))
+        return [v for v in values if len(v) >= 4]
+
     def printable(self) -> str:
-        """The command line for humans (env first), quoted so it can be pasted into a shell."""
+        """The command line for humans (env first), quoted so it can be pasted into a shell;
+        API keys and tokens (flags and variables) are redacted."""
         import shlex
 
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = " ".join(shlex.quote(a) for a in self.argv)
+        env = " ".join(f"{k}={REDACTED if SECRET_ENV.search(k) else shlex.quote(v)}"
+                       for k, v in sorted(self.env.items()))
+        cmd = " ".join(shlex.quote(a) for a in redact_argv(self.argv))
         return f"{env} {cmd}".strip()
 
 

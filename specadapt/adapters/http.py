@@ -21,6 +21,9 @@ def check_url(url: str) -> str:
 
 
 def describe_http_error(url: str, exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return (f"the TLS certificate of {url} could not be verified ({_reason(exc)}): pass --ca-bundle "
+                "with the CA that signed it, or --insecure to skip verification")
     if isinstance(exc, httpx.ConnectError):
         return f"cannot connect to {url}: {_reason(exc)}; is the server running and the URL right?"
     if isinstance(exc, httpx.TimeoutException):

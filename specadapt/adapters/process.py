@@ -7,6 +7,14 @@ context manager stops it on normal exit and on exceptions (KeyboardInterrupt inc
 parent-death signal so it ends even if specadapt is killed with SIGKILL. That signal
 is tied to the thread that starts the child: call ``start()`` from a thread that lives as
 long as the server should (the main thread), never from a short-lived worker thread.
+
+The parent-death signal reaches only the direct child; a server's workers (vLLM's engine
+core, its GPU workers) would outlive a SIGKILLed specadapt. So each group also gets a
+watchdog: a tiny separate process, in its own session, holding the read end of a pipe
+whose write end only specadapt holds. When specadapt dies in any way the kernel closes
+that pipe; the watchdog reads EOF and stops the whole group (SIGTERM, then SIGKILL after
+the grace period). On a normal stop specadapt writes "q" first and the watchdog leaves
+quietly; it also leaves by itself once the group is gone.
 """
 
 from __future__ import annotations
@@ -66,6 +74,42 @@ def _set_parent_death_signal() -> None:  # runs in the child between fork and ex
             pass
 
 
+WATCHDOG = r"""
+import os, select, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+while alive():
+    if select.select([0], [], [], 1.0)[0]:
+        if os.read(0, 1) == b"q":
+            sys.exit(0)
+        os.killpg(pgid, signal.SIGTERM) if alive() else None
+        deadline = time.monotonic() + grace
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive():
+            os.killpg(pgid, signal.SIGKILL)
+        sys.exit(0)
+"""
+
+
+def start_watchdog(pgid: int, grace_s: float) -> subprocess.Popen:
+    """A process that stops group ``pgid`` when the returned Popen's stdin pipe closes
+    without a "q" first (that is, when this process dies)."""
+    return subprocess.Popen([sys.executable, "-c", WATCHDOG, str(pgid), str(grace_s)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True)
+
+
 def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> str:
     try:
         with open(path, errors="replace") as fh:
@@ -83,6 +127,7 @@ class ManagedProcess:
         self.log_path = log_path or runs_dir() / f"{plan.backend}-{stamp}-{plan.port}.log"
         self.grace_s = grace_s
         self.proc: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
         self._log_fh = None
 
     # -- life cycle -------------------------------------------------------------------
@@ -100,9 +145,20 @@ class ManagedProcess:
         except OSError as exc:
             self._log_fh.close()
             raise ServerStartError(f"cannot start {self.plan.argv[0]}: {exc.strerror}") from exc
+        try:
+            self.watchdog = start_watchdog(self.proc.pid, self.grace_s)
+        except OSError:  # the group is still stopped by stop(), atexit and the parent-death signal
+            self.watchdog = None
         with _LIVE_LOCK:
             _LIVE.add(self)
         return self
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        """The last lines of the server log, with the plan's secrets (API keys) scrubbed."""
+        text = tail_lines(self.log_path, n)
+        for secret in self.plan.secrets():
+            text = text.replace(secret, "REDACTED")
+        return text
 
     @property
     def pid(self) -> int | None:
@@ -128,20 +184,20 @@ class ManagedProcess:
                 if code is not None:
                     raise ServerStartError(
                         f"{self.plan.backend} server exited with code {code} during start-up "
-                        f"(log: {self.log_path})", log_tail=tail_lines(self.log_path), exit_code=code)
+                        f"(log: {self.log_path})", log_tail=self.log_tail(), exit_code=code)
                 try:
                     if client.get(url).status_code == 200:
                         return elapsed
                 except httpx.HTTPError:
                     pass
                 if elapsed > timeout_s:
-                    tail = tail_lines(self.log_path)
+                    tail = self.log_tail()
                     self.stop()
                     raise ServerStartError(
                         f"{self.plan.backend} server did not answer {self.plan.health_path} within "
                         f"{timeout_s:.0f} s; stopped it (log: {self.log_path})", log_tail=tail)
                 if on_wait:
-                    last = tail_lines(self.log_path, 1)
+                    last = self.log_tail(1)
                     on_wait(elapsed, last[-160:])
                 time.sleep(0.5)
 
@@ -169,11 +225,26 @@ class ManagedProcess:
                 pass
         psutil.wait_procs(alive, timeout=5)
         self._signal_group(signal.SIGKILL)  # stragglers still in the group
+        self._dismiss_watchdog()
         with _LIVE_LOCK:
             _LIVE.discard(self)
         if self._log_fh and not self._log_fh.closed:
             self._log_fh.close()
         return self.proc.returncode
+
+    def _dismiss_watchdog(self) -> None:
+        if self.watchdog is None:
+            return
+        try:
+            self.watchdog.stdin.write(b"q")
+            self.watchdog.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.watchdog.wait(5)
+        except subprocess.TimeoutExpired:
+            self.watchdog.kill()
+            self.watchdog.wait(5)
 
     def _signal_group(self, sig: int) -> None:
         try:

@@ -84,8 +84,11 @@ class VLLMServer:
     def read_counters(self) -> CounterSnapshot:
         text = self.metrics_text()
         if text is None:
-            return CounterSnapshot(source="GET /metrics unavailable")
-        return counters_from_metrics(text)
+            return CounterSnapshot(source="unavailable: GET /metrics did not answer 200")
+        try:
+            return counters_from_metrics(text)
+        except NotAServer as exc:
+            return CounterSnapshot(source=f"unavailable: {exc}")
 
     def describe(self) -> ServerInfo:
         models = self._http.models()
@@ -104,7 +107,11 @@ class VLLMServer:
 
     def _fill_spec_state(self, info: ServerInfo) -> None:
         text = self.metrics_text()
-        samples = parse_samples(text) if text is not None else {}
+        try:
+            samples = parse_samples(text) if text is not None else {}
+        except NotAServer:
+            samples = {}
+            info.notes.append("GET /metrics answered, but not with Prometheus text")
         info.metrics_available = any(name.startswith("vllm:") for name in samples)
         info.spec_counters = [name for name in SPEC_COUNTERS if name in samples]
         positions = by_label(samples, ACCEPTED_PER_POS, "position")
@@ -164,8 +171,22 @@ class VLLMLaunch(BaseModel):
     extra_args: list[str] = Field(default_factory=list, description="Passed to vLLM verbatim, after ours.")
 
 
+OWNED_FLAGS = ("--model", "--host", "--port", "--speculative-config")
+
+
+def check_extra_args(extra_args: list[str]) -> None:
+    """UsageError when a --server-arg would override a flag specadapt sets itself (the
+    last one wins in vLLM's parser, so specadapt would then probe the wrong thing)."""
+    for arg in extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            raise UsageError(f"--server-arg {flag} is set by specadapt itself: use its own option "
+                             f"({'--spec-config' if flag == '--speculative-config' else flag}) instead")
+
+
 def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     """The argv and environment for one vLLM server (spec on when ``spec_config`` is set)."""
+    check_extra_args(opts.extra_args)
     port = opts.port or free_port(opts.host)
     argv = vllm_server_argv(opts.python, opts.model, opts.host, port, opts.spec_config, opts.dtype,
                             opts.max_model_len, opts.seed, opts.extra_args)

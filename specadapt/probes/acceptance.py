@@ -38,6 +38,13 @@ def _delta(before: float | None, after: float | None) -> float | None:
 def acceptance_summary(before: CounterSnapshot, after: CounterSnapshot) -> AcceptanceSummary:
     gen = _delta(before.generation_tokens, after.generation_tokens)
     gen = gen if gen is None or gen >= 0 else None
+    unreadable = [s.source for s in (before, after) if s.source.startswith("unavailable")]
+    if unreadable:
+        return AcceptanceSummary(known=False, generation_tokens=gen,
+                                 reason=f"counters could not be read ({unreadable[0]})")
+    if before.has_spec_counters != after.has_spec_counters:
+        return AcceptanceSummary(known=False, generation_tokens=gen,
+                                 reason="spec-decode counters appeared or vanished during the run (server restarted?)")
     if not (before.has_spec_counters and after.has_spec_counters):
         return AcceptanceSummary(known=False, generation_tokens=gen,
                                  reason="the server exposes no spec-decode counters (speculation off, or stats disabled)")

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from specadapt.errors import UsageError
+from specadapt.errors import ServerDied, UsageError
 
 stderr = Console(stderr=True)
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
@@ -27,11 +27,19 @@ def api_key_from(option: str | None) -> str | None:
     return None
 
 
-def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | str:
+def tls_verify(insecure: bool, ca_bundle: Path | None) -> "bool | ssl.SSLContext":
+    """What httpx's ``verify`` gets: on by default, a context trusting ``ca_bundle``, or off (warned)."""
     if insecure:
         stderr.print("[yellow]warning:[/] TLS certificate verification is off (--insecure)")
         return False
-    return str(ca_bundle) if ca_bundle else True
+    if ca_bundle:
+        import ssl
+
+        try:
+            return ssl.create_default_context(cafile=str(ca_bundle))
+        except (ssl.SSLError, OSError) as exc:
+            raise UsageError(f"--ca-bundle {ca_bundle} is not a PEM CA bundle ({exc})") from exc
+    return True
 
 
 @contextlib.contextmanager
@@ -111,25 +119,29 @@ def server_options(f):
 @click.option("--top-logprobs", type=click.IntRange(0, 20), default=0, show_default=True)
 @click.option("--no-logprobs", is_flag=True, help="Do not ask for logprobs (token counts then rely on usage).")
 @click.option("--request-timeout", type=click.FloatRange(0.1), default=300, show_default=True, help="Seconds per request.")
+@click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
+              help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
+                   "retried requests are reported apart. Off by default: retries distort latency.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 def probe(backend, url, api_key, insecure, ca_bundle, model, spec_config, python, host, port, dtype, max_model_len,
           server_args, startup_timeout, prompts_file, concurrency, repeat, warmup, max_tokens, temperature, seed,
-          top_logprobs, no_logprobs, request_timeout, json_out) -> None:
+          top_logprobs, no_logprobs, request_timeout, retries, json_out) -> None:
     """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
 
     Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
-    2 on bad input or when the server cannot be reached or started.
+    2 on bad input, when the server cannot be reached or started, or when a server specadapt
+    started dies mid-run (the partial report is still written).
     """
     from specadapt.probes.client import RequestSettings
     from specadapt.probes.prompts import load_prompts
-    from specadapt.probes.runner import run_probe
+    from specadapt.probes.runner import failed_count, run_probe, server_log_tail
     from specadapt.report.console import render_probe
     from specadapt.report.model import write_report
 
     prompts = load_prompts(prompts_file)
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
                                logprobs=not no_logprobs, top_logprobs=top_logprobs,
-                               request_timeout_s=request_timeout)
+                               request_timeout_s=request_timeout, retries=retries)
     launch = dict(python=python, host=host, port=port, dtype=dtype, max_model_len=max_model_len,
                   extra_args=list(server_args))
     verify = tls_verify(insecure, ca_bundle)
@@ -147,7 +159,10 @@ def probe(backend, url, api_key, insecure, ca_bundle, model, spec_config, python
     render_probe(report, Console())
     if json_out:
         stderr.print(f"report written to {json_out}")
-    if report.latency.failed:
+    if report.partial:
+        raise ServerDied(report.partial_reason or "the server exited during the run",
+                         log_tail=server_log_tail(report))
+    if failed_count(report):
         sys.exit(1)
 
 

@@ -11,6 +11,12 @@ times too large. We ask for ``stream_options: {include_usage, continuous_usage_s
      continuous usage);
   3. ``chunks``: 1 per chunk with text (the last resort; flagged in the report).
 The final ``usage.completion_tokens`` is the request's output token count when present.
+
+Faults never raise: each failed request gets ``error`` (one line) and ``error_kind``.
+Retries are off by default because a retried request's latency is not a server's
+latency; with ``retries`` > 0, a request that got HTTP 429/500/502/503/504 or could not
+connect, before any token, is sent again (its times then run from the first send, and
+the report keeps such requests apart).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from pydantic import BaseModel, Field
 from specadapt.probes.prompts import Prompt
 
 TokenSource = Literal["usage", "logprobs", "chunks"]
+ErrorKind = Literal["timeout", "http_status", "connect", "disconnect", "malformed", "no_done", "no_tokens",
+                    "server_error", "other"]
+RETRYABLE_STATUS = (429, 500, 502, 503, 504)
 
 
 class RequestSettings(BaseModel):
@@ -35,7 +44,9 @@ class RequestSettings(BaseModel):
     seed: int | None = 0
     logprobs: bool = True
     top_logprobs: int = 0
-    request_timeout_s: float = 300.0
+    request_timeout_s: float = Field(300.0, description="Limit per attempt, send to end of stream.")
+    retries: int = Field(0, ge=0, description="Resends after 429/5xx or connect errors before any token; 0: off.")
+    retry_backoff_s: float = Field(0.5, ge=0, description="Wait before resend n: n times this.")
     extra_body: dict[str, Any] = Field(default_factory=dict,
                                        description="Backend-specific request fields, merged into the body.")
 
@@ -53,6 +64,9 @@ class RequestRecord(BaseModel):
     replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
     ok: bool = False
     error: str | None = None
+    error_kind: ErrorKind | None = None
+    attempts: int = Field(1, description="Sends of this request (more than 1 only with retries on).")
+    retried_errors: list[str] = Field(default_factory=list, description="Errors of the earlier attempts.")
     status_code: int | None = None
     sent_at_ns: int = Field(0, description="Send time, ns since the run started.")
     chunk_ns: list[int] = Field(default_factory=list, description="Arrival of each chunk that carried tokens.")
@@ -122,19 +136,50 @@ async def stream_request(client: httpx.AsyncClient, prompt: Prompt, model: str, 
                          run_t0_ns: int, repeat: int = 0, warmup: bool = False) -> RequestRecord:
     """Send one streamed request and record it; never raises for server or network faults."""
     path, body = build_body(prompt, model, settings)
-    rec = RequestRecord(prompt_id=prompt.id, category=prompt.category, api=prompt.api, repeat=repeat, warmup=warmup)
     t0 = time.perf_counter_ns()
-    rec.sent_at_ns = t0 - run_t0_ns
+    earlier: list[str] = []
+    for attempt in range(1, settings.retries + 2):
+        rec = RequestRecord(prompt_id=prompt.id, category=prompt.category, api=prompt.api, repeat=repeat,
+                            warmup=warmup, sent_at_ns=t0 - run_t0_ns, attempts=attempt, retried_errors=earlier)
+        await _attempt(client, path, body, rec, t0, settings.request_timeout_s)
+        if rec.ok or attempt > settings.retries or not _retryable(rec):
+            return rec
+        earlier = [*earlier, rec.error or ""]
+        await asyncio.sleep(settings.retry_backoff_s * attempt)
+    raise AssertionError("unreachable")
+
+
+async def _attempt(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int,
+                   timeout_s: float) -> None:
     try:
-        await asyncio.wait_for(_consume(client, path, body, rec, t0), timeout=settings.request_timeout_s)
+        await asyncio.wait_for(_consume(client, path, body, rec, t0), timeout=timeout_s)
     except asyncio.TimeoutError:
-        rec.error = f"timed out after {settings.request_timeout_s:g} s"
+        rec.error, rec.error_kind = f"timed out after {timeout_s:g} s", "timeout"
     except (httpx.HTTPError, SSEError) as exc:
         rec.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}"[:300]
+        rec.error_kind = _kind_of(exc)
     rec.ok = rec.error is None and rec.output_tokens > 0
     if rec.error is None and rec.output_tokens == 0:
-        rec.error = "stream ended without any output token"
-    return rec
+        rec.error, rec.error_kind = "stream ended without any output token", "no_tokens"
+
+
+def _kind_of(exc: Exception) -> ErrorKind:
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
+        return "disconnect"
+    if isinstance(exc, SSEError):
+        return "malformed"
+    return "other"
+
+
+def _retryable(rec: RequestRecord) -> bool:
+    """Only faults before any token: a resend then cannot double-count output."""
+    if rec.chunk_ns:
+        return False
+    return rec.error_kind == "connect" or (rec.error_kind == "http_status" and rec.status_code in RETRYABLE_STATUS)
 
 
 async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int) -> None:
@@ -145,7 +190,7 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
         rec.status_code = resp.status_code
         if resp.status_code != 200:
             detail = (await resp.aread()).decode(errors="replace")[:200].replace("\n", " ")
-            rec.error = f"HTTP {resp.status_code}: {detail}"
+            rec.error, rec.error_kind = f"HTTP {resp.status_code}: {detail}", "http_status"
             return
         async for event in source.aiter_sse():
             now = time.perf_counter_ns()
@@ -155,10 +200,11 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
             try:
                 chunk = json.loads(event.data)
             except ValueError:
-                rec.error = f"malformed SSE data: {event.data[:80]!r}"
+                rec.error, rec.error_kind = f"malformed SSE data: {event.data[:80]!r}", "malformed"
                 return
             if "error" in chunk and not chunk.get("choices"):
                 rec.error = f"server error in stream: {str(chunk['error'])[:200]}"
+                rec.error_kind = "server_error"
                 return
             usage = chunk.get("usage") or {}
             choices = chunk.get("choices") or []
@@ -185,7 +231,7 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
         rec.e2e_ns = time.perf_counter_ns() - t0
     rec.output_tokens = cumulative_usage or sum(rec.chunk_tokens)
     if not done:
-        rec.error = "stream ended without [DONE]"
+        rec.error, rec.error_kind = "stream ended without [DONE]", "no_done"
 
 
 def _count_tokens(usage: dict[str, Any], before: int, tokens: list[str], text: str) -> tuple[int, TokenSource]:

@@ -62,7 +62,8 @@ class Prompt(BaseModel):
 def _short(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(str(p) for p in first["loc"])
-    return f"{loc}: {first['msg']}" if loc else first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
 
 
 def parse_prompt_lines(lines: list[str], source: str) -> list[Prompt]:

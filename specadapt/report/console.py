@@ -68,6 +68,14 @@ def render_probe(report: ProbeReport, console: Console) -> None:
         console.print(pos)
     else:
         console.print(f"acceptance: unknown ({acc.reason})")
+    if report.partial:
+        console.print(f"[red]PARTIAL RUN[/]: {report.partial_reason}")
+    if report.failures:
+        console.print("failed requests by kind: " + ", ".join(f"{k} {n}" for k, n in report.failures.items()))
+    if report.latency_retried is not None:
+        r = report.latency_retried
+        console.print(f"retried requests (apart from the figures above): {r.succeeded}/{r.requests} ok, "
+                      f"E2E mean {_ms(r.e2e_ms.mean)} ms")
     failed = [r for r in report.requests if not r.ok]
     for rec in failed[:10]:
         console.print(f"[red]failed[/] {rec.prompt_id} (repeat {rec.repeat}): {rec.error}")

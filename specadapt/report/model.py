@@ -37,7 +37,12 @@ class ProbeReport(BaseModel):
     created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     server: ServerInfo
     settings: ProbeSettings
-    latency: LatencySummary
+    partial: bool = Field(False, description="The run stopped early (the server died); only finished requests are in.")
+    partial_reason: str | None = Field(None, description="Why the run is partial, with the server's exit code.")
+    latency: LatencySummary = Field(description="Requests answered on their first send (all of them with retries off).")
+    latency_retried: LatencySummary | None = Field(
+        None, description="Requests that needed more than one send (retries on); kept apart, their times include the waits.")
+    failures: dict[str, int] = Field(default_factory=dict, description="Failed requests per error kind (HTTP errors per status: http_429, ...).")
     by_category: dict[str, LatencySummary] = Field(default_factory=dict)
     acceptance: AcceptanceSummary
     counters_before: CounterSnapshot
@@ -48,14 +53,17 @@ class ProbeReport(BaseModel):
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file atomically (temp file in the same directory, then rename): a crash never
-    leaves a half-written report that a staging gate could read as valid."""
+    """Write a file atomically: a temp file in the same directory, flushed to disk, then renamed
+    over ``path``; a crash at any point leaves the old file or none, never half a report that a
+    staging gate could read as valid."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

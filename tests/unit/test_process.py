@@ -118,3 +118,50 @@ def test_parent_signal_stops_the_server_tree(tmp_path, sig):
         assert "Traceback" not in parent.stderr.read() or sig == signal.SIGINT
     finally:
         parent.kill()
+
+
+# The same, but it prints the watchdog's pid too and then ends as the test says.
+ENDINGS = textwrap.dedent("""
+    import os, signal, sys, time
+    from specadapt.adapters.base import LaunchPlan
+    from specadapt.adapters.process import ManagedProcess, install_signal_handlers
+    install_signal_handlers()
+    port, how = int(sys.argv[1]), sys.argv[4]
+    plan = LaunchPlan(backend="t", argv=[sys.executable, "-c", sys.argv[2], str(port)], port=port,
+                      health_path="/", spec_enabled=False, model="none")
+    mp = ManagedProcess(plan, log_path=__import__("pathlib").Path(sys.argv[3]), grace_s=2)
+    mp.start()
+    mp.wait_healthy(30)
+    print(mp.pid, mp.watchdog.pid, flush=True)
+    sys.stdin.readline()  # the test has looked at the tree
+    if how == "exception":
+        with mp:
+            raise RuntimeError("boom")
+    if how == "normal":
+        sys.exit(0)  # no context manager: the atexit hook stops it
+    time.sleep(600)  # "sigkill": the test kills us
+""")
+
+
+@pytest.mark.parametrize("how", ["sigkill", "exception", "normal"])
+def test_nothing_survives_any_ending_of_the_parent(tmp_path, how):
+    parent = subprocess.Popen([sys.executable, "-c", ENDINGS, str(free_port()), TREE_SERVER, str(tmp_path / "log"),
+                               how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        server_pid, watchdog_pid = map(int, parent.stdout.readline().split())
+        procs = tree(server_pid)
+        assert len(procs) >= 2 and all(os.getpgid(p.pid) == server_pid for p in procs)
+        watchdog = psutil.Process(watchdog_pid)
+        if how == "sigkill":  # no handler, no atexit: only the watchdog is left to act
+            parent.kill()
+        else:
+            parent.stdin.write("go\n")
+            parent.stdin.flush()
+        parent.wait(30)
+        t0 = time.monotonic()
+        assert_all_gone(procs + [watchdog], timeout=15)
+        assert time.monotonic() - t0 < 15
+        if how == "exception":
+            assert "RuntimeError: boom" in parent.stderr.read()
+    finally:
+        parent.kill()

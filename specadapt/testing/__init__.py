@@ -1,0 +1,40 @@
+"""Test tools shipped with specadapt: the scripted SSE server and a way to start it managed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from specadapt.adapters.base import LaunchPlan
+
+
+def script(**fields) -> str:
+    """Prompt text that tells the scripted server what to do (see scripted_server)."""
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def scripted_plan(port: int, host: str = "127.0.0.1", api_key: str | None = None,
+                  ssl: tuple[str, str] | None = None) -> LaunchPlan:
+    argv = [sys.executable, "-m", "specadapt.testing.scripted_server", f"--host={host}", f"--port={port}"]
+    if api_key:
+        argv.append(f"--api-key={api_key}")
+    if ssl:
+        argv += [f"--ssl-certfile={ssl[0]}", f"--ssl-keyfile={ssl[1]}"]
+    return LaunchPlan(backend="scripted", argv=argv, host=host, port=port, health_path="/health",
+                      spec_enabled=True, model="scripted")
+
+
+@contextlib.contextmanager
+def scripted_server(log_path: Path, api_key: str | None = None,
+                    ssl: tuple[str, str] | None = None) -> Iterator["object"]:
+    """Start the scripted server as a managed process; yield the ManagedProcess (healthy)."""
+    from specadapt.adapters.process import ManagedProcess, free_port
+
+    plan = scripted_plan(free_port(), api_key=api_key, ssl=ssl)
+    with ManagedProcess(plan, log_path=log_path, grace_s=5) as mp:
+        if not ssl:
+            mp.wait_healthy(60)
+        yield mp

@@ -1,0 +1,68 @@
+"""A steady load of scripted streams for minutes: the probe client's CPU, memory and timing error.
+
+Used by the opt-in soak test and benchmarks/probe_client_load.py. Streams are staggered
+(request i's first token is later by i/concurrency of an ITL) and kept in flight at the
+given concurrency until the time is up; the server's log is collected every 2 s, so
+memory stays flat however long it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import httpx
+import psutil
+
+from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
+from specadapt.probes.prompts import Prompt
+from specadapt.testing import script
+from specadapt.testing.timing import summary, timing_errors
+
+
+async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, tokens: int) -> dict:
+    me = psutil.Process()
+    settings = RequestSettings(max_tokens=tokens, request_timeout_s=120)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    errors: dict[str, list[float]] = {}
+    failed: list[str] = []
+    pending: dict[str, RequestRecord] = {}
+    counter = 0
+    rss: list[float] = []
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(120, pool=None)) as client:
+        deadline = time.monotonic() + seconds
+
+        async def worker(w: int) -> None:
+            nonlocal counter
+            while time.monotonic() < deadline:
+                counter += 1
+                rid = f"soak-{counter}"
+                ttft = 50.0 + (w % concurrency) * itl_ms / concurrency  # staggered streams
+                prompt = Prompt(id=rid, prompt=script(id=rid, ttft_ms=ttft, itl_ms=itl_ms, tokens=tokens))
+                rec = await stream_request(client, prompt, "scripted", settings, run_t0_ns=0)
+                if rec.ok:
+                    pending[rid] = rec
+                else:
+                    failed.append(rec.error or "?")
+
+        async def collector() -> None:
+            while time.monotonic() < deadline + 5:
+                await asyncio.sleep(2.0)
+                log = (await client.get("/_script/log?pop=1")).json()
+                done = [pending.pop(k) for k in list(pending) if k in log]
+                for metric, values in timing_errors(done, log).items():
+                    errors.setdefault(metric, []).extend(values)
+                rss.append(me.memory_info().rss / 2**20)
+
+        cpu0, wall0 = me.cpu_times(), time.monotonic()
+        await asyncio.gather(collector(), *(worker(w) for w in range(concurrency)))
+        cpu1, wall1 = me.cpu_times(), time.monotonic()
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    n_ok = sum(len(v) for k, v in errors.items() if k == "e2e")
+    return {"concurrency": concurrency, "seconds": round(wall1 - wall0, 1), "itl_ms": itl_ms, "tokens": tokens,
+            "requests_ok": n_ok, "requests_failed": len(failed), "failures": failed[:5],
+            "client_cpu_s": round(cpu, 1), "client_cpu_pct_of_one_core": round(100 * cpu / (wall1 - wall0), 1),
+            "client_rss_mib_first_last_max": [round(rss[0], 1), round(rss[-1], 1), round(max(rss), 1)] if rss else None,
+            "chunks_per_s": round(n_ok * tokens / (wall1 - wall0), 1), "load_avg": os.getloadavg(),
+            "timing_error_ms": summary(errors)}

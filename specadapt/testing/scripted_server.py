@@ -1,0 +1,258 @@
+"""A scripted OpenAI-compatible SSE server: a TEST TOOL whose timing and faults are exactly known.
+
+Not an inference server. It streams made-up tokens on a schedule the caller writes, and
+fails exactly where told, so tests can hold the probe to the truth (real HTTP on
+loopback, a separate process, nothing mocked).
+
+What a request does is written in the request itself: the prompt text (completions) or
+the last message's content (chat) is a JSON object, the *script*::
+
+    {"id": "r1", "ttft_ms": 20, "itl_ms": 10, "tokens": 16, "tokens_per_chunk": 1}
+
+Fields (all optional; a prompt that is not a JSON object gets the defaults):
+    id                  key of the request in the timing log (default: the prompt text)
+    ttft_ms             request received -> first token chunk written
+    itl_ms              gap between token chunks
+    tokens              output tokens; tokens_per_chunk tokens per chunk (as under
+                        speculation: 1 draft of k=3 per chunk, tokens_per_chunk - 1 accepted)
+    usage               true: cumulative usage on every chunk (vLLM continuous_usage_stats)
+    fault               none | stall | disconnect | malformed | no_done | status | trickle | exit
+    fault_after         token chunks sent before the fault (default: half)
+    status              HTTP status for fault=status (default 503)
+    fail_times          fault=status answers that many attempts of this id, then streams normally
+    trickle_bytes, trickle_ms   fault=trickle: the whole stream in pieces of n bytes, ms apart
+    exit_code           fault=exit: the server process exits with this code mid-stream
+
+Timing truth: chunks are scheduled at absolute times (received + ttft + i * itl) and the
+moment each one is handed to the socket is logged with ``time.perf_counter_ns()``
+(CLOCK_MONOTONIC, the same clock in every process on the machine). ``GET /_script/log``
+returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}``;
+``GET /_script/log?pop=1`` returns the finished entries and forgets them (for long runs).
+
+``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
+/_script/metrics`` with ``{"mode": ...}`` switches them: ``vllm`` (spec counters),
+``off`` (no spec counters), ``missing`` (404), ``malformed`` (not Prometheus text),
+``reset`` (counters fall back to zero at the next completion request: a restarted server).
+
+Run: ``python -m specadapt.testing.scripted_server --port 8123 [--api-key K]
+[--ssl-certfile C --ssl-keyfile K]``. Needs uvicorn (``pip install 'specadapt[test]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+K = 3  # draft tokens per chunk in the counters we serve
+MODEL = "scripted"
+DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 10.0, "tokens": 16, "tokens_per_chunk": 1, "usage": True,
+                            "fault": None, "status": 503, "fail_times": 10**9, "trickle_bytes": 3,
+                            "trickle_ms": 1.0, "exit_code": 7}
+
+
+class State:
+    def __init__(self, api_key: str | None):
+        self.api_key = api_key
+        self.log: dict[str, dict[str, Any]] = {}
+        self.attempts: dict[str, int] = {}
+        self.metrics_mode = "vllm"
+        self.base = 1000.0  # counters start high, like a server that has been up a while
+        self.chunks = 0
+        self.tokens = 0
+        self.accepted_per_pos = [0] * K
+
+
+def parse_script(text: str) -> dict[str, Any]:
+    try:
+        script = json.loads(text)
+    except ValueError:
+        script = None
+    if not isinstance(script, dict):
+        script = {}
+    out = {**DEFAULTS, **script}
+    out.setdefault("id", text)
+    out.setdefault("fault_after", -(-int(out["tokens"]) // int(out["tokens_per_chunk"])) // 2)
+    return out
+
+
+def metrics_text(st: State) -> tuple[int, str]:
+    if st.metrics_mode == "missing":
+        return 404, "not found"
+    if st.metrics_mode == "malformed":
+        return 200, "vllm:generation_tokens_total{engine=\"0\" 12 oops\n<html>not metrics</html>\n"
+    lab = 'engine="0",model_name="scripted"'
+    lines = ["# TYPE vllm:generation_tokens_total counter",
+             f"vllm:generation_tokens_total{{{lab}}} {st.base + st.tokens}"]
+    if st.metrics_mode in ("vllm", "reset"):
+        lines += ["# TYPE vllm:spec_decode_num_drafts_total counter",
+                  f"vllm:spec_decode_num_drafts_total{{{lab}}} {st.base + st.chunks}",
+                  "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
+                  f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {K * (st.base + st.chunks)}",
+                  "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
+                  f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} "
+                  f"{st.base + sum(st.accepted_per_pos)}",
+                  "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+        lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} '
+                  f"{(st.base / K if i == 0 else 0) + n}" for i, n in enumerate(st.accepted_per_pos)]
+    return 200, "\n".join(lines) + "\n"
+
+
+def chunk_bytes(api: str, text: str, n_tokens: int, cumulative: int | None, finish: str | None) -> bytes:
+    if api == "chat":
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}, "finish_reason": finish,
+                                  "logprobs": {"content": [{"token": "t", "logprob": -0.5, "top_logprobs": []}
+                                                           for _ in range(n_tokens)]}}
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish,
+                  "logprobs": {"tokens": ["t"] * n_tokens, "token_logprobs": [-0.5] * n_tokens,
+                               "top_logprobs": None}}
+    body: dict[str, Any] = {"id": "cmpl-scripted", "object": "chunk", "model": MODEL, "choices": [choice]}
+    if cumulative is not None:
+        body["usage"] = {"prompt_tokens": 5, "completion_tokens": cumulative, "total_tokens": 5 + cumulative}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def _read_body(receive) -> bytes:
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
+async def _respond(send, status: int, payload: Any, content_type: bytes = b"application/json") -> None:
+    data = payload if isinstance(payload, bytes) else (
+        payload.encode() if isinstance(payload, str) else json.dumps(payload).encode())
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def make_app(st: State):
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        if path in ("/v1/models", "/v1/completions", "/v1/chat/completions") and st.api_key:
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if auth != f"Bearer {st.api_key}":
+                return await _respond(send, 401, {"error": {"message": "missing or wrong API key"}})
+        if path == "/health":
+            return await _respond(send, 200, "")
+        if path == "/version":
+            return await _respond(send, 200, {"version": "scripted-1"})
+        if path == "/v1/models":
+            return await _respond(send, 200, {"object": "list", "data": [
+                {"id": MODEL, "object": "model", "root": MODEL, "max_model_len": 4096}]})
+        if path == "/metrics":
+            code, text = metrics_text(st)
+            return await _respond(send, code, text, b"text/plain; version=0.0.4")
+        if path == "/_script/log":
+            if scope.get("query_string") == b"pop=1":  # finished entries, then forget them (long runs)
+                done = {k: v for k, v in st.log.items() if v["done_ns"] is not None}
+                for k in done:
+                    del st.log[k]
+                return await _respond(send, 200, done)
+            return await _respond(send, 200, st.log)
+        if path == "/_script/metrics" and method == "POST":
+            st.metrics_mode = json.loads(await _read_body(receive))["mode"]
+            return await _respond(send, 200, {"mode": st.metrics_mode})
+        if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+            recv_ns = time.perf_counter_ns()
+            return await _stream(st, json.loads(await _read_body(receive)), path, recv_ns, send)
+        return await _respond(send, 404, {"error": "no such route"})
+
+    return app
+
+
+async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send) -> None:
+    api = "chat" if path.endswith("chat/completions") else "completions"
+    text = req["messages"][-1]["content"] if api == "chat" else req["prompt"]
+    s = parse_script(text)
+    key = str(s["id"])
+    attempt = st.attempts.get(key, 0) + 1
+    st.attempts[key] = attempt
+    entry: dict[str, Any] = {"recv_ns": recv_ns, "chunk_ns": [], "done_ns": None, "attempt": attempt,
+                             "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"]}
+    st.log[key] = entry
+    if st.metrics_mode == "reset" and st.base:
+        st.base, st.chunks, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
+    fault = s["fault"]
+    if fault == "status" and attempt <= int(s["fail_times"]):
+        return await _respond(send, int(s["status"]), {"error": {"message": f"scripted {s['status']}"}})
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+    tokens, per = int(s["tokens"]), int(s["tokens_per_chunk"])
+    sizes = [min(per, tokens - i) for i in range(0, tokens, per)]
+    pieces = []  # fault=trickle sends everything at the end, in small pieces
+    t_first = recv_ns / 1e9 + s["ttft_ms"] / 1e3
+    sent = 0
+    for i, n in enumerate(sizes):
+        if fault and fault not in ("status", "trickle") and i == s["fault_after"]:
+            if fault == "stall":
+                await asyncio.sleep(3600)
+            if fault == "disconnect":
+                raise ConnectionAbortedError("scripted disconnect")  # the server drops the connection
+            if fault == "malformed":
+                await send({"type": "http.response.body", "body": b"data: {this is not json\n\n", "more_body": True})
+                continue
+            if fault == "no_done":
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            if fault == "exit":
+                os._exit(int(s["exit_code"]))
+        delay = t_first + i * s["itl_ms"] / 1e3 - time.perf_counter_ns() / 1e9
+        if delay > 0 and fault != "trickle":
+            await asyncio.sleep(delay)
+        sent += n
+        last = i == len(sizes) - 1
+        data = chunk_bytes(api, "x" * n, n, sent if s["usage"] else None, "length" if last else None)
+        if fault == "trickle":
+            pieces.append(data)
+            continue
+        entry["chunk_ns"].append(time.perf_counter_ns())  # handed to the socket now
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        st.chunks, st.tokens = st.chunks + 1, st.tokens + n
+        for p in range(min(n - 1, K)):
+            st.accepted_per_pos[p] += 1
+    tail = b"data: [DONE]\n\n"
+    if fault == "trickle":
+        blob, step = b"".join(pieces) + tail, int(s["trickle_bytes"])
+        for j in range(0, len(blob), step):
+            await send({"type": "http.response.body", "body": blob[j:j + step], "more_body": True})
+            await asyncio.sleep(s["trickle_ms"] / 1e3)
+        st.tokens += tokens
+        tail = b""
+    entry["done_ns"] = time.perf_counter_ns()
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+def serve(host: str, port: int, api_key: str | None = None, ssl_certfile: str | None = None,
+          ssl_keyfile: str | None = None) -> None:
+    from specadapt.errors import require
+
+    uvicorn = require("uvicorn", "test", "The scripted test server")
+    config = uvicorn.Config(make_app(State(api_key)), host=host, port=port, log_level="warning",
+                            access_log=False, lifespan="off", ssl_certfile=ssl_certfile,
+                            ssl_keyfile=ssl_keyfile, timeout_keep_alive=30, backlog=4096)
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="Scripted OpenAI-compatible SSE server (a test tool).")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--api-key")
+    ap.add_argument("--ssl-certfile")
+    ap.add_argument("--ssl-keyfile")
+    args = ap.parse_args(argv)
+    serve(args.host, args.port, args.api_key, args.ssl_certfile, args.ssl_keyfile)
+
+
+if __name__ == "__main__":
+    main()
