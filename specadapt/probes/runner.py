@@ -9,7 +9,7 @@ from typing import Callable
 
 import httpx
 
-from specadapt.adapters.base import CounterSnapshot, Server
+from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
 from specadapt.probes.latency import latency_summary
@@ -67,8 +67,13 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
               progress: Progress | None = None) -> ProbeReport:
     """Probe ``server`` with ``prompts`` and return the full report."""
     info = server.describe()
-    records, before, after = asyncio.run(
-        _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
+    start_run, end_run = run_hooks(server)
+    start_run()
+    try:
+        records, before, after = asyncio.run(
+            _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
+    finally:
+        end_run()
     by_cat: dict[str, list[RequestRecord]] = {}
     for rec in records:
         by_cat.setdefault(rec.category, []).append(rec)
