@@ -160,6 +160,7 @@ class TRTLLMServer:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self.poll_errors = 0
+        self.metrics_answered = False  # /metrics gave a JSON list at least once
 
     def __repr__(self) -> str:
         return f"TRTLLMServer({self._base_url!r})"
@@ -182,6 +183,7 @@ class TRTLLMServer:
         """GET /metrics once and fold what it returns into the totals; entries read."""
         with self._lock:
             body = self._http.get_json("/metrics")
+            self.metrics_answered = self.metrics_answered or isinstance(body, list)
             return self.totals.add(iteration_entries(body))
 
     def start_run(self) -> None:
@@ -218,8 +220,8 @@ class TRTLLMServer:
         samples = parse_samples(prom) if prom else {}
         gen, prompt = total(samples, PROM_GENERATION), total(samples, PROM_PROMPT)
         if t.spec_iterations or not samples.get(PROM_DRAFT_TOKENS):
-            if t.iterations == 0 and not samples:
-                return CounterSnapshot(source="GET /metrics gave no iteration stats (enable_iter_perf_stats off?)",
+            if not self.metrics_answered:
+                return CounterSnapshot(source="GET /metrics gave no iteration stats list",
                                        generation_tokens=gen, prompt_tokens=prompt)
             return CounterSnapshot(
                 drafts=float(t.drafts), draft_tokens=float(t.draft_tokens), accepted_tokens=float(t.accepted_tokens),
