@@ -280,3 +280,13 @@ def test_backend_needs_an_explicit_model():
     with pytest.raises(UsageError, match="needs --model"):
         T.TRTLLMBackend.resolve_model(None)
     assert T.TRTLLMBackend.version() is None  # not installable here
+
+
+def test_cli_refuses_a_bad_launch_option_in_one_line():
+    from click.testing import CliRunner
+
+    from specadapt.cli import cli
+
+    result = CliRunner().invoke(cli, ["probe", "--backend", "trtllm", "--model", "/m", "--dtype", "fp7"])
+    assert result.exit_code == 2 and "--backend trtllm: dtype:" in result.output
+    assert "Traceback" not in result.output
