@@ -33,7 +33,7 @@ def llama_python() -> str:
     return python
 
 
-def specadapt(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def specadapt(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "specadapt", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
@@ -45,8 +45,8 @@ def reports(llama_python, tmp_path_factory) -> dict:
     found = {}
     for name, spec in (("off", None), ("on", NGRAM_K4)):
         path = out / f"{name}.json"
-        args = ["probe", "--backend", "llamacpp", "--python", llama_python, "--max-tokens", "128",
-                "--server-arg=--n_threads", "--server-arg=2", "--json", str(path)]
+        args = ["probe", "--backend", "llamacpp", "--python", llama_python, "--max-tokens", "64",
+                "--server-arg=--n_threads", "--server-arg=1", "--json", str(path)]
         if spec:
             args += ["--spec-config", spec]
         done = specadapt(*args)
