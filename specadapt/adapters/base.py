@@ -42,6 +42,7 @@ class LaunchPlan(BaseModel):
     health_path: str = Field("/v1/models", description="GET this until it answers 200.")
     spec_enabled: bool
     model: str = Field(description="Model path or id the server is started with.")
+    notes: list[str] = Field(default_factory=list, description="What the plan changed or added, for the user.")
 
     @property
     def base_url(self) -> str:
@@ -99,6 +100,7 @@ class ServerInfo(BaseModel):
     spec_method: str | None = None
     num_speculative_tokens: int | None = None
     spec_counters: list[str] = Field(default_factory=list, description="Spec-decode counter names found.")
+    spec_signal: str | None = Field(None, description="Which server signal told whether speculation is on.")
     metrics_available: bool = False
     notes: list[str] = Field(default_factory=list, description="Plain statements of what could not be told and why.")
 
@@ -120,3 +122,15 @@ class Server(Protocol):
     def describe(self) -> ServerInfo: ...
 
     def read_counters(self) -> CounterSnapshot: ...
+
+
+def run_hooks(server: object) -> tuple:
+    """The optional ``start_run()`` / ``end_run()`` hooks of a server (no-ops when absent).
+
+    A server whose counters drain on read (TensorRT-LLM's ``/metrics``) polls them in the
+    background between the two calls, so ``read_counters()`` keeps returning running
+    totals and the runner's before/after snapshots still work.
+    """
+    start = getattr(server, "start_run", None)
+    end = getattr(server, "end_run", None)
+    return (start if callable(start) else (lambda: None)), (end if callable(end) else (lambda: None))

@@ -64,13 +64,20 @@ def open_server(backend_name: str, url: str | None, model: str | None, spec_conf
         from specadapt.configs.spec_input import load_spec_json
         from specadapt.models import resolve_model_dir
 
-        model_dir = resolve_model_dir(model)
+        model_dir = getattr(backend, "resolve_model", resolve_model_dir)(model)
         spec = load_spec_json(spec_config) if spec_config else None
-        opts = backend.launch_options(model=str(model_dir), spec_config=spec, **launch)
+        try:
+            opts = backend.launch_options(model=str(model_dir), spec_config=spec, **launch)
+        except ValueError as exc:  # pydantic.ValidationError: a launch option this backend refuses
+            first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
+            where = ".".join(str(p) for p in first["loc"]) or "launch options"
+            raise UsageError(f"--backend {backend_name}: {where}: {first['msg']}") from exc
         with stderr.status("starting server...") as status:
             def on_plan(plan, log_path):
                 stderr.print(f"starting {backend_name}: {plan.printable()}")
                 stderr.print(f"server log: {log_path}")
+                for note in getattr(plan, "notes", []):
+                    stderr.print(f"note: {note}")
 
             def on_wait(elapsed: float, last_line: str):
                 status.update(f"waiting for the server to answer ({elapsed:.0f} s): {last_line[-90:]}")

@@ -15,7 +15,7 @@ from typing import Callable
 
 import httpx
 
-from specadapt.adapters.base import CounterSnapshot, Server
+from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
 from specadapt.errors import SpecadaptError
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
@@ -148,6 +148,8 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     """Probe ``server`` with ``prompts`` and return the full report."""
     info = server.describe()
     partial_reason, log_tail = None, ""
+    start_run, end_run = run_hooks(server)
+    start_run()
     try:
         records, before, after = asyncio.run(
             _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
@@ -155,6 +157,8 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
         records, before = part.records, part.before
         after = CounterSnapshot(source="unavailable: the server exited during the run")
         partial_reason, log_tail = _death_reason(server, len(records), part.planned)
+    finally:
+        end_run()
     by_cat: dict[str, list[RequestRecord]] = {}
     for rec in records:
         by_cat.setdefault(rec.category, []).append(rec)

@@ -1,0 +1,195 @@
+"""llama.cpp through llama-cpp-python's OpenAI-compatible server: launch and connect.
+
+Speculation there is prompt-lookup drafting (``--draft_model prompt-lookup-decoding
+--draft_model_num_pred_tokens K``), the only drafter its server can start from the
+command line. What this backend can and cannot read, plainly:
+
+- no counters: the server has no ``/metrics`` and reports no drafts or accepted tokens,
+  so acceptance is unknown (the report says so; speedup and output identity still work);
+- no ``/version``: the version is the interpreter's ``llama_cpp.__version__`` when
+  specadapt started the server, unknown in connect mode;
+- whether speculation is on is known only from the launch plan (connect mode: unknown);
+- logprobs: the completions API returns them, which the probes use to count tokens.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+from pydantic import BaseModel, Field
+
+from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.managed import launched
+from specadapt.adapters.process import free_port
+from specadapt.configs.vllm import spec_from_vllm_json
+from specadapt.errors import UsageError
+
+DRAFTER = "prompt-lookup-decoding"
+NO_COUNTERS = "llama-cpp-python's server exposes no speculative-decoding counters (no /metrics)"
+
+
+def spec_to_num_pred_tokens(spec_config: dict[str, Any] | None) -> tuple[int | None, list[str]]:
+    """vLLM-style JSON -> (K for --draft_model_num_pred_tokens or None for off, notes)."""
+    if not spec_config:
+        return None, []
+    spec = spec_from_vllm_json(spec_config)
+    if spec.method != "ngram":
+        raise UsageError(f"llama-cpp-python's server drafts only by prompt lookup, not {spec.method!r}: "
+                         'use {"method": "ngram", "num_speculative_tokens": K}')
+    if not spec.k:
+        raise UsageError("num_speculative_tokens is needed for prompt-lookup drafting: set it (4 is typical)")
+    notes = []
+    if spec.ngram_min is not None or spec.ngram_max is not None:
+        notes.append("prompt_lookup_min/max cannot be set through llama-cpp-python's server "
+                     "(its prompt-lookup drafter matches n-grams of up to 2 tokens); ignored")
+    return spec.k, notes
+
+
+class LlamaCppServer:
+    """A llama-cpp-python server at ``base_url``."""
+
+    backend = "llamacpp"
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+                 num_pred_tokens: int | None = None, launched: bool = False, version: str | None = None,
+                 transport: httpx.BaseTransport | None = None):
+        self._base_url = check_url(base_url)
+        self._api_key = api_key
+        self.verify = verify
+        self.num_pred_tokens = num_pred_tokens
+        self.launched = launched
+        self.version = version
+        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
+        self._model_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"LlamaCppServer({self._base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id is None:
+            self._model_id = str(self._http.models()[0]["id"])
+        return self._model_id
+
+    def read_counters(self) -> CounterSnapshot:
+        return CounterSnapshot(source=NO_COUNTERS)
+
+    def describe(self) -> ServerInfo:
+        models = self._http.models()
+        self._model_id = str(models[0]["id"])
+        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=self.version,
+                          model_id=self._model_id)
+        info.notes.append(f"{NO_COUNTERS}: acceptance rate and length cannot be read")
+        if self.launched:
+            info.spec_enabled = self.num_pred_tokens is not None
+            info.spec_signal = "the launch plan (the server itself does not say)"
+            if info.spec_enabled:
+                info.spec_method, info.num_speculative_tokens = "ngram (prompt lookup)", self.num_pred_tokens
+        else:
+            info.notes.append("cannot tell whether speculative decoding is on: llama-cpp-python's server does "
+                              "not expose its draft settings; the version is unknown too (no /version)")
+        return info
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class LlamaCppLaunch(BaseModel):
+    """How to start ``python -m llama_cpp.server`` on a GGUF file."""
+
+    model: str = Field(description="GGUF file to serve.")
+    spec_config: dict[str, Any] | None = Field(None, description='vLLM-style {"method": "ngram", '
+                                               '"num_speculative_tokens": K}; None: off.')
+    python: str = Field(default_factory=lambda: sys.executable, description="Interpreter with llama-cpp-python[server].")
+    host: str = "127.0.0.1"
+    port: int | None = None
+    dtype: str | None = Field(None, description="Ignored: a GGUF file fixes its own types.")
+    max_model_len: int | None = Field(2048, description="--n_ctx.")
+    n_threads: int | None = Field(None, description="--n_threads (default: llama.cpp's choice).")
+    seed: int | None = 0
+    extra_args: list[str] = Field(default_factory=list)
+
+
+def launch_plan(opts: LlamaCppLaunch) -> LaunchPlan:
+    port = opts.port or free_port(opts.host)
+    k, notes = spec_to_num_pred_tokens(opts.spec_config)
+    argv = [opts.python, "-m", "llama_cpp.server", "--model", opts.model, "--host", opts.host,
+            "--port", str(port)]
+    if opts.max_model_len:
+        argv += ["--n_ctx", str(opts.max_model_len)]
+    if opts.n_threads:
+        argv += ["--n_threads", str(opts.n_threads)]
+    if opts.seed is not None:
+        argv += ["--seed", str(opts.seed)]
+    if k is not None:
+        argv += ["--draft_model", DRAFTER, "--draft_model_num_pred_tokens", str(k)]
+    if opts.dtype:
+        notes.append(f"--dtype {opts.dtype} ignored: the GGUF file fixes its own types")
+    notes.append(NO_COUNTERS + ": acceptance will be reported as unknown")
+    return LaunchPlan(backend="llamacpp", argv=argv + list(opts.extra_args), host=opts.host, port=port,
+                      health_path="/v1/models", spec_enabled=k is not None, model=opts.model, notes=notes)
+
+
+def interpreter_version(python: str) -> str:
+    """``llama_cpp.__version__`` of ``python``, or UsageError with the install hint."""
+    code = "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"cannot run --python {python}: {exc}") from exc
+    if done.returncode != 0:
+        raise UsageError(f"llama-cpp-python's server is not installed for {python}: "
+                         "pip install 'specadapt[llamacpp]' (builds llama.cpp from source, minutes), "
+                         "or pass --python with an interpreter that has it")
+    return done.stdout.strip()
+
+
+def launched_server(opts: LlamaCppLaunch, startup_timeout_s: float = 300.0,
+                    on_wait: Callable[[float, str], None] | None = None,
+                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[LlamaCppServer]:
+    version = interpreter_version(opts.python)
+    plan = launch_plan(opts)
+    k, _ = spec_to_num_pred_tokens(opts.spec_config)
+    return launched(plan, lambda url: LlamaCppServer(url, num_pred_tokens=k, launched=True, version=version),
+                    startup_timeout_s, on_wait, on_plan)
+
+
+class LlamaCppBackend:
+    """llama.cpp via llama-cpp-python (registered under ``specadapt.backends``)."""
+
+    name = "llamacpp"
+    capabilities = ("launch", "connect", "logprobs")
+    launch_options = LlamaCppLaunch
+    connect = LlamaCppServer
+    launched = staticmethod(launched_server)
+
+    @staticmethod
+    def resolve_model(model: str | None) -> str:
+        """--model as a GGUF file; default: the embedded SmolLM2 GGUF."""
+        from specadapt.models import embedded_gguf_path
+
+        path = Path(model).expanduser() if model else embedded_gguf_path()
+        if not path.is_file():
+            hint = "run 'specadapt models fetch'" if model is None else "pass an existing .gguf file"
+            raise UsageError(f"GGUF model {path} not found: {hint}")
+        return str(path.resolve())
+
+    @staticmethod
+    def version() -> str | None:
+        try:
+            return metadata.version("llama_cpp_python")
+        except metadata.PackageNotFoundError:
+            return None

@@ -1,0 +1,196 @@
+"""SGLang: launch plans, connect mode, and what it says about acceptance.
+
+Written from SGLang's source and tests; no live SGLang run was possible where this was
+built (no GPU), so it is tested against payloads in upstream's shapes only.
+
+Acceptance on SGLang is a pair of gauges, not counters: ``sglang:spec_accept_length``
+and ``sglang:spec_accept_rate`` on ``/metrics`` (with ``--enable-metrics``), and
+``internal_states[i].avg_spec_accept_length`` on ``/server_info`` (``/get_server_info`` on
+older releases). They average over SGLang's own recent window, so specadapt cannot take
+a before/after difference: the per-run acceptance in the report stays unknown and
+describe() reports the gauges as read, saying so.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+from pydantic import BaseModel, Field
+
+from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.managed import launched
+from specadapt.adapters.process import free_port
+from specadapt.configs import sglang as cfg
+from specadapt.configs.checks import raise_on_errors
+from specadapt.configs.vllm import spec_from_vllm_json
+from specadapt.errors import NotAServer, UsageError
+from specadapt.probes.metrics_text import parse_samples, total
+
+G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
+GENERATION, PROMPT = "sglang:generation_tokens_total", "sglang:prompt_tokens_total"
+INFO_ROUTES = ("/server_info", "/get_server_info")
+
+
+def accept_lengths(server_info: Any) -> list[float]:
+    """``avg_spec_accept_length`` of every internal state (one per DP rank)."""
+    if not isinstance(server_info, dict):
+        return []
+    states = server_info.get("internal_states") or []
+    out = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+    if not out and "avg_spec_accept_length" in server_info:
+        out = [server_info["avg_spec_accept_length"]]
+    return [float(v) for v in out if isinstance(v, (int, float))]
+
+
+class SGLangServer:
+    """An SGLang server (OpenAI-compatible routes plus its own) at ``base_url``."""
+
+    backend = "sglang"
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+                 launched: bool = False, transport: httpx.BaseTransport | None = None):
+        self._base_url = check_url(base_url)
+        self._api_key = api_key
+        self.verify = verify
+        self.launched = launched
+        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
+        self._model_id: str | None = None
+
+    def __repr__(self) -> str:
+        return f"SGLangServer({self._base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id is None:
+            self._model_id = str(self._http.models()[0]["id"])
+        return self._model_id
+
+    def server_info(self) -> dict[str, Any] | None:
+        for route in INFO_ROUTES:
+            body = self._http.get_json(route)
+            if isinstance(body, dict):
+                return body
+        return None
+
+    def metrics_samples(self) -> dict:
+        resp = self._http.get("/metrics")
+        return parse_samples(resp.text) if resp.status_code == 200 else {}
+
+    def read_counters(self) -> CounterSnapshot:
+        samples = self.metrics_samples()
+        return CounterSnapshot(generation_tokens=total(samples, GENERATION), prompt_tokens=total(samples, PROMPT),
+                               source="GET /metrics (SGLang: acceptance is a gauge, not a counter)")
+
+    def describe(self) -> ServerInfo:
+        models = self._http.models()
+        self._model_id = str(models[0]["id"])
+        si = self.server_info()
+        if si is None:
+            raise NotAServer(f"{self._base_url} is an OpenAI-compatible server but not SGLang "
+                             "(no /server_info or /get_server_info); pick the matching --backend")
+        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=si.get("version"),
+                          model_id=self._model_id, model_root=si.get("model_path"),
+                          max_model_len=si.get("context_length"))
+        algo = si.get("speculative_algorithm")
+        info.spec_signal = "speculative_algorithm on /server_info"
+        info.spec_enabled = bool(algo) and algo != "NONE"
+        if info.spec_enabled:
+            info.spec_method = str(algo)
+            steps = si.get("speculative_num_steps")
+            info.num_speculative_tokens = int(steps) if isinstance(steps, int) else None
+        samples = self.metrics_samples()
+        info.metrics_available = bool(samples)
+        info.spec_counters = [n for n in (G_LENGTH, G_RATE) if n in samples]
+        lengths = accept_lengths(si)
+        gauges = []
+        if lengths:
+            gauges.append(f"avg_spec_accept_length {sum(lengths) / len(lengths):.3f} on /server_info")
+        for name in info.spec_counters:
+            gauges.append(f"{name} {total(samples, name) / len(samples[name]):.3f}")
+        if info.spec_enabled:
+            info.notes.append("SGLang reports acceptance as gauges averaged over its own recent window, not "
+                              "counters: the per-run acceptance stays unknown"
+                              + (f"; as read now: {', '.join(gauges)}" if gauges else
+                                 "; start SGLang with --enable-metrics for sglang:spec_accept_length"))
+        return info
+
+    def close(self) -> None:
+        self._http.close()
+
+
+class SGLangLaunch(BaseModel):
+    """How to start ``python -m sglang.launch_server``; ``spec_config`` is vLLM-style JSON."""
+
+    model: str
+    spec_config: dict[str, Any] | None = None
+    python: str = Field(default_factory=lambda: sys.executable)
+    host: str = "127.0.0.1"
+    port: int | None = None
+    dtype: str | None = None
+    max_model_len: int | None = None
+    tp: int = Field(1, ge=1)
+    enable_metrics: bool = Field(True, description="--enable-metrics (for sglang:spec_accept_length).")
+    extra_args: list[str] = Field(default_factory=list)
+
+
+def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
+    port = opts.port or free_port(opts.host)
+    spec = spec_from_vllm_json(opts.spec_config, target=opts.model) if opts.spec_config else None
+    flags = cfg.sglang_spec_flags(spec) if spec else []
+    raise_on_errors(cfg.check_sglang_spec(cfg.flags_to_dict(flags + list(opts.extra_args))))
+    argv = [opts.python, "-m", cfg.MODULE, cfg.F_MODEL, opts.model, cfg.F_HOST, opts.host, cfg.F_PORT, str(port)]
+    if opts.tp != 1:
+        argv += [cfg.F_TP, str(opts.tp)]
+    if opts.dtype:
+        argv += [cfg.F_DTYPE, opts.dtype]
+    if opts.max_model_len:
+        argv += [cfg.F_CTX, str(opts.max_model_len)]
+    if opts.enable_metrics:
+        argv.append("--enable-metrics")
+    notes = []
+    if spec and (spec.ngram_min or spec.ngram_max):
+        notes.append("prompt_lookup_min/max are not written: SGLang's NGRAM window flags differ between releases")
+    return LaunchPlan(backend="sglang", argv=argv + flags + list(opts.extra_args), host=opts.host, port=port,
+                      health_path="/health", spec_enabled=bool(flags), model=opts.model, notes=notes)
+
+
+def launched_server(opts: SGLangLaunch, startup_timeout_s: float = 1800.0,
+                    on_wait: Callable[[float, str], None] | None = None,
+                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[SGLangServer]:
+    return launched(launch_plan(opts), lambda url: SGLangServer(url, launched=True), startup_timeout_s,
+                    on_wait, on_plan)
+
+
+class SGLangBackend:
+    """The built-in SGLang backend (registered under ``specadapt.backends``)."""
+
+    name = "sglang"
+    capabilities = ("launch", "connect", "logprobs")
+    launch_options = SGLangLaunch
+    connect = SGLangServer
+    launched = staticmethod(launched_server)
+
+    @staticmethod
+    def resolve_model(model: str | None) -> str:
+        if not model:
+            raise UsageError("--backend sglang needs --model (an HF model directory or id)")
+        return model
+
+    @staticmethod
+    def version() -> str | None:
+        try:
+            return metadata.version("sglang")
+        except metadata.PackageNotFoundError:
+            return None

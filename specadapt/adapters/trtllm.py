@@ -1,0 +1,419 @@
+"""TensorRT-LLM (trtllm-serve): launch plans, connect mode, and acceptance from its stats.
+
+Written from TensorRT-LLM's source and docs; no live TensorRT-LLM run was possible where
+this was built (it needs an NVIDIA GPU), so every reader here is tested against payloads
+in the shapes upstream documents and tests (tests/fixtures/trtllm/README.md).
+
+Signals, in the order describe() tries them:
+1. ``trtllm_speculative_config_info`` on ``/prometheus/metrics`` (needs
+   ``return_perf_metrics: true``): the configured method and k; says nothing about
+   whether drafts are accepted.
+2. ``specDecodingStats`` in the ``/metrics`` iteration stats (needs
+   ``enable_iter_perf_stats: true``): proof that drafts were proposed, k estimated as
+   draft tokens per drafting request; the method is not named.
+3. ``avg_decoded_tokens_per_iter`` in a completion response: > 1 means tokens were
+   accepted; 1.0 cannot tell "off" from "nothing accepted".
+
+Counters: ``/metrics`` drains on read (each iteration entry is returned once), so the
+server object keeps running totals; ``start_run()`` starts a background poller so that
+the bounded queue on the server side never overflows during a long run.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+import httpx
+from pydantic import BaseModel, Field
+
+from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.managed import launched
+from specadapt.adapters.process import free_port
+from specadapt.configs import yamlio
+from specadapt.configs import trtllm as cfg
+from specadapt.configs.checks import raise_on_errors
+from specadapt.configs.spec import SpecConfig
+from specadapt.configs.vllm import spec_from_vllm_json
+from specadapt.errors import NotAServer, ServerUnreachable, UsageError
+from specadapt.paths import runs_dir
+from specadapt.probes.metrics_text import parse_samples, total
+
+# Prometheus names (tensorrt_llm/metrics/collector.py)
+PROM_INFO = "trtllm_speculative_config_info"
+PROM_DRAFT_TOKENS = "trtllm_spec_decode_num_draft_tokens_total"
+PROM_ACCEPTED = "trtllm_spec_decode_num_accepted_tokens_total"
+PROM_GENERATION = "trtllm_generation_tokens_total"
+PROM_PROMPT = "trtllm_prompt_tokens_total"
+# /metrics iteration-stat keys (cpp/include/tensorrt_llm/executor/types.h, SpecDecodingStats)
+SPEC_STATS = "specDecodingStats"
+K_DRAFT, K_ACCEPTED, K_REQUESTS, K_LENGTH = ("numDraftTokens", "numAcceptedTokens",
+                                            "numRequestsWithDraftTokens", "acceptanceLength")
+ITER_STATS_NOTE = ("specadapt sets enable_iter_perf_stats: true in the trtllm-serve config so that "
+                   "acceptance can be read from /metrics (TensorRT-LLM notes a slight overhead)")
+
+
+# ------------------------------------------------------------------ reading iteration stats
+
+class IterStatsTotals(BaseModel):
+    """Running totals over drained ``/metrics`` iteration entries."""
+
+    iterations: int = 0
+    spec_iterations: int = Field(0, description="Entries that carried specDecodingStats with drafts.")
+    drafts: int = Field(0, description="Sum of numRequestsWithDraftTokens (one per request per step).")
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    max_draft_per_request: float | None = None
+
+    def add(self, entries: list[Any]) -> int:
+        """Fold new entries in; return how many were iteration stats."""
+        n = 0
+        for entry in entries:
+            if not isinstance(entry, dict):
+                continue
+            n += 1
+            self.iterations += 1
+            spec = entry.get(SPEC_STATS)
+            if not isinstance(spec, dict):
+                continue
+            drafted = int(spec.get(K_DRAFT) or 0)
+            reqs = int(spec.get(K_REQUESTS) or 0)
+            if drafted <= 0:
+                continue
+            self.spec_iterations += 1
+            self.draft_tokens += drafted
+            self.accepted_tokens += int(spec.get(K_ACCEPTED) or 0)
+            self.drafts += reqs
+            if reqs:
+                per = drafted / reqs
+                self.max_draft_per_request = max(self.max_draft_per_request or 0.0, per)
+        return n
+
+
+def iteration_entries(body: Any) -> list[dict[str, Any]]:
+    """``/metrics`` JSON -> iteration entries (a list; entries may be JSON strings)."""
+    import json
+
+    if isinstance(body, dict):
+        body = [body]
+    if not isinstance(body, list):
+        return []
+    out = []
+    for entry in body:
+        if isinstance(entry, str):
+            try:
+                entry = json.loads(entry)
+            except ValueError:
+                continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def spec_info_from_prometheus(text: str) -> dict[str, str] | None:
+    """Labels of ``trtllm_speculative_config_info`` (first sample), or None."""
+    rows = parse_samples(text).get(PROM_INFO)
+    return dict(rows[0][0]) if rows else None
+
+
+def avg_decoded_tokens_per_iter(body: Any) -> float | None:
+    """The TRT-LLM-only ``avg_decoded_tokens_per_iter`` of a completion response or chunk."""
+    if not isinstance(body, dict):
+        return None
+    for choice in body.get("choices") or []:
+        value = choice.get("avg_decoded_tokens_per_iter") if isinstance(choice, dict) else None
+        if isinstance(value, (int, float)):
+            return float(value)
+    value = body.get("avg_decoded_tokens_per_iter")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _truthy(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return value.strip().lower() in ("true", "1", "yes")
+
+
+# ------------------------------------------------------------------ connect mode
+
+class TRTLLMServer:
+    """A trtllm-serve OpenAI-compatible server at ``base_url``."""
+
+    backend = "trtllm"
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+                 spec_config: dict[str, Any] | None = None, launched: bool = False,
+                 transport: httpx.BaseTransport | None = None, poll_interval_s: float = 0.5):
+        self._base_url = check_url(base_url)
+        self._api_key = api_key
+        self.verify = verify
+        self.spec_config = spec_config  # the speculative_config we launched with, when we did
+        self.launched = launched
+        self.poll_interval_s = poll_interval_s
+        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
+        self._model_id: str | None = None
+        self._lock = threading.Lock()
+        self.totals = IterStatsTotals()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self.poll_errors = 0
+        self.metrics_answered = False  # /metrics gave a JSON list at least once
+
+    def __repr__(self) -> str:
+        return f"TRTLLMServer({self._base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id is None:
+            self._model_id = str(self._http.models()[0]["id"])
+        return self._model_id
+
+    # -- draining /metrics ------------------------------------------------------------
+    def drain(self) -> int:
+        """GET /metrics once and fold what it returns into the totals; entries read."""
+        with self._lock:
+            body = self._http.get_json("/metrics")
+            self.metrics_answered = self.metrics_answered or isinstance(body, list)
+            return self.totals.add(iteration_entries(body))
+
+    def start_run(self) -> None:
+        """Poll /metrics in the background until end_run() (the queue drains on read)."""
+        if self._poller is not None:
+            return
+        self._stop.clear()
+        self._poller = threading.Thread(target=self._poll, name="trtllm-metrics-poller", daemon=True)
+        self._poller.start()
+
+    def end_run(self) -> None:
+        if self._poller is None:
+            return
+        self._stop.set()
+        self._poller.join(timeout=10)
+        self._poller = None
+        self.drain()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self.drain()
+            except ServerUnreachable:
+                self.poll_errors += 1
+
+    def prometheus_text(self) -> str | None:
+        resp = self._http.get("/prometheus/metrics")
+        return resp.text if resp.status_code == 200 else None
+
+    def read_counters(self) -> CounterSnapshot:
+        self.drain()
+        t = self.totals
+        prom = self.prometheus_text()
+        samples = parse_samples(prom) if prom else {}
+        gen, prompt = total(samples, PROM_GENERATION), total(samples, PROM_PROMPT)
+        if t.spec_iterations or not samples.get(PROM_DRAFT_TOKENS):
+            if not self.metrics_answered:
+                return CounterSnapshot(source="GET /metrics gave no iteration stats list",
+                                       generation_tokens=gen, prompt_tokens=prompt)
+            return CounterSnapshot(
+                drafts=float(t.drafts), draft_tokens=float(t.draft_tokens), accepted_tokens=float(t.accepted_tokens),
+                generation_tokens=gen, prompt_tokens=prompt,
+                source=f"GET /metrics iteration stats (specDecodingStats), {t.iterations} entries accumulated")
+        # Prometheus only (its collector consumed the iteration stats): tokens but no draft count,
+        # so the acceptance rate is known to the reader of these numbers, the length is not.
+        return CounterSnapshot(draft_tokens=total(samples, PROM_DRAFT_TOKENS), accepted_tokens=total(samples, PROM_ACCEPTED),
+                               generation_tokens=gen, prompt_tokens=prompt,
+                               source="GET /prometheus/metrics (no per-step draft count: acceptance length unknown)")
+
+    # -- describe ---------------------------------------------------------------------
+    def describe(self) -> ServerInfo:
+        models = self._http.models()
+        self._model_id = str(models[0]["id"])
+        version = self._http.get_json("/version")
+        if not isinstance(version, dict) or "version" not in version:
+            raise NotAServer(f"{self._base_url} is an OpenAI-compatible server but not trtllm-serve "
+                             "(no GET /version); pick the matching --backend")
+        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=str(version["version"]),
+                          model_id=self._model_id, model_root=models[0].get("root"))
+        if not (self._from_prometheus(info) or self._from_iter_stats(info) or self._from_response(info)):
+            info.notes.append("cannot tell whether speculative decoding is on: no trtllm_speculative_config_info, "
+                              "no iteration stats on /metrics (start with enable_iter_perf_stats: true) and no "
+                              "avg_decoded_tokens_per_iter in a completion")
+        if self.spec_config and info.spec_method is None:
+            info.spec_method = self.spec_config.get("decoding_type")
+            info.num_speculative_tokens = info.num_speculative_tokens or self.spec_config.get("max_draft_len")
+        return info
+
+    def _from_prometheus(self, info: ServerInfo) -> bool:
+        text = self.prometheus_text()
+        labels = spec_info_from_prometheus(text) if text else None
+        info.metrics_available = text is not None
+        if text:
+            names = parse_samples(text)
+            info.spec_counters = [n for n in (PROM_DRAFT_TOKENS, PROM_ACCEPTED) if n in names]
+        if labels is None:
+            return False
+        info.spec_signal = f"{PROM_INFO} on /prometheus/metrics"
+        info.spec_enabled = _truthy(labels.get("spec_enabled"))
+        info.spec_method = labels.get("spec_method") or None
+        k = labels.get("spec_num_tokens")
+        info.num_speculative_tokens = int(k) if k and k.isdigit() else None
+        info.notes.append(f"speculation read from {info.spec_signal}: the configured method and k only; "
+                          "it cannot tell whether drafts are being accepted")
+        return True
+
+    def _from_iter_stats(self, info: ServerInfo) -> bool:
+        before = self.totals.model_copy()
+        seen = self.drain()
+        if seen == 0:
+            return False
+        info.metrics_available = True
+        info.spec_signal = "specDecodingStats in /metrics iteration stats"
+        new_spec = self.totals.spec_iterations - before.spec_iterations
+        info.spec_counters = [K_DRAFT, K_ACCEPTED, K_REQUESTS, K_LENGTH] if new_spec else []
+        if new_spec:
+            info.spec_enabled = True
+            per = self.totals.max_draft_per_request
+            info.num_speculative_tokens = round(per) if per else None
+            info.notes.append(f"speculation read from {info.spec_signal}: drafts were proposed; the method is "
+                              "not named there and k is estimated as draft tokens per drafting request")
+        else:
+            info.spec_enabled = False
+            info.notes.append(f"{seen} iteration entries on /metrics carry no specDecodingStats with drafts: "
+                              "speculation looks off (or only prefill ran since the last read)")
+        return True
+
+    def _from_response(self, info: ServerInfo) -> bool:
+        body = {"model": self._model_id, "prompt": "The capital of France is", "max_tokens": 16,
+                "temperature": 0.0}
+        try:
+            resp = self._http._client.post("/v1/completions", json=body)
+            data = resp.json() if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            data = None
+        if self._from_iter_stats(info):  # the request may have produced iteration stats
+            return True
+        avg = avg_decoded_tokens_per_iter(data)
+        if avg is None:
+            return False
+        info.spec_signal = "avg_decoded_tokens_per_iter in a completion response"
+        info.spec_enabled = True if avg > 1.0 else None
+        info.notes.append(f"{info.spec_signal} = {avg:.2f} (one 16-token request sent to find out): "
+                          + ("tokens were accepted, so speculation is on; method and k are not exposed"
+                             if avg > 1.0 else "1.0 cannot tell speculation off from nothing accepted"))
+        return True
+
+    def close(self) -> None:
+        self.end_run()
+        self._http.close()
+
+
+# ------------------------------------------------------------------ launch plans
+
+class TRTLLMLaunch(BaseModel):
+    """How to start trtllm-serve. ``spec_config`` is TensorRT-LLM's own speculative_config
+    mapping (with ``decoding_type``) or vLLM-style JSON (``method``, ``num_speculative_tokens``)."""
+
+    model: str = Field(description="HF model directory or id to serve.")
+    spec_config: dict[str, Any] | None = Field(None, description="None: speculation off.")
+    python: str | None = Field(None, description="Interpreter whose bin/ holds trtllm-serve (else PATH).")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, description="None: a free port.")
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = None
+    max_model_len: int | None = Field(None, description="--max_seq_len.")
+    tp: int = Field(1, ge=1, description="--tp_size.")
+    engine: Literal["pytorch", "tensorrt"] = Field("pytorch", description="--backend.")
+    version: str | None = Field(None, description="TensorRT-LLM version (picks --config or --extra_llm_api_options).")
+    config_dir: str | None = Field(None, description="Where the YAML is written (default: the runs dir).")
+    extra_args: list[str] = Field(default_factory=list, description="Passed verbatim, after ours.")
+
+
+def _spec(opts: TRTLLMLaunch) -> tuple[SpecConfig, dict[str, Any] | None]:
+    """(SpecConfig for the renderers, the user's native speculative_config keys or None)."""
+    common = dict(target=opts.model, tp=opts.tp, dtype=opts.dtype, max_model_len=opts.max_model_len)
+    sc = opts.spec_config
+    if not sc:
+        return SpecConfig(method="off", **common), None
+    if "decoding_type" in sc:
+        raise_on_errors(cfg.check_trtllm_config({"speculative_config": sc, "enable_iter_perf_stats": True},
+                                                opts.engine))
+        spec = cfg.spec_from_trtllm({"speculative_config": sc}, target=opts.model)
+        return spec.model_copy(update=common), sc
+    return spec_from_vllm_json(sc, target=opts.model).model_copy(update=common), None
+
+
+def trtllm_config_doc(opts: TRTLLMLaunch) -> dict[str, Any]:
+    """The trtllm-serve YAML mapping for ``opts`` (renderer output; user keys kept)."""
+    spec, native = _spec(opts)
+    doc = cfg.render_trtllm_config(spec, opts.version, opts.engine)
+    if native:
+        doc["speculative_config"] = {**doc["speculative_config"], **native}
+    doc["enable_iter_perf_stats"] = True
+    return doc
+
+
+def _program(python: str | None) -> str:
+    if python:
+        candidate = Path(python).parent / cfg.CLI
+        if candidate.is_file():
+            return str(candidate)
+    return cfg.CLI
+
+
+def launch_plan(opts: TRTLLMLaunch) -> LaunchPlan:
+    """argv (trtllm-serve MODEL ... --config FILE) and the YAML written to FILE."""
+    port = opts.port or free_port(opts.host)
+    spec, _native = _spec(opts)
+    doc = trtllm_config_doc(opts)
+    folder = Path(opts.config_dir) if opts.config_dir else runs_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"trtllm-{'spec' if spec.enabled else 'off'}-{port}.yaml"
+    path.write_text(yamlio.dump(doc))
+    argv = cfg.render_trtllm_argv(spec, str(path), opts.version, opts.engine, host=opts.host, port=port)
+    argv[0] = _program(opts.python)
+    notes = [ITER_STATS_NOTE, f"trtllm-serve config written to {path}"]
+    return LaunchPlan(backend="trtllm", argv=argv + list(opts.extra_args), host=opts.host, port=port,
+                      health_path=cfg.HEALTH_ROUTE, spec_enabled=spec.enabled, model=opts.model, notes=notes)
+
+
+def launched_server(opts: TRTLLMLaunch, startup_timeout_s: float = 1800.0,
+                    on_wait: Callable[[float, str], None] | None = None,
+                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[TRTLLMServer]:
+    plan = launch_plan(opts)
+    sc = trtllm_config_doc(opts).get("speculative_config")
+    return launched(plan, lambda url: TRTLLMServer(url, spec_config=sc, launched=True),
+                    startup_timeout_s, on_wait, on_plan)
+
+
+class TRTLLMBackend:
+    """The built-in TensorRT-LLM backend (registered under ``specadapt.backends``)."""
+
+    name = "trtllm"
+    capabilities = ("launch", "connect", "counters", "logprobs")
+    launch_options = TRTLLMLaunch
+    connect = TRTLLMServer
+    launched = staticmethod(launched_server)
+
+    @staticmethod
+    def resolve_model(model: str | None) -> str:
+        if not model:
+            raise UsageError("--backend trtllm needs --model (an HF model directory or id): the embedded "
+                             "GGUF model cannot be served by TensorRT-LLM")
+        return model
+
+    @staticmethod
+    def version() -> str | None:
+        for dist in ("tensorrt_llm", "tensorrt-llm"):
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return None

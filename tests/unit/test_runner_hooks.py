@@ -1,0 +1,49 @@
+"""run_probe calls a server's optional start_run()/end_run() around the counter
+snapshots (how TensorRT-LLM's draining /metrics is polled), and works without them."""
+
+from __future__ import annotations
+
+import httpx
+
+from fake_openai import FakeOpenAIServer  # tests/unit is on sys.path
+
+from specadapt.adapters.base import CounterSnapshot, ServerInfo
+from specadapt.probes.client import RequestSettings
+from specadapt.probes.prompts import Prompt
+from specadapt.probes.runner import run_probe
+
+
+class Recorder:
+    backend = "rec"
+
+    def __init__(self, url: str, hooks: bool):
+        self.base_url, self.model_id, self.events = url, "toy-model", []
+        self._http = httpx.Client(base_url=url)
+        if hooks:
+            self.start_run = lambda: self.events.append("start")
+            self.end_run = lambda: self.events.append("end")
+
+    def headers(self):
+        return {}
+
+    def describe(self):
+        return ServerInfo(backend="rec", base_url=self.base_url)
+
+    def read_counters(self):
+        c = self._http.get("/toy/counters").json()
+        self.events.append("read")
+        return CounterSnapshot(drafts=c["drafts"], draft_tokens=c["draft_tokens"], accepted_tokens=c["accepted_tokens"])
+
+
+def test_hooks_wrap_the_snapshots_and_are_optional():
+    prompts = [Prompt(id="a", prompt="hi")]
+    with FakeOpenAIServer() as fake:
+        with_hooks = Recorder(fake.url, hooks=True)
+        report = run_probe(with_hooks, prompts, RequestSettings(max_tokens=4), warmup=0)
+        without = Recorder(fake.url, hooks=False)
+        report2 = run_probe(without, prompts, RequestSettings(max_tokens=4), warmup=0)
+    ev = with_hooks.events
+    assert ev[0] == "start" and ev[-1] == "end" and ev.count("start") == ev.count("end") == 1
+    assert "read" in ev[1:-1] and "start" not in without.events
+    assert report.acceptance.known and report.acceptance.drafts == 4
+    assert report2.acceptance.known and report2.latency.output_tokens == 4

@@ -1,0 +1,117 @@
+"""SGLang adapter and flag checks on payloads in upstream's shapes (origins:
+tests/fixtures/sglang/README.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specadapt.adapters import sglang as S
+from specadapt.configs import sglang as cfg
+from specadapt.configs.spec import SpecConfig
+from specadapt.errors import NotAServer, UsageError
+from specadapt.probes.acceptance import acceptance_summary
+
+FIX = Path(__file__).parent.parent / "fixtures" / "sglang"
+
+
+def server(routes: dict) -> S.SGLangServer:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = routes.get(request.url.path)
+        if body is None:
+            return httpx.Response(404)
+        return httpx.Response(200, text=body) if isinstance(body, str) else httpx.Response(200, json=body)
+    return S.SGLangServer("http://sgl.test:30000", transport=httpx.MockTransport(handler))
+
+
+def load(name):
+    text = (FIX / name).read_text()
+    return json.loads(text) if name.endswith(".json") else text
+
+
+def test_describe_eagle3_with_gauges_said_to_be_gauges():
+    info = server({"/v1/models": load("models.json"), "/server_info": load("server-info-eagle3.json"),
+                   "/metrics": load("metrics-spec.txt")}).describe()
+    assert (info.version, info.max_model_len) == ("0.5.4", 8192)
+    assert info.spec_enabled is True and info.spec_method == "EAGLE3" and info.num_speculative_tokens == 3
+    assert info.spec_counters == [S.G_LENGTH, S.G_RATE]
+    note = next(n for n in info.notes if "gauges" in n)
+    assert "avg_spec_accept_length 3.000" in note and "sglang:spec_accept_length 3.100" in note
+    assert "per-run acceptance stays unknown" in note
+
+
+def test_older_route_and_spec_off():
+    info = server({"/v1/models": load("models.json"), "/get_server_info": load("server-info-off.json")}).describe()
+    assert info.spec_enabled is False and info.spec_method is None and info.metrics_available is False
+
+
+def test_not_sglang():
+    with pytest.raises(NotAServer, match="not SGLang"):
+        server({"/v1/models": load("models.json")}).describe()
+
+
+def test_counters_are_tokens_only_so_acceptance_is_unknown():
+    s = server({"/metrics": load("metrics-spec.txt")})
+    snap = s.read_counters()
+    assert snap.generation_tokens == 5000.0 and snap.prompt_tokens == 1200.0
+    acc = acceptance_summary(snap, snap)
+    assert acc.known is False
+
+
+def test_accept_lengths_per_dp_rank():
+    assert S.accept_lengths(load("server-info-eagle3.json")) == [3.1, 2.9]
+    assert S.accept_lengths({"avg_spec_accept_length": 2.0}) == [2.0]
+    assert S.accept_lengths(None) == []
+
+
+@pytest.mark.parametrize("spec,flags", [
+    ({"method": "eagle3", "num_speculative_tokens": 3, "model": "/h"},
+     ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/h", "--speculative-num-steps", "3",
+      "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
+    ({"method": "draft_model", "num_speculative_tokens": 5, "model": "/small"},
+     ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/small",
+      "--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"]),
+    ({"method": "ngram", "num_speculative_tokens": 4},
+     ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]),
+])
+def test_launch_plan_flags(spec, flags):
+    plan = S.launch_plan(S.SGLangLaunch(model="/m", spec_config=spec, port=30001, python="py", tp=2))
+    assert plan.argv[:3] == ["py", "-m", "sglang.launch_server"]
+    assert plan.argv[-len(flags):] == flags
+    a = plan.argv
+    assert a[a.index("--tp-size") + 1] == "2" and "--enable-metrics" in a and plan.health_path == "/health"
+    assert cfg.check_sglang_spec(cfg.flags_to_dict(a)) == []
+
+
+def test_off_plan_has_no_spec_flags():
+    plan = S.launch_plan(S.SGLangLaunch(model="/m", port=30002))
+    assert not any(a.startswith("--speculative") for a in plan.argv) and plan.spec_enabled is False
+
+
+def test_refusals_name_the_fix():
+    with pytest.raises(UsageError, match="needs a draft model path"):
+        cfg.sglang_spec_flags(SpecConfig(method="eagle3", k=3))
+    with pytest.raises(UsageError, match="no 'medusa'"):
+        cfg.sglang_spec_flags(SpecConfig(method="medusa", k=3, draft="/m"))
+    with pytest.raises(UsageError, match="num-draft-tokens"):  # extra args are checked too
+        S.launch_plan(S.SGLangLaunch(model="/m", spec_config={"method": "eagle", "num_speculative_tokens": 2,
+                                                              "model": "/h"},
+                                     extra_args=["--speculative-num-draft-tokens=9"]))
+
+
+@pytest.mark.parametrize("flags,fragment,severity", [
+    ({"--speculative-algorithm": "EAGLE"}, "needs --speculative-draft-model-path", "error"),
+    ({"--speculative-algorithm": "NGRAM", "--speculative-draft-model-path": "/x"}, "remove", "error"),
+    ({"--speculative-algorithm": "MEDUSA"}, "not one specadapt checks", "error"),
+    ({"--speculative-num-steps": "3"}, "does nothing", "warning"),
+    ({"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "/h", "--speculative-num-steps": "3",
+      "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "3"}, "must be", "warning"),
+    ({"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "/h", "--speculative-num-steps": "0"},
+     ">= 1", "error"),
+])
+def test_flag_rules(flags, fragment, severity):
+    problems = cfg.check_sglang_spec(flags)
+    assert any(fragment in p.message and p.severity == severity for p in problems), problems
