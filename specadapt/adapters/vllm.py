@@ -7,8 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -17,7 +16,8 @@ from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
 from specadapt.adapters.http import HttpGetter, check_url
-from specadapt.adapters.process import ManagedProcess, free_port
+from specadapt.adapters.managed import launched_many
+from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
 from specadapt.errors import NotAServer, UsageError
 from specadapt.probes.metrics_text import by_label, parse_samples, total
@@ -230,35 +230,13 @@ def launched_servers(opts_list: list[VLLMLaunch], startup_timeout_s: float = 900
                      on_wait: Callable[[float, str], None] | None = None,
                      on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[list[VLLMServer]]:
     """Start several vLLM servers side by side, wait until all are healthy, yield them;
-    stop every process group on exit (also when one of them fails to start).
-
-    Processes are started from the calling thread (the parent-death signal is tied to the
-    thread that forks, so a short-lived worker thread must not start them); only the
-    health waits run in threads.
-    """
+    stop every process group on exit (also when one of them fails to start)."""
     for opts in opts_list:
         check_spec_config(opts.spec_config)
         check_interpreter_has_vllm(opts.python)
-    with ExitStack() as stack:
-        procs = []
-        for opts in opts_list:
-            plan = launch_plan(opts)
-            proc = stack.enter_context(ManagedProcess(plan))
-            if on_plan:
-                on_plan(plan, proc.log_path)
-            procs.append(proc)
-        if len(procs) == 1:
-            procs[0].wait_healthy(startup_timeout_s, on_wait)
-        else:
-            with ThreadPoolExecutor(len(procs)) as pool:
-                for fut in [pool.submit(p.wait_healthy, startup_timeout_s) for p in procs]:
-                    fut.result()
-        servers = []
-        for opts, proc in zip(opts_list, procs):
-            server = VLLMServer(proc.plan.base_url, spec_config=opts.spec_config, launched=True)
-            server.process = proc
-            stack.callback(server.close)
-            servers.append(server)
+    plans = [launch_plan(opts) for opts in opts_list]
+    connects = [lambda url, o=opts: VLLMServer(url, spec_config=o.spec_config, launched=True) for opts in opts_list]
+    with launched_many(plans, connects, startup_timeout_s, on_wait, on_plan) as servers:
         yield servers
 
 

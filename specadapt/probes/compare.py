@@ -19,7 +19,7 @@ from typing import Callable
 
 import httpx
 
-from specadapt.adapters.base import CounterSnapshot, Server
+from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
 from specadapt.probes.latency import latency_summary, tpot_ns
@@ -204,13 +204,27 @@ def analyse(report: CompareReport) -> None:
                                       [lv.speed.throughput.point for lv in report.levels])
 
 
+@contextlib.contextmanager
+def _run_hooks(*servers: Server):
+    """Servers whose counters drain on read poll them between start_run() and end_run()."""
+    hooks = [run_hooks(s) for s in dict.fromkeys(servers)]
+    for start, _ in hooks:
+        start()
+    try:
+        yield
+    finally:
+        for _, end in hooks:
+            end()
+
+
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
                 progress: Progress | None = None) -> CompareReport:
     """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
     settings.concurrency = sorted(set(settings.concurrency))
     off_info, on_info = off.describe(), on.describe()
     runner = ABRunner(off, on, prompts, settings, progress)
-    records, on_counters, off_counters = asyncio.run(runner.run())
+    with _run_hooks(off, on):
+        records, on_counters, off_counters = asyncio.run(runner.run())
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters)
     return finish_compare(report, off, prompts, runner.req_off)
@@ -223,7 +237,8 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
     info = server.describe()
     off, on = (server, server)
     runner = ABRunner(off, on, prompts, settings, progress)
-    records, on_c, off_c = asyncio.run(runner.run(sides=(side,)))
+    with _run_hooks(server):
+        records, on_c, off_c = asyncio.run(runner.run(sides=(side,)))
     return info, records, (on_c if side == "on" else off_c)
 
 
