@@ -27,6 +27,7 @@ BUILTIN = {
     "trtllm": "specadapt.adapters.trtllm:TRTLLMBackend",
     "sglang": "specadapt.adapters.sglang:SGLangBackend",
     "llamacpp": "specadapt.adapters.llamacpp:LlamaCppBackend",
+    "reference": "specadapt.adapters.reference:ReferenceBackend",
 }
 CAPABILITIES = ("launch", "connect", "counters", "logprobs")
 

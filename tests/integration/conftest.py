@@ -82,3 +82,34 @@ def _settled_counter(base_url: str, name: str) -> float:
             return now
         last = now
     return last
+
+
+@pytest.fixture(scope="session")
+def truncated_model(tmp_path_factory, embedded_model) -> str:
+    """The embedded model cut to its first 4 of 30 layers: a different model, same tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smol-4-layers")
+    model = AutoModelForCausalLM.from_pretrained(embedded_model)
+    model.model.layers = model.model.layers[:4]
+    model.config.num_hidden_layers = 4
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(embedded_model).save_pretrained(out)
+    return str(out)
+
+
+REF_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+
+@pytest.fixture(scope="session")
+def reference_servers(embedded_model, truncated_model):
+    """`specadapt reference serve` (float32, CPU): spec off; ngram with accept-always; ngram
+    with perturb-logits=0.1 on the verify pass; and spec off on a different (4-layer) model."""
+    from specadapt.adapters.reference import ReferenceLaunch, launched_servers as launched_reference
+
+    opts = {"off": ReferenceLaunch(model=embedded_model),
+            "accept_always": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="accept-always"),
+            "perturb": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="perturb-logits=0.1"),
+            "other_model": ReferenceLaunch(model=truncated_model)}
+    with launched_reference(list(opts.values())) as servers:
+        yield dict(zip(opts, servers))
