@@ -167,4 +167,4 @@ def test_in_process_registry_warns_and_keeps_going(monkeypatch):
 def test_unknown_backend_lists_the_choices():
     result = CliRunner().invoke(cli, ["probe", "--backend", "nope", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 2
-    assert "unknown backend 'nope': choose one of llamacpp, sglang, trtllm, vllm" in result.output
+    assert "unknown backend 'nope': choose one of llamacpp, reference, sglang, trtllm, vllm" in result.output
