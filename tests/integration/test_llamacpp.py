@@ -4,7 +4,7 @@ embedded SmolLM2 GGUF with prompt-lookup drafting on vs off, then 'report compar
 Opt-in (pytest -m llamacpp): llama-cpp-python builds llama.cpp from source (about 4.5
 minutes on 2 cores), too slow for CI. The interpreter that has it is
 $SPECADAPT_LLAMACPP_PYTHON (default /tmp/v-llama/bin/python). Figures are written to
-$SPECADAPT_LLAMACPP_RESULTS when set (docs/backends.md records one run).
+$SPECADAPT_LLAMACPP_RESULTS when set (README "Backends" records one run).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def llama_python() -> str:
     python = os.environ.get("SPECADAPT_LLAMACPP_PYTHON", "/tmp/v-llama/bin/python")
     code = "import llama_cpp.server.app"
     if not Path(python).is_file() or subprocess.run([python, "-c", code], capture_output=True).returncode:
-        pytest.fail(f"{python} has no llama-cpp-python[server]: build it (see docs/backends.md) or set "
+        pytest.fail(f"{python} has no llama-cpp-python[server]: build it (see README "Backends") or set "
                     "SPECADAPT_LLAMACPP_PYTHON")
     return python
 

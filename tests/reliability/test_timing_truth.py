@@ -1,7 +1,7 @@
 """Timing truth: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log.
 
 The target in issue 7 is 1 ms at p99. Measured on the 2-core shared VM this was built on
-(docs/reliability.md), with 64 streams at 100 ms ITL the probe's median error is 0.2-1.2
+(README "Reliability"), with 64 streams at 100 ms ITL the probe's median error is 0.2-1.2
 ms and its p99 0.5-6 ms: the tail is the client process waiting for a CPU, which no code
 in the probe removes. So this test holds the median to 2 ms for every metric (a
 per-chunk, off-by-one-chunk or clock bug is off by a whole ITL, 100 ms here) and the p99
