@@ -76,3 +76,38 @@ class HttpGetter:
 
     def close(self) -> None:
         self._client.close()
+
+
+class OpenAIServer:
+    """What every OpenAI-compatible server adapter shares: the base URL, the bearer token
+    (kept private: never in repr, logs or reports), a GET helper and the served model id."""
+
+    backend = "openai"
+
+    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+                 launched: bool = False, transport: httpx.BaseTransport | None = None):
+        self._base_url = check_url(base_url)
+        self._api_key = api_key
+        self.verify = verify
+        self.launched = launched
+        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
+        self._model_id: str | None = None
+
+    def __repr__(self) -> str:  # never shows the API key
+        return f"{type(self).__name__}({self._base_url!r})"
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    @property
+    def model_id(self) -> str:
+        if self._model_id is None:
+            self._model_id = str(self._http.models()[0]["id"])
+        return self._model_id
+
+    def close(self) -> None:
+        self._http.close()

@@ -24,7 +24,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
-from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import spec_from_vllm_json
@@ -51,7 +51,7 @@ def spec_to_num_pred_tokens(spec_config: dict[str, Any] | None) -> tuple[int | N
     return spec.k, notes
 
 
-class LlamaCppServer:
+class LlamaCppServer(OpenAIServer):
     """A llama-cpp-python server at ``base_url``."""
 
     backend = "llamacpp"
@@ -59,30 +59,9 @@ class LlamaCppServer:
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
                  num_pred_tokens: int | None = None, launched: bool = False, version: str | None = None,
                  transport: httpx.BaseTransport | None = None):
-        self._base_url = check_url(base_url)
-        self._api_key = api_key
-        self.verify = verify
+        super().__init__(base_url, api_key, verify, launched, transport)
         self.num_pred_tokens = num_pred_tokens
-        self.launched = launched
         self.version = version
-        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
-        self._model_id: str | None = None
-
-    def __repr__(self) -> str:
-        return f"LlamaCppServer({self._base_url!r})"
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    @property
-    def model_id(self) -> str:
-        if self._model_id is None:
-            self._model_id = str(self._http.models()[0]["id"])
-        return self._model_id
 
     def read_counters(self) -> CounterSnapshot:
         return CounterSnapshot(source=NO_COUNTERS)
@@ -102,9 +81,6 @@ class LlamaCppServer:
             info.notes.append("cannot tell whether speculative decoding is on: llama-cpp-python's server does "
                               "not expose its draft settings; the version is unknown too (no /version)")
         return info
-
-    def close(self) -> None:
-        self._http.close()
 
 
 class LlamaCppLaunch(BaseModel):

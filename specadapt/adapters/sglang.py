@@ -22,7 +22,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
-from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs import sglang as cfg
@@ -47,35 +47,14 @@ def accept_lengths(server_info: Any) -> list[float]:
     return [float(v) for v in out if isinstance(v, (int, float))]
 
 
-class SGLangServer:
+class SGLangServer(OpenAIServer):
     """An SGLang server (OpenAI-compatible routes plus its own) at ``base_url``."""
 
     backend = "sglang"
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
                  launched: bool = False, transport: httpx.BaseTransport | None = None):
-        self._base_url = check_url(base_url)
-        self._api_key = api_key
-        self.verify = verify
-        self.launched = launched
-        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
-        self._model_id: str | None = None
-
-    def __repr__(self) -> str:
-        return f"SGLangServer({self._base_url!r})"
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    @property
-    def model_id(self) -> str:
-        if self._model_id is None:
-            self._model_id = str(self._http.models()[0]["id"])
-        return self._model_id
+        super().__init__(base_url, api_key, verify, launched, transport)
 
     def server_info(self) -> dict[str, Any] | None:
         for route in INFO_ROUTES:
@@ -125,9 +104,6 @@ class SGLangServer:
                               + (f"; as read now: {', '.join(gauges)}" if gauges else
                                  "; start SGLang with --enable-metrics for sglang:spec_accept_length"))
         return info
-
-    def close(self) -> None:
-        self._http.close()
 
 
 class SGLangLaunch(BaseModel):

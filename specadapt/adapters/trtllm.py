@@ -30,7 +30,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
-from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs import yamlio
@@ -139,7 +139,7 @@ def _truthy(value: str | None) -> bool | None:
 
 # ------------------------------------------------------------------ connect mode
 
-class TRTLLMServer:
+class TRTLLMServer(OpenAIServer):
     """A trtllm-serve OpenAI-compatible server at ``base_url``."""
 
     backend = "trtllm"
@@ -147,14 +147,9 @@ class TRTLLMServer:
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
                  transport: httpx.BaseTransport | None = None, poll_interval_s: float = 0.5):
-        self._base_url = check_url(base_url)
-        self._api_key = api_key
-        self.verify = verify
+        super().__init__(base_url, api_key, verify, launched, transport)
         self.spec_config = spec_config  # the speculative_config we launched with, when we did
-        self.launched = launched
         self.poll_interval_s = poll_interval_s
-        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
-        self._model_id: str | None = None
         self._lock = threading.Lock()
         self.totals = IterStatsTotals()
         self._stop = threading.Event()
@@ -162,21 +157,6 @@ class TRTLLMServer:
         self.poll_errors = 0
         self.metrics_answered = False  # /metrics gave a JSON list at least once
 
-    def __repr__(self) -> str:
-        return f"TRTLLMServer({self._base_url!r})"
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    @property
-    def model_id(self) -> str:
-        if self._model_id is None:
-            self._model_id = str(self._http.models()[0]["id"])
-        return self._model_id
 
     # -- draining /metrics ------------------------------------------------------------
     def drain(self) -> int:

@@ -15,7 +15,7 @@ import httpx
 from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
-from specadapt.adapters.http import HttpGetter, check_url
+from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched_many
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
@@ -43,7 +43,7 @@ def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus tex
         source=source)
 
 
-class VLLMServer:
+class VLLMServer(OpenAIServer):
     """A vLLM OpenAI-compatible server at ``base_url`` (launched by us or already running)."""
 
     backend = "vllm"
@@ -53,29 +53,8 @@ class VLLMServer:
     def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
                  transport: httpx.BaseTransport | None = None):
-        self._base_url = check_url(base_url)
-        self._api_key = api_key
-        self.verify = verify
+        super().__init__(base_url, api_key, verify, launched, transport)
         self.spec_config = spec_config  # known when we launched it
-        self.launched = launched
-        self._http = HttpGetter(self._base_url, self.headers(), verify=verify, transport=transport)
-        self._model_id: str | None = None
-
-    def __repr__(self) -> str:  # never shows the API key
-        return f"VLLMServer({self._base_url!r})"
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    @property
-    def model_id(self) -> str:
-        if self._model_id is None:
-            self._model_id = str(self._http.models()[0]["id"])
-        return self._model_id
 
     def metrics_text(self) -> str | None:
         resp = self._http.get("/metrics")
@@ -140,9 +119,6 @@ class VLLMServer:
         elif info.spec_enabled:
             info.notes.append("the speculative method is not exposed (start vLLM with VLLM_SERVER_DEV_MODE=1 "
                               "to expose /server_info); k is read from the per-position counters")
-
-    def close(self) -> None:
-        self._http.close()
 
 
 def _find_key(obj: Any, key: str) -> Any:
