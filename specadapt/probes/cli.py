@@ -181,11 +181,34 @@ def report_group() -> None:
 @report_group.command("show")
 @click.argument("path", type=click.Path(path_type=Path))
 def report_show(path: Path) -> None:
-    """Print a saved probe report (from --json) as tables."""
+    """Print a saved probe or compare report (from --json / --out) as tables."""
     from specadapt.report.console import render_probe
-    from specadapt.report.model import read_report
+    from specadapt.report.model import read_report, report_kind
 
+    if report_kind(path) == "compare":
+        from specadapt.report.compare_model import read_compare_report
+        from specadapt.report.compare_render import render_console
+
+        render_console(read_compare_report(path), Console())
+        return
     render_probe(read_report(path), Console())
+
+
+@report_group.command("export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
+def report_export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
+    """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML."""
+    from specadapt.report.compare_model import read_compare_report
+    from specadapt.report.compare_render import write_outputs
+
+    if not (junit_out or md_out or html_out):
+        raise UsageError("give at least one of --junit, --markdown, --html")
+    for written in write_outputs(read_compare_report(path), junit_path=junit_out, markdown_path=md_out,
+                                 html_path=html_out):
+        stderr.print(f"wrote {written}")
 
 
 @report_group.command("compare")

@@ -6,11 +6,10 @@ import datetime as _dt
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from specadapt import __version__
 from specadapt.adapters.base import CounterSnapshot, ServerInfo
-from specadapt.errors import UsageError
 from specadapt.probes.acceptance import AcceptanceSummary
 from specadapt.probes.client import RequestRecord, RequestSettings
 from specadapt.probes.latency import LatencySummary
@@ -156,11 +155,6 @@ class CompareReport(BaseModel):
 
 
 def read_compare_report(path: Path) -> CompareReport:
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"report {path} does not exist")
-    try:
-        return CompareReport.model_validate_json(path.read_text())
-    except ValidationError as exc:
-        raise UsageError(f"{path} is not a specadapt compare report ({exc.error_count()} problems; "
-                         f"first: {exc.errors()[0]['msg']})") from exc
+    from specadapt.report.model import read_model
+
+    return read_model(path, CompareReport, "compare")

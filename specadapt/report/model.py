@@ -75,12 +75,28 @@ def write_report(report: BaseModel, path: Path) -> None:
     atomic_write_text(path, report.model_dump_json(indent=2))
 
 
-def read_report(path: Path) -> ProbeReport:
+def read_model(path: Path, model: type[BaseModel], what: str):
+    """A saved report of one kind, or UsageError saying why the file is not one."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"report {path} does not exist")
     try:
-        return ProbeReport.model_validate_json(path.read_text())
+        return model.model_validate_json(path.read_text())
     except ValidationError as exc:
-        raise UsageError(f"{path} is not a specadapt probe report ({exc.error_count()} problems; "
+        raise UsageError(f"{path} is not a specadapt {what} report ({exc.error_count()} problems; "
                          f"first: {exc.errors()[0]['msg']})") from exc
+
+
+def report_kind(path: Path) -> str | None:
+    """The ``kind`` field of a saved report ("probe", "compare"), None if unreadable."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def read_report(path: Path) -> ProbeReport:
+    return read_model(path, ProbeReport, "probe")

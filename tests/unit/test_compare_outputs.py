@@ -111,3 +111,24 @@ def test_html_is_self_contained_with_three_plots():
     assert not re.search(r"""(src|href)=["']https?://""", html)
     assert "<script" not in html
     assert "suspect" in html and "FAIL" in html
+
+
+def test_saved_compare_report_is_shown_and_exported_again(tmp_path):
+    from click.testing import CliRunner
+
+    from specadapt.cli import cli
+    from specadapt.report.model import write_report
+
+    report = make_report()
+    apply_gate(report)
+    saved = tmp_path / "report.json"
+    write_report(report, saved)
+    shown = CliRunner().invoke(cli, ["report", "show", str(saved)])
+    assert shown.exit_code == 0 and "identity: 2 identical, 1 near-tie, 1 suspect" in shown.output
+    out = CliRunner().invoke(cli, ["report", "export", str(saved), "--markdown", str(tmp_path / "s.md"),
+                                   "--junit", str(tmp_path / "j.xml")])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "s.md").read_text() == to_markdown(report)
+    assert (tmp_path / "j.xml").read_text() == to_junit(report)
+    refused = CliRunner().invoke(cli, ["report", "export", str(saved)])
+    assert refused.exit_code == 2 and "give at least one of" in refused.output
