@@ -157,8 +157,12 @@ def _launched(kw, backend, prompts, settings, bar, task, progress, stack, run_co
     timeout = kw["startup_timeout"]
     if kw["launch"] == "parallel":
         bar.update(task, description="starting both servers")
-        off, on = stack.enter_context(backend.launched_many([off_opts, on_opts], startup_timeout_s=timeout,
-                                                            on_plan=on_plan))
+        many = getattr(backend, "launched_many", None)
+        if many is not None:
+            off, on = stack.enter_context(many([off_opts, on_opts], startup_timeout_s=timeout, on_plan=on_plan))
+        else:  # a backend that starts one server at a time: both up before any request
+            off = stack.enter_context(backend.launched(off_opts, startup_timeout_s=timeout, on_plan=on_plan))
+            on = stack.enter_context(backend.launched(on_opts, startup_timeout_s=timeout, on_plan=on_plan))
         bar.update(task, description="comparing")
         return _parallel(run_compare, off, on, prompts, settings, bar, task, progress)
     # one after the other: spec on first, then spec off (which stays up for the triage)
