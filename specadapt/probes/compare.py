@@ -17,26 +17,17 @@ import math
 import time
 from typing import Callable
 
-import httpx
-
 from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.prompts import Prompt
-from specadapt.probes.runner import settle_counters
+from specadapt.probes.runner import server_client, settle_counters
 from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
 from specadapt.report.compare_model import (CompareReport, CompareSettings, CounterPair, LevelResult, PromptSpeed,
                                             SpeedRatios, TheoryCheck)
 
 Progress = Callable[[RequestRecord], None]
-
-
-def _client(server: Server, settings: RequestSettings, concurrency: int) -> httpx.AsyncClient:
-    timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
-                             verify=getattr(server, "verify", True))
 
 
 def side_settings(server: Server, base: RequestSettings, temperature: float | None = None) -> RequestSettings:
@@ -48,6 +39,17 @@ def side_settings(server: Server, base: RequestSettings, temperature: float | No
     return base.model_copy(update=update)
 
 
+def copies_for(concurrency: int, n_prompts: int) -> int:
+    """Copies of the prompt set in one block: blocks at concurrency N hold at least 2N requests."""
+    return 1 if concurrency == 1 else max(1, math.ceil(2 * concurrency / n_prompts))
+
+
+def total_requests(n_prompts: int, settings: CompareSettings) -> int:
+    """Requests of a whole A/B run, both sides and the warm-up included (for progress bars)."""
+    return 2 * settings.warmup + sum(2 * settings.repeat * n_prompts * copies_for(c, n_prompts)
+                                     for c in settings.concurrency)
+
+
 class ABRunner:
     """Runs the interleaved A/B workload and returns the raw records and counter deltas."""
 
@@ -56,15 +58,6 @@ class ABRunner:
         self.off, self.on, self.prompts, self.settings, self.progress = off, on, prompts, settings, progress
         self.req_off = side_settings(off, settings.request)
         self.req_on = side_settings(on, settings.request, settings.on_temperature)
-
-    def total_requests(self) -> int:
-        n = 2 * self.settings.warmup
-        for c in self.settings.concurrency:
-            n += 2 * self.settings.repeat * len(self.prompts) * self._copies(c)
-        return n
-
-    def _copies(self, concurrency: int) -> int:
-        return 1 if concurrency == 1 else max(1, math.ceil(2 * concurrency / len(self.prompts)))
 
     async def _send(self, client, side: str, prompt: Prompt, t0: int, level: int, repeat: int, copy: int,
                     warmup: bool = False) -> RequestRecord:
@@ -90,7 +83,7 @@ class ABRunner:
         counters = {"off": off_counters, "on": on_counters}
         t0 = time.perf_counter_ns()
         async with contextlib.AsyncExitStack() as stack:
-            clients = {side: await stack.enter_async_context(_client(servers[side], s.request, max(s.concurrency)))
+            clients = {side: await stack.enter_async_context(server_client(servers[side], s.request, max(s.concurrency)))
                        for side in sides}
             for i in range(s.warmup):
                 for side in sides:
@@ -115,7 +108,7 @@ class ABRunner:
                     for side in (x for x in order if x in self._sides):
                         out.append(await self._send(clients[side], side, p, t0, 1, r, 0))
             return out
-        copies = self._copies(level)
+        copies = copies_for(level, len(self.prompts))
         for r in range(s.repeat):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
             for side in (x for x in order if x in self._sides):

@@ -70,9 +70,8 @@ def ab_options(f):
 def _run(kw: dict, gate: dict | None) -> int:
     from specadapt.adapters.registry import get_backend
     from specadapt.probes.client import RequestSettings
-    from specadapt.probes.compare import finish_compare, run_compare, run_one_side
     from specadapt.probes.prompts import load_prompts
-    from specadapt.report.compare_model import CompareReport, CompareSettings
+    from specadapt.report.compare_model import CompareSettings
     from specadapt.report.compare_render import render_console, write_outputs
     from specadapt.report.gate import apply_gate
 
@@ -108,10 +107,9 @@ def _run(kw: dict, gate: dict | None) -> int:
         if all(urls):
             off = stack.enter_context(contextlib.closing(backend.connect(urls[0], api_key=api_key, verify=verify)))
             on = stack.enter_context(contextlib.closing(backend.connect(urls[1], api_key=api_key, verify=verify)))
-            report = _parallel(run_compare, off, on, prompts, settings, bar, task, progress)
+            report = _parallel(off, on, prompts, settings, bar, task, progress)
         else:
-            report = _launched(kw, backend, prompts, settings, bar, task, progress, stack,
-                               run_compare, run_one_side, finish_compare, CompareReport)
+            report = _launched(kw, backend, prompts, settings, bar, task, progress, stack)
     if gate is not None:
         apply_gate(report, **gate)
     out = kw["out_dir"]
@@ -128,18 +126,20 @@ def _run(kw: dict, gate: dict | None) -> int:
     return 0
 
 
-def _parallel(run_compare, off, on, prompts, settings, bar, task, progress):
-    from specadapt.probes.compare import ABRunner
+def _parallel(off, on, prompts, settings, bar, task, progress):
+    """Both servers up: the interleaved run."""
+    from specadapt.probes.compare import run_compare, total_requests
 
-    bar.update(task, total=ABRunner(off, on, prompts, settings).total_requests())
+    bar.update(task, total=total_requests(len(prompts), settings))
     return run_compare(off, on, prompts, settings, progress)
 
 
-def _launched(kw, backend, prompts, settings, bar, task, progress, stack, run_compare, run_one_side,
-              finish_compare, CompareReport):
+def _launched(kw, backend, prompts, settings, bar, task, progress, stack):
+    """Start the servers (side by side, or one after the other) and run the comparison."""
     from specadapt.configs.spec_input import load_spec_json
     from specadapt.models import resolve_model_dir
-    from specadapt.probes.compare import ABRunner
+    from specadapt.probes.compare import finish_compare, run_one_side, side_settings, total_requests
+    from specadapt.report.compare_model import CompareReport
 
     if "launch" not in backend.capabilities:
         raise UsageError(f"backend {kw['backend']} cannot start servers: pass --off and --on URLs")
@@ -164,10 +164,9 @@ def _launched(kw, backend, prompts, settings, bar, task, progress, stack, run_co
             off = stack.enter_context(backend.launched(off_opts, startup_timeout_s=timeout, on_plan=on_plan))
             on = stack.enter_context(backend.launched(on_opts, startup_timeout_s=timeout, on_plan=on_plan))
         bar.update(task, description="comparing")
-        return _parallel(run_compare, off, on, prompts, settings, bar, task, progress)
+        return _parallel(off, on, prompts, settings, bar, task, progress)
     # one after the other: spec on first, then spec off (which stays up for the triage)
-    total = ABRunner(None, None, prompts, settings).total_requests()
-    bar.update(task, total=total, description="spec on")
+    bar.update(task, total=total_requests(len(prompts), settings), description="spec on")
     with backend.launched(on_opts, startup_timeout_s=timeout, on_plan=on_plan) as on:
         on_info, on_recs, on_counters = run_one_side(on, "on", prompts, settings, progress)
     bar.update(task, description="spec off")
@@ -175,7 +174,7 @@ def _launched(kw, backend, prompts, settings, bar, task, progress, stack, run_co
     off_info, off_recs, off_counters = run_one_side(off, "off", prompts, settings, progress)
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=off_recs + on_recs,
                            counters_on=on_counters, counters_off=off_counters)
-    return finish_compare(report, off, prompts, ABRunner(off, off, prompts, settings).req_off)
+    return finish_compare(report, off, prompts, side_settings(off, settings.request))
 
 
 @click.command("compare")

@@ -87,6 +87,12 @@ def first_divergence(off: RequestRecord, on: RequestRecord) -> Divergence | None
                       on_tokens=len(on.tokens) or on.output_tokens)
 
 
+def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+    """One non-streamed POST to ``server`` with its auth and TLS settings."""
+    return httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
+                      verify=getattr(server, "verify", True))
+
+
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
     req = settings.model_copy(update={"logprobs": True, "top_logprobs": TOP_LOGPROBS})
     path, body = build_body(prompt, model, req)
@@ -121,9 +127,7 @@ def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div
     i = div.token_index
     path, body = _triage_body(prompt, server.model_id, settings, i + 1)
     try:
-        resp = httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
-                          verify=getattr(server, "verify", True))
-        data = resp.json()
+        data = post_json(server, path, body, timeout_s).json()
         choice = data["choices"][0]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
         return Triage(verdict="unknown", source="none", threshold=threshold,
@@ -161,8 +165,7 @@ def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
             if tid is None:
                 continue
             try:
-                resp = httpx.post(server.base_url + "/detokenize", json={"model": server.model_id, "tokens": [tid]},
-                                  headers=server.headers(), timeout=10, verify=getattr(server, "verify", True))
+                resp = post_json(server, "/detokenize", {"model": server.model_id, "tokens": [tid]}, 10)
                 text = resp.json()["prompt"] if resp.status_code == 200 else None
             except (httpx.HTTPError, ValueError, KeyError):
                 text = None

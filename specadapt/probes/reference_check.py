@@ -15,7 +15,7 @@ import httpx
 from specadapt.adapters.base import Server
 from specadapt.errors import UsageError, require
 from specadapt.probes.client import RequestRecord
-from specadapt.probes.equivalence import token_id
+from specadapt.probes.equivalence import post_json, token_id
 from specadapt.probes.prompts import Prompt
 from specadapt.report.compare_model import Divergence, Triage
 
@@ -44,8 +44,7 @@ class ReferenceScorer:
             body.update(messages=[m.model_dump() for m in prompt.messages or []], add_generation_prompt=True)
         else:
             body["prompt"] = prompt.prompt
-        resp = httpx.post(server.base_url + "/tokenize", json=body, headers=server.headers(), timeout=60,
-                          verify=getattr(server, "verify", True))
+        resp = post_json(server, "/tokenize", body, 60)
         resp.raise_for_status()
         return [int(t) for t in resp.json()["tokens"]]
 

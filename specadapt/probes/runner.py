@@ -94,12 +94,17 @@ async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
     return finished
 
 
-async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
-                        repeat: int, warmup: int, progress: Progress | None) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
+def server_client(server: Server, settings: RequestSettings, concurrency: int) -> httpx.AsyncClient:
+    """The streaming client for one server: its auth and TLS settings, a connection per stream."""
     timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout,
-                                 limits=limits, verify=getattr(server, "verify", True)) as client:
+    return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
+                             verify=getattr(server, "verify", True))
+
+
+async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
+                        repeat: int, warmup: int, progress: Progress | None) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
+    async with server_client(server, settings, concurrency) as client:
         model = server.model_id
         t0 = time.perf_counter_ns()
         for i in range(warmup):  # discarded: the first requests after start-up are slow
