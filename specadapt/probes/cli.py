@@ -6,13 +6,16 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specadapt.errors import ServerDied, UsageError
+
+if TYPE_CHECKING:
+    import ssl
 
 stderr = Console(stderr=True)
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
@@ -27,7 +30,7 @@ def api_key_from(option: str | None) -> str | None:
     return None
 
 
-def tls_verify(insecure: bool, ca_bundle: Path | None) -> "bool | ssl.SSLContext":
+def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | ssl.SSLContext:
     """What httpx's ``verify`` gets: on by default, a context trusting ``ca_bundle``, or off (warned)."""
     if insecure:
         stderr.print("[yellow]warning:[/] TLS certificate verification is off (--insecure)")
