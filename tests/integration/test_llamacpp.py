@@ -28,7 +28,7 @@ def llama_python() -> str:
     python = os.environ.get("SPECADAPT_LLAMACPP_PYTHON", "/tmp/v-llama/bin/python")
     code = "import llama_cpp.server.app"
     if not Path(python).is_file() or subprocess.run([python, "-c", code], capture_output=True).returncode:
-        pytest.fail(f"{python} has no llama-cpp-python[server]: build it (see README "Backends") or set "
+        pytest.fail(f"{python} has no llama-cpp-python[server]: build it (see README 'Backends') or set "
                     "SPECADAPT_LLAMACPP_PYTHON")
     return python
 
