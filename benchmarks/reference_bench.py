@@ -5,12 +5,15 @@ assisted generation, on the embedded SmolLM2-135M-Instruct (not a test; run by h
     python benchmarks/reference_bench.py --threads 1 --max-tokens 48 --repeats 2
 
 Same process, same torch threads, same prompts, greedy, float32 on CPU. For every prompt
-it runs: the target alone (ours), ours with n-gram lookup, ours with two drafts (the
+it runs: the target alone (ours), ours with n-gram lookup (vLLM's 2..4 window, and
+transformers' 1..2), ours with two drafts (the
 8-layer cut made by make_truncated_draft.py, and an int8 dynamically quantized copy of the
 target built here in memory), transformers' plain greedy, transformers with
 prompt_lookup_num_tokens=, and transformers with assistant_model= for both drafts.
 Methods are interleaved and repeated; the fastest run of each counts. Every output is
-asserted identical to ours-target-alone. Prints a markdown table.
+asserted identical to ours-target-alone. Target forward passes are counted for every method
+(a hook on the target), which compares the methods without the machine's timing noise.
+Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
 
     ours = {"ours: target alone": lambda: SpecEngine(target),
             f"ours: ngram k={k} (2..4)": lambda: SpecEngine(target, NgramProposer(2, 4), k),
+            # transformers' prompt lookup window (max_matching_ngram_size 2, falling back to 1)
+            f"ours: ngram k={k} (1..2)": lambda: SpecEngine(target, NgramProposer(1, 2), k),
             f"ours: draft {draft_dir.name} k={draft_k}": lambda: SpecEngine(target, DraftModelProposer(draft), draft_k)}
     peers = {"transformers: greedy": {},
              f"transformers: prompt_lookup_num_tokens={k}": {"prompt_lookup_num_tokens": k},
@@ -110,6 +115,16 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
             lambda: SpecEngine(target, DraftModelProposer(q8, int8_min_confidence), int8_k)
         peers["transformers: assistant_model=int8 copy"] = {"assistant_model": q8}
 
+    # Target forward passes of every method, transformers' included: a count that no noise of
+    # the machine touches (registered after the int8 copy, which would otherwise copy the hook).
+    passes = [0]
+    target.register_forward_pre_hook(lambda module, args: passes.__setitem__(0, passes[0] + 1))
+
+    def counted(fn):
+        passes[0] = 0
+        out, secs = timed(fn)
+        return out, secs, passes[0]
+
     # warm-up (allocator, first-call overheads): one short run of each path, not measured
     warm = encode("Hello")
     for make in ours.values():
@@ -117,45 +132,47 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
     for kw in peers.values():
         hf_generate(target, warm, 4, eos, **kw)
 
-    runs: dict[tuple[str, str], list] = {}  # (prompt, method) -> [(tokens, seconds, stats)]
+    runs: dict[tuple[str, str], list] = {}  # (prompt, method) -> [(tokens, seconds, stats, target passes)]
     reference: dict[str, list[int]] = {}
     for rep in range(repeats):  # interleaved, so slow phases of a shared machine hit all methods
         for pname, text in prompts.items():
             ids = encode(text)
             for name, make in ours.items():
-                gen, secs = timed(lambda: make().generate(ids, max_tokens, stop_ids=(eos,)))
+                gen, secs, n_pass = counted(lambda: make().generate(ids, max_tokens, stop_ids=(eos,)))
                 ref = reference.setdefault(pname, gen.tokens)
                 assert gen.tokens == ref, f"{name} differs from the target alone on {pname!r}"
-                runs.setdefault((pname, name), []).append((gen.tokens, secs, gen.stats))
+                assert n_pass == gen.stats.target_forwards, (name, n_pass, gen.stats.target_forwards)
+                runs.setdefault((pname, name), []).append((gen.tokens, secs, gen.stats, n_pass))
             for name, kw in peers.items():
-                out, secs = timed(lambda: hf_generate(target, ids, max_tokens, eos, **kw))
+                out, secs, n_pass = counted(lambda: hf_generate(target, ids, max_tokens, eos, **kw))
                 assert out == reference[pname], f"{name} differs from ours on {pname!r}: {out[:20]} vs {reference[pname][:20]}"
-                runs.setdefault((pname, name), []).append((out, secs, None))
+                runs.setdefault((pname, name), []).append((out, secs, None, n_pass))
             print(f"# round {rep + 1}: {pname}: {tok.decode(reference[pname])[:70]!r}", file=sys.stderr)
 
     rows = [(p, m, *min(r, key=lambda x: x[1])) for (p, m), r in runs.items()]
     alone = SpecStats()
-    for pname, name, _, _, st in rows:
+    for pname, name, _, _, st, _ in rows:
         if name == "ours: target alone":
             alone.add(st)
     t_pass = alone.time_verify / (alone.target_forwards - len(prompts))  # one 1-token target pass
 
     print(f"\nDate: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: 2-core {platform.machine()} "
-          f"CPU, no GPU (shared with other work), torch {torch.__version__}, {threads} thread(s), float32, "
+          f"CPU, no GPU, torch {torch.__version__}, {threads} thread(s), float32, "
           f"greedy, max {max_tokens} new tokens, chat template, best of {repeats} interleaved runs. "
           f"Target {target_dir.name}. One 1-token target pass: {t_pass * 1000:.1f} ms. "
           f"Load average at the end: {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[2]:.1f} (15 min).\n")
-    print("| prompt | method | tokens | tokens/s | speedup | decode speedup | acceptance | mean acc. len "
-          "| c | v | theory (v=1) | measured/theory | theory (measured v) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    base = {p: len(t) / s for p, m, t, s, _ in rows if m == "ours: target alone"}
-    base_dec = {p: len(t) / (st.time_total - st.time_prefill) for p, m, t, s, st in rows if m == "ours: target alone"}
-    for pname, name, toks, secs, st in rows:
+    print("| prompt | method | tokens | target passes | tokens/s | speedup | decode speedup | acceptance "
+          "| mean acc. len | c | v | theory (v=1) | measured/theory | theory (measured v) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    base = {p: len(t) / s for p, m, t, s, _, _ in rows if m == "ours: target alone"}
+    base_dec = {p: len(t) / (st.time_total - st.time_prefill) for p, m, t, s, st, _ in rows
+                if m == "ours: target alone"}
+    for pname, name, toks, secs, st, n_pass in rows:
         n = len(toks)
-        cells = [f"{n}", f"{n / secs:.1f}", f"{n / secs / base[pname]:.2f}"] + [""] * 8
+        cells = [f"{n}", f"{n_pass}", f"{n / secs:.1f}", f"{n / secs / base[pname]:.2f}"] + [""] * 8
         if st is not None:
             dec = n / (st.time_total - st.time_prefill) / base_dec[pname]
-            cells[3] = f"{dec:.2f}"
+            cells[4] = f"{dec:.2f}"
         if st is not None and st.draft_tokens:
             passes = st.target_forwards - 1  # verify passes (the prefill is not one)
             c = (st.time_draft / st.draft_forwards / t_pass) if st.draft_forwards else 0.0
@@ -164,7 +181,7 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
             # with the draft work actually spent per pass
             pred = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c)
             pred_v = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c, v)
-            cells[4:] = [f"{st.acceptance_rate:.2f}", f"{st.mean_acceptance_length:.2f}", f"{c:.2f}",
+            cells[5:] = [f"{st.acceptance_rate:.2f}", f"{st.mean_acceptance_length:.2f}", f"{c:.2f}",
                          f"{v:.2f}", f"{pred:.2f}", f"{dec / pred:.2f}", f"{pred_v:.2f}"]
         print(f"| {pname} | {name} | " + " | ".join(cells) + " |")
     print("\nAll outputs identical to ours-target-alone: yes (asserted).")

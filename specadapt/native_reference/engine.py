@@ -160,18 +160,14 @@ class SpecEngine:
                              "pass one list of token ids, and loop over a batch yourself")
         stats = stats if stats is not None else SpecStats(k=self.k)
         stats.prompt_tokens += len(prompt)
-        t0 = time.perf_counter()
         tokens = list(prompt)
         self.target.reset()
         if self.proposer is not None:
             self.proposer.reset()
-        if len(prompt) > 1:
-            self.target.forward(tokens[:-1], last_only=True)  # prefill: every prompt token but the last
-            stats.target_forwards += 1
-        stats.time_prefill += time.perf_counter() - t0
         generated = 0
         while generated < max_new_tokens:
-            step = self._step(tokens, params, top_logprobs, stats)
+            # the first pass is the prefill: the whole prompt, whose last row gives the first token
+            step = self._step(tokens, params, top_logprobs, stats, prefill=self.target.length == 0)
             step.tokens = step.tokens[:max_new_tokens - generated]
             for i, t in enumerate(step.tokens):
                 if t in stop_ids:
@@ -187,16 +183,18 @@ class SpecEngine:
                 break
 
     def _step(self, tokens: list[int], params: SamplingParams, top_logprobs: int,
-              stats: SpecStats) -> Step:
+              stats: SpecStats, prefill: bool = False) -> Step:
+        """One target pass: the prefill (no proposal), or [last token] + the proposed tokens."""
         t0 = time.perf_counter()
         proposal = Proposal()
-        if self.proposer is not None and self.k > 0:
+        if self.proposer is not None and self.k > 0 and not prefill:
             before = self.proposer.forwards
             proposal = self.proposer.propose(tokens, self.k, params, self.generator)
             stats.draft_forwards += self.proposer.forwards - before
         t1 = time.perf_counter()
         draft = proposal.tokens
-        logits = self.target.forward([tokens[-1]] + draft)  # [len(draft)+1, V]
+        # the cache holds every position but the last (none before the prefill)
+        logits = self.target.forward(tokens[self.target.length:] + draft, keep=len(draft) + 1)  # [len(draft)+1, V]
         stats.target_forwards += 1
         if draft and self.fault and self.fault.kind == "perturb-logits":
             noise = torch.randn(logits.shape, generator=self.noise, dtype=torch.float32,
@@ -216,9 +214,12 @@ class SpecEngine:
             vals, ids = torch.topk(logp, top_logprobs, dim=-1)
             tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
         self._count(stats, len(draft), m)
-        stats.time_draft += t1 - t0
-        stats.time_verify += t2 - t1
-        stats.time_other += time.perf_counter() - t2
+        if prefill:
+            stats.time_prefill += time.perf_counter() - t0
+        else:
+            stats.time_draft += t1 - t0
+            stats.time_verify += t2 - t1
+            stats.time_other += time.perf_counter() - t2
         return Step(len(tokens), list(draft), m, emitted, lp, tops)
 
     def _verify(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams) -> tuple[int, int]:

@@ -126,14 +126,14 @@ class CachedLM:
         return self.model.get_input_embeddings().weight.device
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], last_only: bool = False) -> torch.Tensor:
-        """Logits ``[n, V]`` for ``tokens`` appended at the current position
-        (``[1, V]`` for the last one only when ``last_only``: saves the head on prefills)."""
+    def forward(self, tokens: list[int], keep: int = 0) -> torch.Tensor:
+        """Logits ``[n, V]`` for ``tokens`` appended at the current position, or for the
+        last ``keep`` of them only (saves the head on prefills)."""
         start = self.length
         ids = torch.tensor([tokens], device=self.device)  # [1, n]
         pos = torch.arange(start, start + len(tokens), device=self.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                         position_ids=pos[None], cache_position=pos, logits_to_keep=int(last_only))
+                         position_ids=pos[None], cache_position=pos, logits_to_keep=keep)
         self.forwards += 1
         self.tokens.extend(tokens)
         return out.logits[0]  # [n, V]

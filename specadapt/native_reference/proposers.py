@@ -65,7 +65,7 @@ class DraftModelProposer:
         out: list[int] = []
         dists: list[torch.Tensor] = []
         for i in range(k):
-            logits = self.lm.forward(feed, last_only=True)  # [1, V]
+            logits = self.lm.forward(feed, keep=1)  # [1, V]
             if params.greedy:
                 x = int(logits.argmax(-1).item())
                 q = torch.softmax(logits[0].double(), -1) if self.min_confidence > 0 else None

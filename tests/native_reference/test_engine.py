@@ -54,10 +54,12 @@ def test_stats_recomputed_from_tokens(tiny_target, tiny_draft, baseline, kind):
     assert s.draft_tokens == sum(len(st.proposed) for st in gen.steps)
     assert s.num_drafts == sum(1 for st in gen.steps if st.proposed)
     assert s.generated_tokens == len(gen.tokens) == N
-    # one target pass per step plus the prefill; a draft model runs k times per step
-    assert s.target_forwards == len(gen.steps) + 1
+    # one target pass per step, the first being the prefill (which emits the first token and
+    # verifies nothing); a draft model runs k times per later step
+    assert s.target_forwards == len(gen.steps)
+    assert gen.steps[0].proposed == [] and len(gen.steps[0].tokens) == 1
     if kind == "draft":
-        assert s.draft_forwards == k * len(gen.steps)
+        assert s.draft_forwards == k * (len(gen.steps) - 1)
     assert s.mean_acceptance_length == pytest.approx(1 + s.accepted_tokens / s.num_drafts)
 
 
@@ -77,7 +79,8 @@ def test_draft_cache_in_step_when_all_accepted(tiny_target):
     prop = DraftModelProposer(tiny_target)
     gen = SpecEngine(tiny_target, prop, 4).generate(PROMPT, 20)
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
-    assert all(len(s.tokens) == 5 for s in gen.steps[:-1])
+    assert len(gen.steps[0].tokens) == 1  # the prefill
+    assert all(len(s.tokens) == 5 for s in gen.steps[1:-1])
     full = PROMPT + gen.tokens
     assert prop.lm.tokens == full[:len(prop.lm.tokens)]
 
