@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from specadapt import __version__
 from specadapt.adapters.base import CounterSnapshot, ServerInfo
 from specadapt.probes.acceptance import AcceptanceSummary
 from specadapt.probes.client import RequestRecord, RequestSettings
 from specadapt.probes.latency import LatencySummary
 from specadapt.probes.stats import Crossover, RatioCI
-
-SCHEMA_VERSION = 1
+from specadapt.report.model import ReportEnvelope
 
 
 class CompareSettings(BaseModel):
@@ -135,11 +132,8 @@ class Gate(BaseModel):
     reasons: list[str] = Field(default_factory=list)
 
 
-class CompareReport(BaseModel):
-    schema_version: int = SCHEMA_VERSION
+class CompareReport(ReportEnvelope):
     kind: Literal["compare"] = "compare"
-    specadapt_version: str = __version__
-    created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     settings: CompareSettings
     off_server: ServerInfo
     on_server: ServerInfo

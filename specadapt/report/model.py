@@ -28,13 +28,19 @@ class ProbeSettings(BaseModel):
     request: RequestSettings
 
 
-class ProbeReport(BaseModel):
-    """One probe run against one server."""
+class ReportEnvelope(BaseModel):
+    """What every report starts with: schema version, kind, who wrote it and when."""
 
     schema_version: int = SCHEMA_VERSION
-    kind: Literal["probe"] = "probe"
+    kind: str
     specadapt_version: str = __version__
     created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+class ProbeReport(ReportEnvelope):
+    """One probe run against one server."""
+
+    kind: Literal["probe"] = "probe"
     server: ServerInfo
     settings: ProbeSettings
     partial: bool = Field(False, description="The run stopped early (the server died); only finished requests are in.")
