@@ -82,7 +82,11 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
     from specadapt.models import embedded_model_dir, resolve_model_dir
     from specadapt.native_reference import theory
     from specadapt.native_reference.engine import SpecEngine, SpecStats
-    from specadapt.native_reference.models import check_draft_compatible, load_causal_lm, load_tokenizer
+    from specadapt.native_reference.models import (
+        check_draft_compatible,
+        load_causal_lm,
+        load_tokenizer,
+    )
     from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 
     torch.set_num_threads(threads)

@@ -18,12 +18,10 @@ from pathlib import Path
 
 from specadapt.adapters.vllm import VLLMLaunch, launched_servers
 from specadapt.models import resolve_model_dir
-from specadapt.probes.client import RequestSettings
 from specadapt.probes.compare import pair_records, run_compare, speed_ratios
 from specadapt.probes.prompts import load_prompts
-from specadapt.report.compare_model import CompareSettings
+from specadapt.records import CompareSettings, RequestSettings, write_report
 from specadapt.report.compare_render import ci
-from specadapt.report.model import write_report
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 

@@ -23,12 +23,13 @@ from typing import Any, Callable, Iterator
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import UsageError
+from specadapt.records import CounterSnapshot, ServerInfo
 
 DRAFTER = "prompt-lookup-decoding"
 NO_COUNTERS = "llama-cpp-python's server exposes no speculative-decoding counters (no /metrics)"

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
@@ -29,7 +29,8 @@ from specadapt.configs import sglang as cfg
 from specadapt.configs.checks import raise_on_errors
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import NotAServer, UsageError
-from specadapt.probes.metrics_text import parse_samples, total
+from specadapt.adapters.metrics import parse_samples, total
+from specadapt.records import CounterSnapshot, ServerInfo
 
 G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
 GENERATION, PROMPT = "sglang:generation_tokens_total", "sglang:prompt_tokens_total"

@@ -29,18 +29,19 @@ from typing import Any, Callable, Iterator, Literal
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
-from specadapt.configs import yamlio
 from specadapt.configs import trtllm as cfg
+from specadapt.configs import yamlio
 from specadapt.configs.checks import raise_on_errors
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 from specadapt.paths import runs_dir
-from specadapt.probes.metrics_text import parse_samples, total
+from specadapt.adapters.metrics import parse_samples, total
+from specadapt.records import CounterSnapshot, ServerInfo
 
 # Prometheus names (tensorrt_llm/metrics/collector.py)
 PROM_INFO = "trtllm_speculative_config_info"

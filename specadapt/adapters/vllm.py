@@ -14,13 +14,14 @@ from typing import Any, Callable, Iterator
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.managed import launched_many
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
 from specadapt.errors import NotAServer, UsageError
-from specadapt.probes.metrics_text import by_label, parse_samples, total
+from specadapt.adapters.metrics import by_label, parse_samples, total
+from specadapt.records import CounterSnapshot, ServerInfo
 
 # vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
 DRAFTS = "vllm:spec_decode_num_drafts_total"

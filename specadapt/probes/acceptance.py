@@ -11,22 +11,7 @@ never negative or wrong; the reason is stated.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
-from specadapt.adapters.base import CounterSnapshot
-
-
-class AcceptanceSummary(BaseModel):
-    known: bool
-    reason: str | None = Field(None, description="Why the figures are unknown, when they are.")
-    drafts: float | None = None
-    draft_tokens: float | None = None
-    accepted_tokens: float | None = None
-    acceptance_rate: float | None = None
-    mean_acceptance_length: float | None = None
-    per_position_rate: list[float] = Field(default_factory=list)
-    per_position_conditional: list[float | None] = Field(default_factory=list)
-    generation_tokens: float | None = Field(None, description="Server-counted generated tokens over the run.")
+from specadapt.records import AcceptanceSummary, CounterSnapshot
 
 
 def _delta(before: float | None, after: float | None) -> float | None:

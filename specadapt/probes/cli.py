@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from specadapt.errors import ServerDied, UsageError
 
@@ -142,11 +148,10 @@ def probe(backend, url, api_key, insecure, ca_bundle, model, spec_config, python
     2 on bad input, when the server cannot be reached or started, or when a server specadapt
     started dies mid-run (the partial report is still written).
     """
-    from specadapt.probes.client import RequestSettings
     from specadapt.probes.prompts import load_prompts
     from specadapt.probes.runner import failed_count, run_probe, server_log_tail
+    from specadapt.records import RequestSettings, write_report
     from specadapt.report.console import render_probe
-    from specadapt.report.model import write_report
 
     prompts = load_prompts(prompts_file)
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
@@ -185,11 +190,11 @@ def report_group() -> None:
 @click.argument("path", type=click.Path(path_type=Path))
 def report_show(path: Path) -> None:
     """Print a saved probe or compare report (from --json / --out) as tables."""
+    from specadapt.records import read_report, report_kind
     from specadapt.report.console import render_probe
-    from specadapt.report.model import read_report, report_kind
 
     if report_kind(path) == "compare":
-        from specadapt.report.compare_model import read_compare_report
+        from specadapt.records import read_compare_report
         from specadapt.report.compare_render import render_console
 
         render_console(read_compare_report(path), Console())
@@ -204,8 +209,8 @@ def report_show(path: Path) -> None:
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
 def report_export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
     """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML."""
-    from specadapt.report.compare_model import read_compare_report
-    from specadapt.report.compare_render import write_outputs
+    from specadapt.records import read_compare_report
+    from specadapt.report.outputs import write_outputs
 
     if not (junit_out or md_out or html_out):
         raise UsageError("give at least one of --junit, --markdown, --html")
@@ -219,7 +224,7 @@ def report_export(path: Path, junit_out: Path | None, md_out: Path | None, html_
 @click.argument("on_path", type=click.Path(path_type=Path))
 def report_compare(off_path: Path, on_path: Path) -> None:
     """Two saved probe reports side by side: OFF_PATH (spec off) vs ON_PATH (spec on)."""
-    from specadapt.report.model import read_report
+    from specadapt.records import read_report
     from specadapt.report.side_by_side import render_side_by_side
 
     render_side_by_side(read_report(off_path), read_report(on_path), Console())

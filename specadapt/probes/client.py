@@ -24,66 +24,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
-from pydantic import BaseModel, Field
 
-from specadapt.probes.prompts import Prompt
+from specadapt.records import (
+    ErrorKind,
+    Prompt,
+    RequestRecord,
+    RequestSettings,
+    TokenSource,
+)
 
-TokenSource = Literal["usage", "logprobs", "chunks"]
-ErrorKind = Literal["timeout", "http_status", "connect", "disconnect", "malformed", "no_done", "no_tokens",
-                    "server_error", "other"]
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
-
-
-class RequestSettings(BaseModel):
-    max_tokens: int = 128
-    temperature: float = 0.0
-    seed: int | None = 0
-    logprobs: bool = True
-    top_logprobs: int = 0
-    request_timeout_s: float = Field(300.0, description="Limit per attempt, send to end of stream.")
-    retries: int = Field(0, ge=0, description="Resends after 429/5xx or connect errors before any token; 0: off.")
-    retry_backoff_s: float = Field(0.5, ge=0, description="Wait before resend n: n times this.")
-    extra_body: dict[str, Any] = Field(default_factory=dict,
-                                       description="Backend-specific request fields, merged into the body.")
-
-
-class RequestRecord(BaseModel):
-    """What happened to one request. Times are integer nanoseconds from the send."""
-
-    prompt_id: str
-    category: str
-    api: Literal["chat", "completions"]
-    repeat: int = 0
-    warmup: bool = False
-    side: Literal["on", "off", ""] = Field("", description="A/B runs: which server answered.")
-    concurrency: int = 1
-    replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
-    ok: bool = False
-    error: str | None = None
-    error_kind: ErrorKind | None = None
-    attempts: int = Field(1, description="Sends of this request (more than 1 only with retries on).")
-    retried_errors: list[str] = Field(default_factory=list, description="Errors of the earlier attempts.")
-    status_code: int | None = None
-    sent_at_ns: int = Field(0, description="Send time, ns since the run started.")
-    chunk_ns: list[int] = Field(default_factory=list, description="Arrival of each chunk that carried tokens.")
-    chunk_tokens: list[int] = Field(default_factory=list, description="Tokens in each of those chunks.")
-    e2e_ns: int | None = Field(None, description="Send to end of stream.")
-    output_tokens: int = 0
-    prompt_tokens: int | None = None
-    token_source: TokenSource | None = None
-    finish_reason: str | None = None
-    text: str = ""
-    tokens: list[str] = Field(default_factory=list, description="Token strings from logprobs, when asked.")
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
-
-    @property
-    def ttft_ns(self) -> int | None:
-        return self.chunk_ns[0] if self.chunk_ns else None
 
 
 def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[str, dict[str, Any]]:

@@ -17,15 +17,25 @@ import math
 import time
 from typing import Callable
 
-from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
+from specadapt.adapters.base import Server, run_hooks
 from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
+from specadapt.probes.client import stream_request
 from specadapt.probes.latency import latency_summary, tpot_ns
-from specadapt.probes.prompts import Prompt
 from specadapt.probes.runner import server_client, settle_counters
 from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
-from specadapt.report.compare_model import (CompareReport, CompareSettings, CounterPair, LevelResult, PromptSpeed,
-                                            SpeedRatios, TheoryCheck)
+from specadapt.records import (
+    CompareReport,
+    CompareSettings,
+    CounterPair,
+    CounterSnapshot,
+    LevelResult,
+    Prompt,
+    PromptSpeed,
+    RequestRecord,
+    RequestSettings,
+    SpeedRatios,
+    TheoryCheck,
+)
 
 Progress = Callable[[RequestRecord], None]
 
@@ -238,7 +248,12 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
 def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                    off_request: RequestSettings) -> CompareReport:
     """Analysis, identity and triage (the spec-off server must still be up for triage)."""
-    from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
+    from specadapt.probes.equivalence import (
+        default_threshold,
+        identity_report,
+        readable_tokens,
+        server_triage,
+    )
 
     settings = report.settings
     records = report.requests

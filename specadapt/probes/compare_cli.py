@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from specadapt.errors import UsageError
 from specadapt.probes.cli import api_key_from, stderr, tls_verify
@@ -69,11 +75,11 @@ def ab_options(f):
 
 def _run(kw: dict, gate: dict | None) -> int:
     from specadapt.adapters.registry import get_backend
-    from specadapt.probes.client import RequestSettings
     from specadapt.probes.prompts import load_prompts
-    from specadapt.report.compare_model import CompareSettings
-    from specadapt.report.compare_render import render_console, write_outputs
-    from specadapt.report.gate import apply_gate
+    from specadapt.records import CompareSettings, RequestSettings
+    from specadapt.report.compare_render import render_console
+    from specadapt.report.outputs import write_outputs
+    from specadapt.probes.gate import apply_gate
 
     urls = (kw["off_url"], kw["on_url"])
     if any(urls) and not all(urls):
@@ -138,8 +144,13 @@ def _launched(kw, backend, prompts, settings, bar, task, progress, stack):
     """Start the servers (side by side, or one after the other) and run the comparison."""
     from specadapt.configs.spec_input import load_spec_json
     from specadapt.models import resolve_model_dir
-    from specadapt.probes.compare import finish_compare, run_one_side, side_settings, total_requests
-    from specadapt.report.compare_model import CompareReport
+    from specadapt.probes.compare import (
+        finish_compare,
+        run_one_side,
+        side_settings,
+        total_requests,
+    )
+    from specadapt.records import CompareReport
 
     if "launch" not in backend.capabilities:
         raise UsageError(f"backend {kw['backend']} cannot start servers: pass --off and --on URLs")

@@ -26,9 +26,15 @@ from typing import Any, Callable
 import httpx
 
 from specadapt.adapters.base import Server
-from specadapt.probes.client import RequestRecord, RequestSettings, build_body
-from specadapt.probes.prompts import Prompt
-from specadapt.report.compare_model import Divergence, PromptIdentity, Triage
+from specadapt.probes.client import build_body
+from specadapt.records import (
+    Divergence,
+    Prompt,
+    PromptIdentity,
+    RequestRecord,
+    RequestSettings,
+    Triage,
+)
 
 CONTEXT_CHARS = 40
 TOP_LOGPROBS = 5

@@ -14,23 +14,9 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from pydantic import BaseModel
-
-from specadapt.probes.client import RequestRecord
+from specadapt.records import Distribution, LatencySummary, RequestRecord
 
 NS_PER_MS = 1_000_000
-
-
-class Distribution(BaseModel):
-    """Summary of one metric in milliseconds; all None when there are no values."""
-
-    count: int = 0
-    mean: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    min: float | None = None
-    max: float | None = None
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -63,20 +49,6 @@ def tpot_ns(rec: RequestRecord) -> float | None:
     if rec.e2e_ns is None or rec.ttft_ns is None or rec.output_tokens < 2:
         return None
     return (rec.e2e_ns - rec.ttft_ns) / (rec.output_tokens - 1)
-
-
-class LatencySummary(BaseModel):
-    requests: int
-    succeeded: int
-    failed: int
-    output_tokens: int
-    duration_s: float
-    output_tokens_per_s: float | None
-    ttft_ms: Distribution
-    itl_ms: Distribution
-    tpot_ms: Distribution
-    e2e_ms: Distribution
-    tokens_per_chunk_mean: float | None
 
 
 def latency_summary(records: list[RequestRecord]) -> LatencySummary:

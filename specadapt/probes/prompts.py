@@ -14,49 +14,14 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from specadapt.errors import UsageError
+from specadapt.records import Prompt
 
 MAX_LINE_BYTES = 1_000_000
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class Prompt(BaseModel):
-    """One request's input. Exactly one of ``prompt`` (completions) or ``messages`` (chat)."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str = ""
-    category: str = Field("default", description="Group for per-category figures, e.g. grounded/open.")
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    max_tokens: int | None = Field(None, gt=0, description="Overrides --max-tokens for this prompt.")
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> "Prompt":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' (completions) or 'messages' (chat)")
-        if self.prompt is not None and not self.prompt.strip():
-            raise ValueError("'prompt' is empty")
-        if self.messages is not None and not self.messages:
-            raise ValueError("'messages' is empty")
-        return self
-
-    @property
-    def api(self) -> Literal["chat", "completions"]:
-        return "chat" if self.messages is not None else "completions"
-
-    def text(self) -> str:
-        if self.prompt is not None:
-            return self.prompt
-        return "\n".join(m.content for m in self.messages or [])
 
 
 def _short(err: ValidationError) -> str:

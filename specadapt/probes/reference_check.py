@@ -14,10 +14,8 @@ import httpx
 
 from specadapt.adapters.base import Server
 from specadapt.errors import UsageError, require
-from specadapt.probes.client import RequestRecord
 from specadapt.probes.equivalence import post_json, token_id
-from specadapt.probes.prompts import Prompt
-from specadapt.report.compare_model import Divergence, Triage
+from specadapt.records import Divergence, Prompt, RequestRecord, Triage
 
 
 class ReferenceScorer:

@@ -15,13 +15,19 @@ from typing import Callable
 
 import httpx
 
-from specadapt.adapters.base import CounterSnapshot, Server, run_hooks
+from specadapt.adapters.base import Server, run_hooks
 from specadapt.errors import SpecadaptError
 from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
+from specadapt.probes.client import stream_request
 from specadapt.probes.latency import latency_summary
-from specadapt.probes.prompts import Prompt
-from specadapt.report.model import ProbeReport, ProbeSettings
+from specadapt.records import (
+    CounterSnapshot,
+    ProbeReport,
+    ProbeSettings,
+    Prompt,
+    RequestRecord,
+    RequestSettings,
+)
 
 Progress = Callable[[RequestRecord], None]
 

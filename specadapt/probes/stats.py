@@ -17,26 +17,10 @@ import math
 from typing import Callable, Sequence
 
 import numpy as np
-from pydantic import BaseModel
+
+from specadapt.records import Crossover, RatioCI
 
 DEFAULT_BOOTSTRAP = 2000
-
-
-class RatioCI(BaseModel):
-    """A ratio with its 95% bootstrap interval; ``n`` pairs behind it."""
-
-    point: float | None
-    low: float | None = None
-    high: float | None = None
-    n: int = 0
-
-    @property
-    def significant_faster(self) -> bool:
-        return self.low is not None and self.low > 1.0
-
-    @property
-    def significant_slower(self) -> bool:
-        return self.high is not None and self.high < 1.0
 
 
 def paired_bootstrap(stat: Callable[[np.ndarray], float], columns: Sequence[Sequence[float]],
@@ -81,16 +65,6 @@ def throughput_ratio(tokens_off: Sequence[float], time_off: Sequence[float], tok
                      time_on: Sequence[float], **kw) -> RatioCI:
     """Output tokens/s on / off over pairs (each side's tokens over its time)."""
     return paired_bootstrap(_rate_ratio, [tokens_off, time_off, tokens_on, time_on], **kw)
-
-
-class Crossover(BaseModel):
-    """Where spec on stops being faster, from ratios (on/off throughput) per concurrency."""
-
-    status: str  # "faster-everywhere" | "never-faster" | "crosses"
-    last_faster: int | None = None
-    first_slower: int | None = None
-    estimate: float | None = None
-    text: str
 
 
 def find_crossover(levels: Sequence[int], ratios: Sequence[float | None]) -> Crossover:

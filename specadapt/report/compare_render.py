@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
-from specadapt.probes.stats import RatioCI
-from specadapt.report.compare_model import CompareReport, PromptIdentity
-from specadapt.report.model import atomic_write_text
+from specadapt.records import CompareReport, PromptIdentity, RatioCI
 
 
 def ci(r: RatioCI) -> str:
@@ -150,22 +147,3 @@ def to_junit(report: CompareReport) -> str:
     xml = JUnitXml()
     xml.add_testsuite(suite)
     return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
-
-
-def write_outputs(report: CompareReport, json_path: Path | None = None, junit_path: Path | None = None,
-                  markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
-    written = []
-    if json_path:
-        atomic_write_text(json_path, report.model_dump_json(indent=2))
-        written.append(json_path)
-    if junit_path:
-        atomic_write_text(junit_path, to_junit(report))
-        written.append(junit_path)
-    if markdown_path:
-        atomic_write_text(markdown_path, to_markdown(report))
-        written.append(markdown_path)
-    if html_path:
-        from specadapt.report.html import to_html
-        atomic_write_text(html_path, to_html(report))
-        written.append(html_path)
-    return written

@@ -5,8 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from specadapt.probes.latency import Distribution
-from specadapt.report.model import ProbeReport
+from specadapt.records import Distribution, ProbeReport
 
 
 def _ms(v: float | None) -> str:

@@ -8,7 +8,7 @@ from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
 from specadapt.probes.latency import tpot_ns
-from specadapt.report.compare_model import CompareReport
+from specadapt.records import CompareReport
 from specadapt.report.compare_render import ci, identity_line
 
 TEMPLATE = """<!doctype html>

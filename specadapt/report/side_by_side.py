@@ -11,8 +11,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from specadapt.probes.latency import LatencySummary
-from specadapt.report.model import ProbeReport
+from specadapt.records import LatencySummary, ProbeReport
 
 
 class CategoryRatio(BaseModel):

@@ -15,8 +15,8 @@ import time
 import httpx
 import psutil
 
-from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
-from specadapt.probes.prompts import Prompt
+from specadapt.probes.client import stream_request
+from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 from specadapt.testing.timing import summary, timing_errors
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
-from specadapt.probes.client import RequestRecord, RequestSettings, stream_request
+from specadapt.probes.client import stream_request
 from specadapt.probes.latency import itl_values_ns, percentile, tpot_ns
-from specadapt.probes.prompts import Prompt
+from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 
 METRICS = ("ttft", "itl", "tpot", "e2e")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from cfg_helpers import make_model_dir
+
 from specadapt.configs.checks import check_model_dirs, errors
 from specadapt.configs.spec import SpecConfig
-
-from cfg_helpers import make_model_dir
 
 LLAMA = {"model_type": "llama", "vocab_size": 5, "hidden_size": 64,
          "max_position_embeddings": 2048}

@@ -15,8 +15,12 @@ from types import SimpleNamespace
 import pytest
 
 from specadapt.configs import vllm as V
-from specadapt.configs.checks import check_model_dirs, check_spec, errors
-from specadapt.configs.checks import check_batch_schedule
+from specadapt.configs.checks import (
+    check_batch_schedule,
+    check_model_dirs,
+    check_spec,
+    errors,
+)
 from specadapt.configs.files import validate_file
 from specadapt.configs.spec import SpecConfig
 
@@ -26,9 +30,14 @@ def api():
     """vLLM's parsing entry points, imported once (the import takes ~10 s)."""
     from vllm.config import ParallelConfig
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import (
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+    from vllm.v1.spec_decode.dynamic.utils import (
+        validate_and_normalize_dynamic_sd_schedule,
+    )
 
     def parse(cli_args: list[str]):
         parser = make_arg_parser(FlexibleArgumentParser())

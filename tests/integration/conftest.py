@@ -105,7 +105,8 @@ REF_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min"
 def reference_servers(embedded_model, truncated_model):
     """`specadapt reference serve` (float32, CPU): spec off; ngram with accept-always; ngram
     with perturb-logits=0.1 on the verify pass; and spec off on a different (4-layer) model."""
-    from specadapt.adapters.reference import ReferenceLaunch, launched_servers as launched_reference
+    from specadapt.adapters.reference import ReferenceLaunch
+    from specadapt.adapters.reference import launched_servers as launched_reference
 
     opts = {"off": ReferenceLaunch(model=embedded_model),
             "accept_always": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="accept-always"),

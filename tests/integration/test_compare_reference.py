@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-
 from test_compare_vllm import CAPITAL, COPY, REVERSE, equiv, prompts_file
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from specadapt.native_reference.engine import SpecEngine
-from specadapt.native_reference.models import CachedLM, load_causal_lm, load_tokenizer, truncate_layers
+from specadapt.native_reference.models import (
+    CachedLM,
+    load_causal_lm,
+    load_tokenizer,
+    truncate_layers,
+)
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 
 pytestmark = pytest.mark.slow

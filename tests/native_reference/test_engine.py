@@ -8,7 +8,11 @@ import torch
 from specadapt.errors import UsageError
 from specadapt.native_reference.engine import Fault, SpecEngine
 from specadapt.native_reference.models import CachedLM, check_draft_compatible
-from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer, ngram_lookup
+from specadapt.native_reference.proposers import (
+    DraftModelProposer,
+    NgramProposer,
+    ngram_lookup,
+)
 
 from .conftest import tiny_llama
 

@@ -3,14 +3,18 @@ generated tokens through the whole engine against the target's exact distributio
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from specadapt.native_reference.engine import Fault, SpecEngine
 from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
-from specadapt.native_reference.sampling import SamplingParams, greedy_verify, probs, rejection_verify
+from specadapt.native_reference.sampling import (
+    SamplingParams,
+    greedy_verify,
+    probs,
+    rejection_verify,
+)
 
 from .conftest import tiny_llama
 

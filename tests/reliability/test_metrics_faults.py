@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specadapt.probes.client import RequestSettings
-from specadapt.probes.prompts import Prompt
 from specadapt.probes.runner import run_probe
+from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
 
 PROMPTS = [Prompt(id=f"m{i}", prompt=script(id=f"m{i}", ttft_ms=2, itl_ms=1, tokens=6, tokens_per_chunk=3))

@@ -17,14 +17,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specadapt.adapters.base import CounterSnapshot, LaunchPlan, ServerInfo
+from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.process import ManagedProcess, free_port
 from specadapt.adapters.vllm import VLLMLaunch, launch_plan
 from specadapt.errors import UsageError
-from specadapt.probes.acceptance import AcceptanceSummary
-from specadapt.probes.client import RequestSettings
 from specadapt.probes.latency import latency_summary
-from specadapt.report.model import ProbeReport, ProbeSettings, read_report, write_report
+from specadapt.records import (
+    AcceptanceSummary,
+    CounterSnapshot,
+    ProbeReport,
+    ProbeSettings,
+    RequestSettings,
+    ServerInfo,
+    read_report,
+    write_report,
+)
 from specadapt.testing import script, scripted_server
 
 KEY = "sk-planted-7f3a9c1e5b2d4086"
@@ -241,7 +248,7 @@ def small_report(note: str) -> ProbeReport:
 CRASH_MID_WRITE = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    import specadapt.report.model as m
+    import specadapt.records.reports as m
     real = os.fdopen
 
     class HalfThenDie:
@@ -289,8 +296,8 @@ def test_start_up_log_tail_is_scrubbed_of_the_plans_key(tmp_path):
 
 def test_partial_report_log_tail_is_scrubbed(tmp_path):
     from specadapt.adapters.vllm import VLLMServer
-    from specadapt.probes.prompts import Prompt
     from specadapt.probes.runner import run_probe
+    from specadapt.records import Prompt
 
     with scripted_server(tmp_path / "server.log", api_key=KEY) as mp:
         with open(tmp_path / "server.log", "a") as fh:

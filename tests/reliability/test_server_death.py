@@ -11,9 +11,8 @@ from click.testing import CliRunner
 
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.cli import cli
-from specadapt.probes.client import RequestSettings
-from specadapt.probes.prompts import Prompt
 from specadapt.probes.runner import run_probe
+from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script, scripted_server
 
 FAST = dict(ttft_ms=2.0, itl_ms=1.0, tokens=4)

@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from specadapt.adapters.process import free_port
-from specadapt.probes.client import RequestSettings, stream_request
-from specadapt.probes.prompts import Prompt
+from specadapt.probes.client import stream_request
 from specadapt.probes.runner import failed_count, run_probe
+from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
 
 FAST = dict(ttft_ms=5.0, itl_ms=2.0, tokens=8)

@@ -1,5 +1,5 @@
-from specadapt.adapters.base import CounterSnapshot
 from specadapt.probes.acceptance import acceptance_summary
+from specadapt.records import CounterSnapshot
 
 
 def snap(drafts, tokens, acc, pos, gen=100.0):

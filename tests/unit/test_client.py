@@ -5,8 +5,8 @@ import json
 
 import httpx
 
-from specadapt.probes.client import RequestSettings, build_body, stream_request
-from specadapt.probes.prompts import Prompt
+from specadapt.probes.client import build_body, stream_request
+from specadapt.records import Prompt, RequestSettings
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
 COMPLETION = Prompt(id="p", category="open", prompt="once upon")

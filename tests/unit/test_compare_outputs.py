@@ -6,14 +6,20 @@ import xml.etree.ElementTree as ET
 import pytest
 from junitparser import JUnitXml
 
-from specadapt.adapters.base import CounterSnapshot, ServerInfo
-from specadapt.probes.client import RequestRecord
 from specadapt.probes.compare import analyse
 from specadapt.probes.equivalence import identity_report
-from specadapt.probes.prompts import Prompt
-from specadapt.report.compare_model import CompareReport, CompareSettings, CounterPair, Triage
+from specadapt.records import (
+    CompareReport,
+    CompareSettings,
+    CounterPair,
+    CounterSnapshot,
+    Prompt,
+    RequestRecord,
+    ServerInfo,
+    Triage,
+)
 from specadapt.report.compare_render import to_junit, to_markdown
-from specadapt.report.gate import apply_gate
+from specadapt.probes.gate import apply_gate
 from specadapt.report.html import to_html
 
 PROMPTS = [Prompt(id=f"p{i}", category="grounded" if i < 2 else "open", prompt=f"prompt {i}") for i in range(4)]
@@ -117,7 +123,7 @@ def test_saved_compare_report_is_shown_and_exported_again(tmp_path):
     from click.testing import CliRunner
 
     from specadapt.cli import cli
-    from specadapt.report.model import write_report
+    from specadapt.records import write_report
 
     report = make_report()
     apply_gate(report)

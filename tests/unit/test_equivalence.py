@@ -1,14 +1,17 @@
 """First divergence and triage, on records and a scripted spec-off server (httpx mock)."""
 
-import json
 
 import httpx
 import pytest
 
-from specadapt.probes.client import RequestRecord, RequestSettings
-from specadapt.probes.equivalence import (default_threshold, first_divergence, identity_report, server_triage,
-                                          token_id)
-from specadapt.probes.prompts import Prompt
+from specadapt.probes.equivalence import (
+    default_threshold,
+    first_divergence,
+    identity_report,
+    server_triage,
+    token_id,
+)
+from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 P = Prompt(id="p", category="open", messages=[{"role": "user", "content": "reverse a string"}])
 
@@ -108,7 +111,7 @@ def test_identity_report_reports_an_origin_once_and_takes_the_worst_verdict():
 
     def triage(prompt, div, off_rec):
         calls.append(div.token_index)
-        from specadapt.report.compare_model import Triage
+        from specadapt.records import Triage
         return Triage(verdict="near-tie", source="server-logprobs", margin=0.1, threshold=0.5)
 
     (ident,) = identity_report(recs, [P], triage)

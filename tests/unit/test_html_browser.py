@@ -4,11 +4,10 @@ import shutil
 import subprocess
 
 import pytest
-
-from specadapt.report.gate import apply_gate
-from specadapt.report.html import to_html
-
 from test_compare_outputs import make_report  # same synthetic report
+
+from specadapt.probes.gate import apply_gate
+from specadapt.report.html import to_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

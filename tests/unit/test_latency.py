@@ -3,8 +3,14 @@ import random
 import numpy as np
 import pytest
 
-from specadapt.probes.client import RequestRecord
-from specadapt.probes.latency import itl_values_ns, latency_summary, percentile, summarize, tpot_ns
+from specadapt.probes.latency import (
+    itl_values_ns,
+    latency_summary,
+    percentile,
+    summarize,
+    tpot_ns,
+)
+from specadapt.records import RequestRecord
 
 
 @pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])

@@ -7,7 +7,7 @@ import pytest
 
 from specadapt.adapters.vllm import counters_from_metrics
 from specadapt.errors import NotAServer
-from specadapt.probes.metrics_text import parse_samples
+from specadapt.adapters.metrics import parse_samples
 
 FIX = Path(__file__).parent.parent / "fixtures" / "vllm"
 

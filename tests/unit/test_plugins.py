@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fake_openai import (
+    FakeOpenAIServer,  # tests/unit is on sys.path (rootdir-less test dirs)
+)
 
 from specadapt.adapters import registry
 from specadapt.cli import cli
-
-from fake_openai import FakeOpenAIServer  # tests/unit is on sys.path (rootdir-less test dirs)
 
 REPO = Path(__file__).resolve().parents[2]
 

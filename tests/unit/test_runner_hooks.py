@@ -4,13 +4,10 @@ snapshots (how TensorRT-LLM's draining /metrics is polled), and works without th
 from __future__ import annotations
 
 import httpx
-
 from fake_openai import FakeOpenAIServer  # tests/unit is on sys.path
 
-from specadapt.adapters.base import CounterSnapshot, ServerInfo
-from specadapt.probes.client import RequestSettings
-from specadapt.probes.prompts import Prompt
 from specadapt.probes.runner import run_probe
+from specadapt.records import CounterSnapshot, Prompt, RequestSettings, ServerInfo
 
 
 class Recorder:

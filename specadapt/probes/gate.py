@@ -6,7 +6,7 @@ must not pass what it could not check.
 
 from __future__ import annotations
 
-from specadapt.report.compare_model import CompareReport, Gate
+from specadapt.records import CompareReport, Gate
 
 
 def apply_gate(report: CompareReport, max_suspect: int = 0, max_near_tie: int | None = None,

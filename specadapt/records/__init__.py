@@ -1,0 +1,49 @@
+"""The data that crosses layers: request records, summaries, ratio intervals, identity, reports.
+
+The ground floor of specadapt: every other package imports these types from here, and this
+package imports nothing of specadapt's but ``errors``. All models are pydantic; their field
+descriptions are the documentation of the saved JSON reports.
+"""
+
+from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
+from specadapt.records.metrics import (
+    AcceptanceSummary,
+    Crossover,
+    Distribution,
+    LatencySummary,
+    RatioCI,
+)
+from specadapt.records.prompts import ChatMessage, Prompt
+from specadapt.records.reports import (
+    SCHEMA_VERSION,
+    CompareReport,
+    CompareSettings,
+    CounterPair,
+    Gate,
+    LevelResult,
+    ProbeReport,
+    ProbeSettings,
+    PromptSpeed,
+    ReportEnvelope,
+    SpeedRatios,
+    TheoryCheck,
+    read_compare_report,
+    read_report,
+    report_kind,
+    write_report,
+)
+from specadapt.records.requests import (
+    ErrorKind,
+    RequestRecord,
+    RequestSettings,
+    TokenSource,
+)
+from specadapt.records.server import CounterSnapshot, ServerInfo
+
+__all__ = [
+    "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "CompareReport", "CompareSettings", "CounterPair",
+    "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
+    "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
+    "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",
+    "Triage", "TokenSource", "Verdict", "read_compare_report", "read_report", "report_kind", "write_report",
+]

@@ -1,0 +1,207 @@
+"""The versioned reports (probe, compare/equiv) and how they are saved and read.
+
+Every output format renders from a saved report; a report is written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from specadapt import __version__
+from specadapt.errors import UsageError
+from specadapt.records.identity import PromptIdentity
+from specadapt.records.metrics import (
+    AcceptanceSummary,
+    Crossover,
+    LatencySummary,
+    RatioCI,
+)
+from specadapt.records.requests import RequestRecord, RequestSettings
+from specadapt.records.server import CounterSnapshot, ServerInfo
+
+SCHEMA_VERSION = 1
+
+
+class ProbeSettings(BaseModel):
+    concurrency: int
+    repeat: int
+    warmup: int
+    prompts_source: str
+    request: RequestSettings
+
+
+class ReportEnvelope(BaseModel):
+    """What every report starts with: schema version, kind, who wrote it and when."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: str
+    specadapt_version: str = __version__
+    created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+class ProbeReport(ReportEnvelope):
+    """One probe run against one server."""
+
+    kind: Literal["probe"] = "probe"
+    server: ServerInfo
+    settings: ProbeSettings
+    partial: bool = Field(False, description="The run stopped early (the server died); only finished requests are in.")
+    partial_reason: str | None = Field(None, description="Why the run is partial, with the server's exit code.")
+    latency: LatencySummary = Field(description="Requests answered on their first send (all of them with retries off).")
+    latency_retried: LatencySummary | None = Field(
+        None, description="Requests that needed more than one send (retries on); kept apart, their times include the waits.")
+    failures: dict[str, int] = Field(default_factory=dict, description="Failed requests per error kind (HTTP errors per status: http_429, ...).")
+    by_category: dict[str, LatencySummary] = Field(default_factory=dict)
+    acceptance: AcceptanceSummary
+    counters_before: CounterSnapshot
+    counters_after: CounterSnapshot
+    token_sources: dict[str, int] = Field(default_factory=dict, description="Requests per token-count source.")
+    notes: list[str] = Field(default_factory=list)
+    requests: list[RequestRecord] = Field(default_factory=list)
+
+
+class CompareSettings(BaseModel):
+    concurrency: list[int] = Field(default_factory=lambda: [1], description="Levels of the sweep, ascending.")
+    repeat: int = 3
+    warmup: int = 1
+    request: RequestSettings = Field(default_factory=RequestSettings)
+    on_temperature: float | None = Field(None, description="Drill knob: another temperature for the spec-on side.")
+    prompts_source: str = "built-in"
+    bootstrap: int = 2000
+    seed: int = 0
+    draft_cost: float | None = Field(None, description="Draft/target cost ratio c for theory (ngram: 0).")
+    near_tie_threshold: float | None = Field(None, description="Nats; None: the default for the dtype.")
+    dtype: str | None = Field(None, description="Server dtype, for the default near-tie threshold.")
+    triage: bool = True
+    reference: str | None = Field(None, description="Local HF model dir for float64 recomputation.")
+    interleaved: bool = True
+
+
+class CounterPair(BaseModel):
+    before: CounterSnapshot
+    after: CounterSnapshot
+
+
+class SpeedRatios(BaseModel):
+    """> 1 means spec on is faster. TPOT and E2E: mean(off)/mean(on); throughput: on/off tokens/s."""
+
+    tpot: RatioCI
+    e2e: RatioCI
+    throughput: RatioCI
+
+
+class PromptSpeed(BaseModel):
+    prompt_id: str
+    category: str
+    ratios: SpeedRatios
+
+
+class TheoryCheck(BaseModel):
+    """Theory beside measurement (native_reference/theory.py formulas)."""
+
+    k: int
+    tokens_per_pass: float = Field(description="Measured mean acceptance length (accepted + bonus).")
+    draft_cost_assumed: float = Field(description="c used for the prediction (ngram: 0).")
+    predicted_speedup: float = Field(description="(1 + sum_i accepted_i/drafts) / (k c + 1).")
+    measured_speedup: float | None = Field(description="Measured TPOT ratio off/on.")
+    measured_over_predicted: float | None
+    implied_draft_cost: float | None = Field(
+        description="The c that makes theory match the timings: (TPOT_on * L / TPOT_off - 1) / k; "
+                    "for ngram it is the verify-pass overhead per draft token.")
+    iid_acceptance: float | None = Field(description="The i.i.d. a that explains the mean length.")
+    best_k_iid: int | None = Field(description="Best k (0..16) for that a and the implied c.")
+    best_k_measured_positions: int | None = Field(description="Best k <= current k from per-position acceptance.")
+
+
+class LevelResult(BaseModel):
+    concurrency: int
+    pairs: int
+    speed: SpeedRatios
+    by_prompt: list[PromptSpeed] = Field(default_factory=list)
+    off: LatencySummary
+    on: LatencySummary
+    acceptance: AcceptanceSummary
+    theory: TheoryCheck | None = None
+
+
+class Gate(BaseModel):
+    max_suspect: int = 0
+    max_near_tie: int | None = None
+    min_speedup: float | None = None
+    passed: bool = True
+    reasons: list[str] = Field(default_factory=list)
+
+
+class CompareReport(ReportEnvelope):
+    kind: Literal["compare"] = "compare"
+    settings: CompareSettings
+    off_server: ServerInfo
+    on_server: ServerInfo
+    levels: list[LevelResult] = Field(default_factory=list)
+    crossover: Crossover | None = None
+    identity: list[PromptIdentity] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
+    gate: Gate | None = None
+    notes: list[str] = Field(default_factory=list)
+    counters_on: dict[int, CounterPair] = Field(default_factory=dict)
+    counters_off: dict[int, CounterPair] = Field(default_factory=dict)
+    requests: list[RequestRecord] = Field(default_factory=list)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file atomically: a temp file in the same directory, flushed to disk, then renamed
+    over ``path``; a crash at any point leaves the old file or none, never half a report that a
+    staging gate could read as valid."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(report: BaseModel, path: Path) -> None:
+    """Write a report model as JSON, atomically."""
+    atomic_write_text(path, report.model_dump_json(indent=2))
+
+
+def read_model(path: Path, model: type[BaseModel], what: str):
+    """A saved report of one kind, or UsageError saying why the file is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"report {path} does not exist")
+    try:
+        return model.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise UsageError(f"{path} is not a specadapt {what} report ({exc.error_count()} problems; "
+                         f"first: {exc.errors()[0]['msg']})") from exc
+
+
+def report_kind(path: Path) -> str | None:
+    """The ``kind`` field of a saved report ("probe", "compare"), None if unreadable."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("kind") if isinstance(data, dict) else None
+
+
+def read_report(path: Path) -> ProbeReport:
+    return read_model(path, ProbeReport, "probe")
+
+
+def read_compare_report(path: Path) -> CompareReport:
+    return read_model(path, CompareReport, "compare")

@@ -1,0 +1,28 @@
+"""Write a compare report in every format asked for: JSON, JUnit XML, Markdown, HTML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specadapt.records import CompareReport
+from specadapt.records.reports import atomic_write_text
+from specadapt.report.compare_render import to_junit, to_markdown
+from specadapt.report.html import to_html
+
+
+def write_outputs(report: CompareReport, json_path: Path | None = None, junit_path: Path | None = None,
+                  markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+    written = []
+    if json_path:
+        atomic_write_text(json_path, report.model_dump_json(indent=2))
+        written.append(json_path)
+    if junit_path:
+        atomic_write_text(junit_path, to_junit(report))
+        written.append(junit_path)
+    if markdown_path:
+        atomic_write_text(markdown_path, to_markdown(report))
+        written.append(markdown_path)
+    if html_path:
+        atomic_write_text(html_path, to_html(report))
+        written.append(html_path)
+    return written
