@@ -20,6 +20,8 @@ traceback. Third-party exceptions are translated at the boundary
 
 from __future__ import annotations
 
+import importlib
+
 
 class SpecadaptError(Exception):
     """Base class: ``str(err)`` is the one line the user sees."""
@@ -83,8 +85,6 @@ class ModelFetchError(SpecadaptError):
 
 def require(module: str, extra: str, purpose: str):
     """Import ``module`` lazily, or raise MissingDependency with the install hint."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from specadapt.errors import UsageError
 from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.sampling import SamplingParams, probs, sample
 
@@ -90,8 +91,6 @@ class NgramProposer:
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         if not 1 <= min_n <= max_n:
-            from specadapt.errors import UsageError
-
             raise UsageError(f"n-gram window {min_n}..{max_n} is empty: need 1 <= min <= max")
         self.min_n, self.max_n = min_n, max_n
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.process import ManagedProcess, free_port
 
 
 def script(**fields) -> str:
@@ -31,8 +32,6 @@ def scripted_plan(port: int, host: str = "127.0.0.1", api_key: str | None = None
 def scripted_server(log_path: Path, api_key: str | None = None,
                     ssl: tuple[str, str] | None = None) -> Iterator["object"]:
     """Start the scripted server as a managed process; yield the ManagedProcess (healthy)."""
-    from specadapt.adapters.process import ManagedProcess, free_port
-
     plan = scripted_plan(free_port(), api_key=api_key, ssl=ssl)
     with ManagedProcess(plan, log_path=log_path, grace_s=5) as mp:
         if not ssl:

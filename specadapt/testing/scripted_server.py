@@ -47,6 +47,8 @@ import os
 import time
 from typing import Any
 
+from specadapt.errors import require
+
 K = 3  # draft tokens per chunk in the counters we serve
 MODEL = "scripted"
 DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 10.0, "tokens": 16, "tokens_per_chunk": 1, "usage": True,
@@ -234,8 +236,6 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
 
 def serve(host: str, port: int, api_key: str | None = None, ssl_certfile: str | None = None,
           ssl_keyfile: str | None = None) -> None:
-    from specadapt.errors import require
-
     uvicorn = require("uvicorn", "test", "The scripted test server")
     config = uvicorn.Config(make_app(State(api_key)), host=host, port=port, log_level="warning",
                             access_log=False, lifespan="off", ssl_certfile=ssl_certfile,
