@@ -11,7 +11,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
-SCHEMA = REPO_ROOT.parent / "shared" / "fixtures" / "trtllm-speculative.schema.json"
+# TensorRT-LLM's speculative_config JSON schema (origin: tests/fixtures/trtllm/README.md)
+SCHEMA = REPO_ROOT / "tests" / "fixtures" / "trtllm" / "trtllm-speculative.schema.json"
 SMOL = Path.home() / ".cache" / "specadapt" / "models" / "SmolLM2-135M-Instruct"
 
 
@@ -22,9 +23,8 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def schema_path() -> Path:
-    if not SCHEMA.is_file():
-        pytest.skip(f"TensorRT-LLM schema fixture not found at {SCHEMA} "
-                    "(it lives in ../shared/fixtures next to the repository)")
+    # part of the repository: a missing file is a failure, never a skip
+    assert SCHEMA.is_file(), f"TensorRT-LLM schema fixture missing: {SCHEMA}"
     return SCHEMA
 
 

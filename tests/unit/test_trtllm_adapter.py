@@ -21,7 +21,7 @@ from specadapt.errors import NotAServer, UsageError
 from specadapt.probes.acceptance import acceptance_summary
 
 FIX = Path(__file__).parent.parent / "fixtures" / "trtllm"
-SCHEMA = Path("/work/shared/fixtures/trtllm-speculative.schema.json")
+SCHEMA = FIX / "trtllm-speculative.schema.json"  # speculative_config part, origin in README.md
 
 
 def fx(name: str):
