@@ -16,7 +16,7 @@ import datetime
 import platform
 from pathlib import Path
 
-from specadapt.adapters.vllm import VLLMLaunch, launched_servers
+from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
 from specadapt.models import resolve_model_dir
 from specadapt.probes.compare import pair_records, run_compare, speed_ratios
 from specadapt.probes.prompts import load_prompts
@@ -47,7 +47,7 @@ def main() -> None:
         opts = [VLLMLaunch(model=model, spec_config=spec, dtype=dtype) for spec in (None, NGRAM_K4)]
         settings = CompareSettings(repeat=args.repeat, warmup=2, request=RequestSettings(max_tokens=args.max_tokens),
                                    dtype=dtype, triage=True)
-        with launched_servers(opts, startup_timeout_s=1800) as (off, on):
+        with VLLMBackend().launched_many(opts, startup_timeout_s=1800) as (off, on):
             report = run_compare(off, on, prompts, settings)
         write_report(report, args.out / f"{dtype}.json")
         pairs = pair_records(report.requests, 1)

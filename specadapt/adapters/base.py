@@ -1,79 +1,64 @@
-"""What the rest of specadapt needs from a server: the adapter protocol and its data types.
+"""The backend contract: what the rest of specadapt needs from a server and from a backend.
 
-Probes see only this protocol and HTTP; they never import a concrete backend.
+``Server`` is one running server as the probes see it (launched by specadapt or given by
+URL): its base URL, auth headers, ``describe()``, ``read_counters()``, and the parts every
+server has even when they do nothing (``identity_extras``, ``start_run()``/``end_run()``,
+``verify``, ``process``). ``ServerBase`` holds those defaults.
+
+``Backend`` is one kind of server (vLLM, TensorRT-LLM, a plugin's): its ``name``, what it
+can do as data (``Capabilities``), its ``launch_options`` model, ``connect()``,
+``resolve_model()``, ``version()``, and ``launched()`` / ``launched_many()``, which every
+backend has: a backend without the ``launch`` capability refuses them with a UsageError.
+A launching backend writes ``launch_plan()`` (and, when it needs them, ``check_launch()``
+and ``connect_launched()``); starting, health waits and stopping are managed.py's.
+
+Nothing outside adapters/ looks for optional attributes: everything here is always there.
+Probes import only this module and HTTP, never a concrete backend. Adding a backend is one
+module (a Backend subclass) and one ``specadapt.backends`` entry point (docs/backends.md).
 """
 
 from __future__ import annotations
 
-import re
-from typing import Protocol, runtime_checkable
+import ssl
+import sys
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from specadapt.adapters.managed import launched_many as start_and_connect
+from specadapt.adapters.plan import REDACTED, SECRET_ENV, SECRET_FLAGS, LaunchPlan, redact_argv
+from specadapt.adapters.process import ManagedProcess
+from specadapt.configs.spec import SpecConfig
+from specadapt.errors import UsageError
+from specadapt.models import resolve_model_dir
 from specadapt.records import CounterSnapshot, ServerInfo
 
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
-SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
-REDACTED = "REDACTED"
+__all__ = ["Backend", "Capabilities", "CAPABILITIES", "CounterSnapshot", "LaunchOptions", "LaunchPlan",
+           "OnPlan", "OnWait", "REDACTED", "SECRET_ENV", "SECRET_FLAGS", "Server", "ServerBase", "ServerInfo",
+           "Verify", "redact_argv"]
+
+Verify = bool | str | ssl.SSLContext  # httpx's verify: on, a CA bundle path, a context, or off
+OnWait = Callable[[float, str], None]  # (seconds waited, last server log line)
+OnPlan = Callable[[LaunchPlan, Path], None]  # (the plan, its log file), before the process starts
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """argv with the values of secret flags (``--api-key X``, ``--api-key=X``) replaced."""
-    out, hide_next = [], False
-    for arg in argv:
-        flag = arg.split("=", 1)[0]
-        if hide_next:
-            out.append(REDACTED)
-        elif flag in SECRET_FLAGS and "=" in arg:
-            out.append(f"{flag}={REDACTED}")
-        else:
-            out.append(arg)
-        hide_next = arg in SECRET_FLAGS
-    return out
-
-
-class LaunchPlan(BaseModel):
-    """Everything needed to start a server process. argv is exec'd directly, never via a shell."""
-
-    backend: str
-    argv: list[str] = Field(description="Program and arguments, exec'd without a shell.")
-    env: dict[str, str] = Field(default_factory=dict, description="Variables added to the inherited environment.")
-    host: str = "127.0.0.1"
-    port: int
-    health_path: str = Field("/v1/models", description="GET this until it answers 200.")
-    spec_enabled: bool
-    model: str = Field(description="Model path or id the server is started with.")
-    notes: list[str] = Field(default_factory=list, description="What the plan changed or added, for the user.")
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def secrets(self) -> list[str]:
-        """Values of secret flags and variables in this plan (to scrub from logs we show)."""
-        values = [v for k, v in self.env.items() if SECRET_ENV.search(k) and v]
-        for i, arg in enumerate(self.argv):
-            flag, eq, value = arg.partition("=")
-            if flag in SECRET_FLAGS:
-                values.append(value if eq else (self.argv[i + 1] if i + 1 < len(self.argv) else ""))
-        return [v for v in values if len(v) >= 4]
-
-    def printable(self) -> str:
-        """The command line for humans (env first), quoted so it can be pasted into a shell;
-        API keys and tokens (flags and variables) are redacted."""
-        import shlex
-
-        env = " ".join(f"{k}={REDACTED if SECRET_ENV.search(k) else shlex.quote(v)}"
-                       for k, v in sorted(self.env.items()))
-        cmd = " ".join(shlex.quote(a) for a in redact_argv(self.argv))
-        return f"{env} {cmd}".strip()
-
+# ------------------------------------------------------------------------------ servers
 
 @runtime_checkable
 class Server(Protocol):
     """A server the probes can talk to (launched by specadapt or already running)."""
 
     backend: str
+    identity_extras: dict[str, Any]
+    """Request-body keys added on identity runs (vLLM: ``return_tokens_as_token_ids``); {} if none."""
+    verify: Verify
+    """TLS verification for every client that talks to this server."""
+    process: ManagedProcess | None
+    """The process specadapt started for this server; None when it was given by URL."""
 
     @property
     def base_url(self) -> str: ...
@@ -87,14 +72,144 @@ class Server(Protocol):
 
     def read_counters(self) -> CounterSnapshot: ...
 
+    def start_run(self) -> None:
+        """Called before a run's first counter snapshot (TensorRT-LLM starts polling its
+        draining /metrics here, so ``read_counters()`` keeps returning running totals)."""
 
-def run_hooks(server: object) -> tuple:
-    """The optional ``start_run()`` / ``end_run()`` hooks of a server (no-ops when absent).
+    def end_run(self) -> None:
+        """Called after a run's last counter snapshot."""
 
-    A server whose counters drain on read (TensorRT-LLM's ``/metrics``) polls them in the
-    background between the two calls, so ``read_counters()`` keeps returning running
-    totals and the runner's before/after snapshots still work.
-    """
-    start = getattr(server, "start_run", None)
-    end = getattr(server, "end_run", None)
-    return (start if callable(start) else (lambda: None)), (end if callable(end) else (lambda: None))
+    def close(self) -> None: ...
+
+
+class ServerBase:
+    """The defaults of a Server's optional parts; OpenAIServer and plugin servers inherit them."""
+
+    backend: str = "unknown"
+    identity_extras: dict[str, Any] = {}  # never mutated: callers merge it into a new dict
+    verify: Verify = True
+    process: ManagedProcess | None = None
+
+    def start_run(self) -> None:
+        pass
+
+    def end_run(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------ backends
+
+class Capabilities(BaseModel):
+    """What a backend can do, declared as data (``specadapt backends`` lists it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    launch: bool = Field(False, description="Starts servers itself: launch_options, launched(), launched_many().")
+    connect: bool = Field(True, description="Talks to a running server given by URL.")
+    counters: bool = Field(False, description="read_counters() gives draft and accepted-token counters, so "
+                                              "acceptance is measured; without it acceptance is unknown.")
+    logprobs: bool = Field(False, description="Completions return per-token logprobs (token counts, triage).")
+    token_ids: bool = Field(False, description="identity_extras makes responses carry token ids, so output "
+                                               "identity is decided on ids rather than text.")
+    draining_counters: bool = Field(False, description="Reading the counters consumes them (TensorRT-LLM "
+                                                       "/metrics): the server polls them between start_run() "
+                                                       "and end_run().")
+
+    def names(self) -> list[str]:
+        """The capabilities this backend has, in CAPABILITIES order."""
+        return [name for name, on in self.model_dump().items() if on]
+
+    def __contains__(self, name: object) -> bool:
+        """``"launch" in backend.capabilities``: whether it has that capability."""
+        return name in self.names()
+
+
+CAPABILITIES: tuple[str, ...] = tuple(Capabilities.model_fields)
+
+
+class LaunchOptions(BaseModel):
+    """How to start one server: the fields every launching backend takes. Each backend
+    subclasses it with its own extras (and may narrow a field's type or default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="Model to serve, as resolve_model() returned it.")
+    spec_config: SpecConfig | None = Field(None, description="Speculative decoding (neutral form; the backend "
+                                                             "renders its own); None: off.")
+    python: str = Field(default_factory=lambda: sys.executable, description="Interpreter that has the server.")
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, ge=1, le=65535, description="None: a free port.")
+    dtype: str | None = Field(None, description="Weights/activation dtype (auto, bfloat16, float16, float32).")
+    max_model_len: int | None = Field(None, ge=1, description="Longest sequence (prompt + output).")
+    extra_args: list[str] = Field(default_factory=list, description="Passed to the server verbatim, after ours.")
+
+
+class Backend(ABC):
+    """One kind of server. Subclass it, set the class attributes, write ``connect`` (and
+    ``launch_plan`` when ``capabilities.launch``), and register the class under the
+    ``specadapt.backends`` entry-point group; the registry instantiates it without arguments."""
+
+    name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
+    launch_options: ClassVar[type[LaunchOptions]] = LaunchOptions
+    startup_timeout_s: ClassVar[float] = 900.0  # how long launched() waits when the caller says nothing
+
+    @abstractmethod
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> Server:
+        """A Server for the running server at ``url`` (no request is sent yet)."""
+
+    def resolve_model(self, model: str | None) -> str:
+        """``--model`` as this backend serves it (default: a local HF directory, or the
+        embedded model when None); UsageError with the fix when it cannot be served."""
+        return str(resolve_model_dir(model))
+
+    def version(self) -> str | None:
+        """Version of the server software installed here; None when unknown or absent."""
+        return None
+
+    # -- launching (capabilities.launch) ------------------------------------------------
+    def check_launch(self, opts: LaunchOptions) -> None:
+        """Refuse ``opts`` with a UsageError before any server starts (default: nothing to check)."""
+
+    def launch_plan(self, opts: LaunchOptions) -> LaunchPlan:
+        """The argv, environment and port that start one server for ``opts``."""
+        raise UsageError(self._cannot_launch())
+
+    def connect_launched(self, opts: LaunchOptions, url: str) -> Server:
+        """The Server for a process started from ``opts`` (it may know what the server cannot say)."""
+        return self.connect(url)
+
+    @contextmanager
+    def launched(self, opts: LaunchOptions, startup_timeout_s: float | None = None, on_wait: OnWait | None = None,
+                 on_plan: OnPlan | None = None) -> Iterator[Server]:
+        """Start one server, wait until it answers, yield it; stop its process group on exit."""
+        with self.launched_many([opts], startup_timeout_s, on_wait, on_plan) as (server,):
+            yield server
+
+    @contextmanager
+    def launched_many(self, opts_list: Sequence[LaunchOptions], startup_timeout_s: float | None = None,
+                      on_wait: OnWait | None = None, on_plan: OnPlan | None = None) -> Iterator[list[Server]]:
+        """Check every ``opts`` first, then start all servers side by side, wait until all
+        answer and yield them in order; stop every process group on exit (also when one of
+        them fails to start)."""
+        if not self.capabilities.launch:
+            raise UsageError(self._cannot_launch())
+        for opts in opts_list:
+            if not isinstance(opts, self.launch_options):
+                raise TypeError(f"backend {self.name} launches from {self.launch_options.__name__}, "
+                                f"not {type(opts).__name__}")
+            self.check_launch(opts)
+        plans = [self.launch_plan(opts) for opts in opts_list]
+        connects = [partial(self.connect_launched, opts) for opts in opts_list]
+        with start_and_connect(plans, connects, startup_timeout_s or self.startup_timeout_s,
+                               on_wait, on_plan) as servers:
+            yield servers
+
+    def _cannot_launch(self) -> str:
+        return f"backend {self.name} cannot start servers: pass --url of a running one"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from specadapt.adapters.base import ServerBase, Verify
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 
 
@@ -40,7 +41,7 @@ class HttpGetter:
     """GETs against one base URL with auth headers; errors become SpecadaptErrors."""
 
     def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float = 10.0,
-                 verify: bool | str = True, transport: httpx.BaseTransport | None = None):
+                 verify: Verify = True, transport: httpx.BaseTransport | None = None):
         self.base_url = base_url
         self._client = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s, verify=verify,
                                     transport=transport)
@@ -78,13 +79,14 @@ class HttpGetter:
         self._client.close()
 
 
-class OpenAIServer:
+class OpenAIServer(ServerBase):
     """What every OpenAI-compatible server adapter shares: the base URL, the bearer token
-    (kept private: never in repr, logs or reports), a GET helper and the served model id."""
+    (kept private: never in repr, logs or reports), a GET helper and the served model id.
+    A subclass adds ``describe()`` and ``read_counters()`` to be a full Server."""
 
     backend = "openai"
 
-    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  launched: bool = False, transport: httpx.BaseTransport | None = None):
         self._base_url = check_url(base_url)
         self._api_key = api_key

@@ -15,20 +15,19 @@ command line. What this backend can and cannot read, plainly:
 from __future__ import annotations
 
 import subprocess
-import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import UsageError
+from specadapt.models import embedded_gguf_path
 from specadapt.records import CounterSnapshot, ServerInfo
 
 DRAFTER = "prompt-lookup-decoding"
@@ -57,7 +56,7 @@ class LlamaCppServer(OpenAIServer):
 
     backend = "llamacpp"
 
-    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  num_pred_tokens: int | None = None, launched: bool = False, version: str | None = None,
                  transport: httpx.BaseTransport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
@@ -84,20 +83,16 @@ class LlamaCppServer(OpenAIServer):
         return info
 
 
-class LlamaCppLaunch(BaseModel):
+class LlamaCppLaunch(LaunchOptions):
     """How to start ``python -m llama_cpp.server`` on a GGUF file."""
 
     model: str = Field(description="GGUF file to serve.")
     spec_config: dict[str, Any] | None = Field(None, description='vLLM-style {"method": "ngram", '
                                                '"num_speculative_tokens": K}; None: off.')
-    python: str = Field(default_factory=lambda: sys.executable, description="Interpreter with llama-cpp-python[server].")
-    host: str = "127.0.0.1"
-    port: int | None = None
     dtype: str | None = Field(None, description="Ignored: a GGUF file fixes its own types.")
-    max_model_len: int | None = Field(2048, description="--n_ctx.")
+    max_model_len: int | None = Field(2048, ge=1, description="--n_ctx.")
     n_threads: int | None = Field(None, description="--n_threads (default: llama.cpp's choice).")
     seed: int | None = 0
-    extra_args: list[str] = Field(default_factory=list)
 
 
 def launch_plan(opts: LlamaCppLaunch) -> LaunchPlan:
@@ -134,38 +129,39 @@ def interpreter_version(python: str) -> str:
     return done.stdout.strip()
 
 
-def launched_server(opts: LlamaCppLaunch, startup_timeout_s: float = 300.0,
-                    on_wait: Callable[[float, str], None] | None = None,
-                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[LlamaCppServer]:
-    version = interpreter_version(opts.python)
-    plan = launch_plan(opts)
-    k, _ = spec_to_num_pred_tokens(opts.spec_config)
-    return launched(plan, lambda url: LlamaCppServer(url, num_pred_tokens=k, launched=True, version=version),
-                    startup_timeout_s, on_wait, on_plan)
-
-
-class LlamaCppBackend:
+class LlamaCppBackend(Backend):
     """llama.cpp via llama-cpp-python (registered under ``specadapt.backends``)."""
 
     name = "llamacpp"
-    capabilities = ("launch", "connect", "logprobs")
+    capabilities = Capabilities(launch=True, logprobs=True)
     launch_options = LlamaCppLaunch
-    connect = LlamaCppServer
-    launched = staticmethod(launched_server)
+    startup_timeout_s = 300.0
 
-    @staticmethod
-    def resolve_model(model: str | None) -> str:
+    def __init__(self) -> None:
+        self._versions: dict[str, str] = {}  # interpreter -> llama_cpp.__version__, read by check_launch
+
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> LlamaCppServer:
+        return LlamaCppServer(url, api_key=api_key, verify=verify)
+
+    def check_launch(self, opts: LlamaCppLaunch) -> None:
+        self._versions[opts.python] = interpreter_version(opts.python)
+
+    def launch_plan(self, opts: LlamaCppLaunch) -> LaunchPlan:
+        return launch_plan(opts)
+
+    def connect_launched(self, opts: LlamaCppLaunch, url: str) -> LlamaCppServer:
+        k, _ = spec_to_num_pred_tokens(opts.spec_config)
+        return LlamaCppServer(url, num_pred_tokens=k, launched=True, version=self._versions.get(opts.python))
+
+    def resolve_model(self, model: str | None) -> str:
         """--model as a GGUF file; default: the embedded SmolLM2 GGUF."""
-        from specadapt.models import embedded_gguf_path
-
         path = Path(model).expanduser() if model else embedded_gguf_path()
         if not path.is_file():
             hint = "run 'specadapt models fetch'" if model is None else "pass an existing .gguf file"
             raise UsageError(f"GGUF model {path} not found: {hint}")
         return str(path.resolve())
 
-    @staticmethod
-    def version() -> str | None:
+    def version(self) -> str | None:
         try:
             return metadata.version("llama_cpp_python")
         except metadata.PackageNotFoundError:

@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.plan import LaunchPlan
 from specadapt.adapters.process import ManagedProcess
 
 

@@ -36,7 +36,7 @@ from typing import Callable
 import httpx
 import psutil
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.plan import LaunchPlan
 from specadapt.errors import PortInUse, ServerStartError
 from specadapt.paths import runs_dir
 

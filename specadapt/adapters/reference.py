@@ -9,15 +9,12 @@ recomputation needs a vLLM spec-off side). Speculative configs are given as vLLM
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from specadapt.adapters.base import LaunchPlan
-from specadapt.adapters.managed import launched_many
+from specadapt import __version__
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.process import free_port
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.errors import UsageError
@@ -27,18 +24,15 @@ class ReferenceServer(VLLMServer):
     backend = "reference"
 
 
-class ReferenceLaunch(BaseModel):
-    model: str = Field(description="Local HF target model directory.")
+class ReferenceLaunch(LaunchOptions):
+    """How to start ``specadapt reference serve`` (max_model_len is accepted and unused: the
+    reference uses the model's own)."""
+
     spec_config: dict[str, Any] | None = Field(None, description="vLLM-style JSON: ngram or draft_model; None: off.")
-    python: str = Field(default_factory=lambda: sys.executable)
-    host: str = "127.0.0.1"
-    port: int | None = None
     dtype: str | None = Field(None, description="auto, float64, float32, bfloat16, float16.")
-    max_model_len: int | None = None  # accepted for CLI symmetry; the reference uses the model's own
     seed: int | None = 0
     fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS.")
     threads: int = 1
-    extra_args: list[str] = Field(default_factory=list)
 
 
 def _spec_flags(spec: dict[str, Any] | None) -> list[str]:
@@ -73,36 +67,22 @@ def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:
                       env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
-@contextmanager
-def launched_servers(opts_list: list[ReferenceLaunch], startup_timeout_s: float = 600.0,
-                     on_wait: Callable[[float, str], None] | None = None,
-                     on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[list[ReferenceServer]]:
-    plans = [launch_plan(o) for o in opts_list]
-    connects = [lambda url, o=o: ReferenceServer(url, spec_config=o.spec_config, launched=True) for o in opts_list]
-    with launched_many(plans, connects, startup_timeout_s, on_wait, on_plan) as servers:
-        yield servers
-
-
-@contextmanager
-def launched_server(opts: ReferenceLaunch, startup_timeout_s: float = 600.0,
-                    on_wait: Callable[[float, str], None] | None = None,
-                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[ReferenceServer]:
-    with launched_servers([opts], startup_timeout_s, on_wait, on_plan) as (server,):
-        yield server
-
-
-class ReferenceBackend:
+class ReferenceBackend(Backend):
     """specadapt's own PyTorch engine (registered under ``specadapt.backends``)."""
 
     name = "reference"
-    capabilities = ("launch", "connect", "counters", "logprobs")
+    capabilities = Capabilities(launch=True, counters=True, logprobs=True, token_ids=True)
     launch_options = ReferenceLaunch
-    connect = ReferenceServer
-    launched = staticmethod(launched_server)
-    launched_many = staticmethod(launched_servers)
+    startup_timeout_s = 600.0
 
-    @staticmethod
-    def version() -> str | None:
-        from specadapt import __version__
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> ReferenceServer:
+        return ReferenceServer(url, api_key=api_key, verify=verify)
 
+    def launch_plan(self, opts: ReferenceLaunch) -> LaunchPlan:
+        return launch_plan(opts)
+
+    def connect_launched(self, opts: ReferenceLaunch, url: str) -> ReferenceServer:
+        return ReferenceServer(url, spec_config=opts.spec_config, launched=True)
+
+    def version(self) -> str | None:
         return __version__

@@ -2,9 +2,9 @@
 
 The built-ins register there exactly as a third-party plugin would; when specadapt runs
 from a source tree without being installed (or from an install older than the source),
-the built-ins are still found. A backend object has ``name``, ``capabilities`` (a subset
-of CAPABILITIES), ``connect(url, api_key=, verify=)``, and, for ``launch``,
-``launch_options`` and ``launched``; ``version()`` is optional.
+the built-ins are still found. An entry point names a ``Backend`` subclass (adapters/base.py;
+instantiated without arguments) or a ready instance; an object that is not a Backend is
+taken only if it has every attribute of the contract, and refused naming what it lacks.
 
 A plugin that fails to load never crashes the CLI: ``installed()`` reports it with the
 reason, and ``get_backend`` names it in the error.
@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from specadapt.adapters.base import CAPABILITIES, Backend, Capabilities, LaunchOptions
 from specadapt.errors import UsageError
 
 GROUP = "specadapt.backends"
@@ -29,7 +30,11 @@ BUILTIN = {
     "llamacpp": "specadapt.adapters.llamacpp:LlamaCppBackend",
     "reference": "specadapt.adapters.reference:ReferenceBackend",
 }
-CAPABILITIES = ("launch", "connect", "counters", "logprobs")
+# what get_backend() promises its callers: a Backend has them all
+CONTRACT = ("name", "capabilities", "launch_options", "connect", "resolve_model", "launched", "launched_many",
+            "version")
+__all__ = ["BUILTIN", "CAPABILITIES", "CONTRACT", "GROUP", "BackendEntry", "BackendPluginWarning", "available",
+           "get_backend", "installed", "load"]
 
 
 class BackendPluginWarning(UserWarning):
@@ -47,7 +52,7 @@ class BackendEntry(BaseModel):
     error: str | None = Field(None, description="Why it could not be loaded; None when it loaded.")
 
 
-def _load(ref: str) -> Any:
+def _import(ref: str) -> Any:
     module, _, attr = ref.partition(":")
     obj = importlib.import_module(module)
     for part in attr.split("."):
@@ -55,11 +60,41 @@ def _load(ref: str) -> Any:
     return obj
 
 
+def _as_backend(obj: Any, name: str) -> Backend:
+    """The loaded object as a Backend instance, or TypeError saying what is missing or wrong."""
+    if isinstance(obj, type) and issubclass(obj, Backend):
+        obj = obj()
+    if not isinstance(obj, Backend):
+        missing = [attr for attr in CONTRACT if not hasattr(obj, attr)]
+        if missing:
+            raise TypeError(f"it is not a specadapt Backend and lacks {', '.join(missing)} (subclass "
+                            "specadapt.adapters.base.Backend, which has them all)")
+        if isinstance(obj, type):
+            obj = obj()
+    if not isinstance(obj.capabilities, Capabilities):
+        raise TypeError(f"capabilities must be a specadapt.adapters.base.Capabilities, not "
+                        f"{type(obj.capabilities).__name__}")
+    if not (isinstance(obj.launch_options, type) and issubclass(obj.launch_options, LaunchOptions)):
+        raise TypeError("launch_options must be a subclass of specadapt.adapters.base.LaunchOptions")
+    if obj.name != name:
+        raise TypeError(f"the entry point is named {name!r} but the backend calls itself {obj.name!r}: "
+                        "make them equal")
+    cls = type(obj)
+    if obj.capabilities.launch and isinstance(obj, Backend) and cls.launch_plan is Backend.launch_plan \
+            and cls.launched_many is Backend.launched_many:
+        raise TypeError("it declares the launch capability but defines no launch_plan()")
+    return obj
+
+
+def load(name: str, ref: str) -> Backend:
+    """Import ``ref`` ("module:attr") and check it is a backend named ``name``."""
+    return _as_backend(_import(ref), name)
+
+
 def _entry_points() -> dict[str, tuple[str, str | None]]:
     found: dict[str, tuple[str, str | None]] = {name: (ref, "specadapt") for name, ref in BUILTIN.items()}
     for ep in metadata.entry_points(group=GROUP):
-        dist = getattr(getattr(ep, "dist", None), "name", None)
-        found[ep.name] = (ep.value, dist)
+        found[ep.name] = (ep.value, ep.dist.name if ep.dist is not None else None)
     return found
 
 
@@ -68,19 +103,19 @@ def available() -> dict[str, str]:
     return {name: ref for name, (ref, _dist) in _entry_points().items()}
 
 
+def _error(exc: Exception) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
 def _describe(name: str, ref: str, dist: str | None) -> BackendEntry:
     entry = BackendEntry(name=name, ref=ref, distribution=dist)
     try:
-        backend = _load(ref)
-        caps = [str(c) for c in getattr(backend, "capabilities", ())]
-        unknown = [c for c in caps if c not in CAPABILITIES]
-        if not callable(getattr(backend, "connect", None)):
-            raise TypeError("it has no connect()")
-        entry.capabilities = [c for c in CAPABILITIES if c in caps] + unknown
-        version = getattr(backend, "version", None)
-        entry.version = version() if callable(version) else (str(version) if version else None)
+        backend = load(name, ref)
+        entry.capabilities = backend.capabilities.names()
+        entry.version = backend.version()
     except Exception as exc:  # noqa: BLE001 - a third-party plugin may raise anything on import
-        entry.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        entry.error = _error(exc)
     return entry
 
 
@@ -96,13 +131,14 @@ def installed(warn: bool = True) -> list[BackendEntry]:
     return out
 
 
-def get_backend(name: str) -> Any:
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``; UsageError naming the choices, or why it is broken."""
     refs = available()
     if name not in refs:
         raise UsageError(f"unknown backend {name!r}: choose one of {', '.join(sorted(refs))} "
                          "('specadapt backends' lists them)")
     try:
-        return _load(refs[name])
+        return load(name, refs[name])
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"backend {name!r} ({refs[name]}) could not be loaded: {type(exc).__name__}: "
-                         f"{exc}; reinstall or remove the package that registers it") from exc
+        raise UsageError(f"backend {name!r} ({refs[name]}) could not be loaded: {_error(exc)}; "
+                         "reinstall or remove the package that registers it") from exc

@@ -13,17 +13,14 @@ describe() reports the gauges as read, saying so.
 
 from __future__ import annotations
 
-import sys
 from importlib import metadata
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs import sglang as cfg
 from specadapt.configs.checks import raise_on_errors
@@ -53,7 +50,7 @@ class SGLangServer(OpenAIServer):
 
     backend = "sglang"
 
-    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  launched: bool = False, transport: httpx.BaseTransport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
 
@@ -107,19 +104,12 @@ class SGLangServer(OpenAIServer):
         return info
 
 
-class SGLangLaunch(BaseModel):
+class SGLangLaunch(LaunchOptions):
     """How to start ``python -m sglang.launch_server``; ``spec_config`` is vLLM-style JSON."""
 
-    model: str
     spec_config: dict[str, Any] | None = None
-    python: str = Field(default_factory=lambda: sys.executable)
-    host: str = "127.0.0.1"
-    port: int | None = None
-    dtype: str | None = None
-    max_model_len: int | None = None
-    tp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, description="--tp-size.")
     enable_metrics: bool = Field(True, description="--enable-metrics (for sglang:spec_accept_length).")
-    extra_args: list[str] = Field(default_factory=list)
 
 
 def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
@@ -143,30 +133,29 @@ def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
                       health_path="/health", spec_enabled=bool(flags), model=opts.model, notes=notes)
 
 
-def launched_server(opts: SGLangLaunch, startup_timeout_s: float = 1800.0,
-                    on_wait: Callable[[float, str], None] | None = None,
-                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[SGLangServer]:
-    return launched(launch_plan(opts), lambda url: SGLangServer(url, launched=True), startup_timeout_s,
-                    on_wait, on_plan)
-
-
-class SGLangBackend:
+class SGLangBackend(Backend):
     """The built-in SGLang backend (registered under ``specadapt.backends``)."""
 
     name = "sglang"
-    capabilities = ("launch", "connect", "logprobs")
+    capabilities = Capabilities(launch=True, logprobs=True)
     launch_options = SGLangLaunch
-    connect = SGLangServer
-    launched = staticmethod(launched_server)
+    startup_timeout_s = 1800.0
 
-    @staticmethod
-    def resolve_model(model: str | None) -> str:
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> SGLangServer:
+        return SGLangServer(url, api_key=api_key, verify=verify)
+
+    def launch_plan(self, opts: SGLangLaunch) -> LaunchPlan:
+        return launch_plan(opts)
+
+    def connect_launched(self, opts: SGLangLaunch, url: str) -> SGLangServer:
+        return SGLangServer(url, launched=True)
+
+    def resolve_model(self, model: str | None) -> str:
         if not model:
             raise UsageError("--backend sglang needs --model (an HF model directory or id)")
         return model
 
-    @staticmethod
-    def version() -> str | None:
+    def version(self) -> str | None:
         try:
             return metadata.version("sglang")
         except metadata.PackageNotFoundError:

@@ -24,14 +24,13 @@ from __future__ import annotations
 import threading
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.managed import launched
 from specadapt.adapters.process import free_port
 from specadapt.configs import trtllm as cfg
 from specadapt.configs import yamlio
@@ -145,7 +144,7 @@ class TRTLLMServer(OpenAIServer):
 
     backend = "trtllm"
 
-    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
                  transport: httpx.BaseTransport | None = None, poll_interval_s: float = 0.5):
         super().__init__(base_url, api_key, verify, launched, transport)
@@ -299,22 +298,19 @@ class TRTLLMServer(OpenAIServer):
 
 # ------------------------------------------------------------------ launch plans
 
-class TRTLLMLaunch(BaseModel):
+class TRTLLMLaunch(LaunchOptions):
     """How to start trtllm-serve. ``spec_config`` is TensorRT-LLM's own speculative_config
     mapping (with ``decoding_type``) or vLLM-style JSON (``method``, ``num_speculative_tokens``)."""
 
     model: str = Field(description="HF model directory or id to serve.")
     spec_config: dict[str, Any] | None = Field(None, description="None: speculation off.")
     python: str | None = Field(None, description="Interpreter whose bin/ holds trtllm-serve (else PATH).")
-    host: str = "127.0.0.1"
-    port: int | None = Field(None, description="None: a free port.")
     dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = None
-    max_model_len: int | None = Field(None, description="--max_seq_len.")
+    max_model_len: int | None = Field(None, ge=1, description="--max_seq_len.")
     tp: int = Field(1, ge=1, description="--tp_size.")
     engine: Literal["pytorch", "tensorrt"] = Field("pytorch", description="--backend.")
     version: str | None = Field(None, description="TensorRT-LLM version (picks --config or --extra_llm_api_options).")
     config_dir: str | None = Field(None, description="Where the YAML is written (default: the runs dir).")
-    extra_args: list[str] = Field(default_factory=list, description="Passed verbatim, after ours.")
 
 
 def _spec(opts: TRTLLMLaunch) -> tuple[SpecConfig, dict[str, Any] | None]:
@@ -365,33 +361,30 @@ def launch_plan(opts: TRTLLMLaunch) -> LaunchPlan:
                       health_path=cfg.HEALTH_ROUTE, spec_enabled=spec.enabled, model=opts.model, notes=notes)
 
 
-def launched_server(opts: TRTLLMLaunch, startup_timeout_s: float = 1800.0,
-                    on_wait: Callable[[float, str], None] | None = None,
-                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[TRTLLMServer]:
-    plan = launch_plan(opts)
-    sc = trtllm_config_doc(opts).get("speculative_config")
-    return launched(plan, lambda url: TRTLLMServer(url, spec_config=sc, launched=True),
-                    startup_timeout_s, on_wait, on_plan)
-
-
-class TRTLLMBackend:
+class TRTLLMBackend(Backend):
     """The built-in TensorRT-LLM backend (registered under ``specadapt.backends``)."""
 
     name = "trtllm"
-    capabilities = ("launch", "connect", "counters", "logprobs")
+    capabilities = Capabilities(launch=True, counters=True, logprobs=True, draining_counters=True)
     launch_options = TRTLLMLaunch
-    connect = TRTLLMServer
-    launched = staticmethod(launched_server)
+    startup_timeout_s = 1800.0
 
-    @staticmethod
-    def resolve_model(model: str | None) -> str:
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> TRTLLMServer:
+        return TRTLLMServer(url, api_key=api_key, verify=verify)
+
+    def launch_plan(self, opts: TRTLLMLaunch) -> LaunchPlan:
+        return launch_plan(opts)
+
+    def connect_launched(self, opts: TRTLLMLaunch, url: str) -> TRTLLMServer:
+        return TRTLLMServer(url, spec_config=trtllm_config_doc(opts).get("speculative_config"), launched=True)
+
+    def resolve_model(self, model: str | None) -> str:
         if not model:
             raise UsageError("--backend trtllm needs --model (an HF model directory or id): the embedded "
                              "GGUF model cannot be served by TensorRT-LLM")
         return model
 
-    @staticmethod
-    def version() -> str | None:
+    def version(self) -> str | None:
         for dist in ("tensorrt_llm", "tensorrt-llm"):
             try:
                 return metadata.version(dist)

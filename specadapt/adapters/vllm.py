@@ -7,16 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from specadapt.adapters.base import LaunchPlan
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.managed import launched_many
 from specadapt.adapters.process import free_port
 from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
 from specadapt.errors import NotAServer, UsageError
@@ -51,7 +50,7 @@ class VLLMServer(OpenAIServer):
     # vLLM extension: logprob tokens as "token_id:N", so identity is decided on ids.
     identity_extras = {"return_tokens_as_token_ids": True}
 
-    def __init__(self, base_url: str, api_key: str | None = None, verify: bool | str = True,
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
                  transport: httpx.BaseTransport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
@@ -133,19 +132,13 @@ def _find_key(obj: Any, key: str) -> Any:
     return None
 
 
-class VLLMLaunch(BaseModel):
+class VLLMLaunch(LaunchOptions):
     """How to start a vLLM server; ``spec_config`` is vLLM's own speculative-config JSON."""
 
-    model: str = Field(description="Local HF model directory (or id) to serve.")
     spec_config: dict[str, Any] | None = Field(None, description="vLLM >= 0.8 --speculative-config; None: off.")
-    python: str = Field(default_factory=lambda: sys.executable, description="Interpreter that has vLLM.")
-    host: str = "127.0.0.1"
-    port: int | None = Field(None, description="None: a free port.")
-    dtype: str | None = Field(None, description="--dtype (auto, bfloat16, float16, float32).")
-    max_model_len: int | None = 2048
+    max_model_len: int | None = Field(2048, ge=1, description="--max-model-len.")
     seed: int | None = 0
     kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build, unless already set.")
-    extra_args: list[str] = Field(default_factory=list, description="Passed to vLLM verbatim, after ours.")
 
 
 OWNED_FLAGS = ("--model", "--host", "--port", "--speculative-config")
@@ -202,44 +195,27 @@ def check_interpreter_has_vllm(python: str) -> None:
         "(or a GPU vllm), or pass --python with an interpreter that has it")
 
 
-@contextmanager
-def launched_servers(opts_list: list[VLLMLaunch], startup_timeout_s: float = 900.0,
-                     on_wait: Callable[[float, str], None] | None = None,
-                     on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[list[VLLMServer]]:
-    """Start several vLLM servers side by side, wait until all are healthy, yield them;
-    stop every process group on exit (also when one of them fails to start)."""
-    for opts in opts_list:
-        check_spec_config(opts.spec_config)
-        check_interpreter_has_vllm(opts.python)
-    plans = [launch_plan(opts) for opts in opts_list]
-    connects = [lambda url, o=opts: VLLMServer(url, spec_config=o.spec_config, launched=True) for opts in opts_list]
-    with launched_many(plans, connects, startup_timeout_s, on_wait, on_plan) as servers:
-        yield servers
-
-
-@contextmanager
-def launched_server(opts: VLLMLaunch, startup_timeout_s: float = 900.0,
-                    on_wait: Callable[[float, str], None] | None = None,
-                    on_plan: Callable[[LaunchPlan, Path], None] | None = None) -> Iterator[VLLMServer]:
-    """Start vLLM, wait until healthy, yield a VLLMServer; stop the whole group on exit."""
-    with launched_servers([opts], startup_timeout_s, on_wait, on_plan) as (server,):
-        yield server
-
-
-class VLLMBackend:
+class VLLMBackend(Backend):
     """The built-in vLLM backend, registered under ``specadapt.backends`` like any plugin."""
 
     name = "vllm"
-    capabilities = ("launch", "connect", "counters", "logprobs")
+    capabilities = Capabilities(launch=True, counters=True, logprobs=True, token_ids=True)
     launch_options = VLLMLaunch
-    connect = VLLMServer
-    launched = staticmethod(launched_server)
-    launched_many = staticmethod(launched_servers)
 
-    @staticmethod
-    def version() -> str | None:
-        from importlib import metadata
+    def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> VLLMServer:
+        return VLLMServer(url, api_key=api_key, verify=verify)
 
+    def check_launch(self, opts: VLLMLaunch) -> None:
+        check_spec_config(opts.spec_config)
+        check_interpreter_has_vllm(opts.python)
+
+    def launch_plan(self, opts: VLLMLaunch) -> LaunchPlan:
+        return launch_plan(opts)
+
+    def connect_launched(self, opts: VLLMLaunch, url: str) -> VLLMServer:
+        return VLLMServer(url, spec_config=opts.spec_config, launched=True)
+
+    def version(self) -> str | None:
         for dist in ("vllm", "vllm-cpu"):
             try:
                 return metadata.version(dist)

@@ -17,7 +17,7 @@ import math
 import time
 from typing import Callable
 
-from specadapt.adapters.base import Server, run_hooks
+from specadapt.adapters.base import Server
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import stream_request
 from specadapt.probes.latency import latency_summary, tpot_ns
@@ -42,7 +42,7 @@ Progress = Callable[[RequestRecord], None]
 
 def side_settings(server: Server, base: RequestSettings, temperature: float | None = None) -> RequestSettings:
     """Request settings for one side: the server's identity extras (e.g. token ids) merged in."""
-    extras = {**base.extra_body, **getattr(server, "identity_extras", {})}
+    extras = {**base.extra_body, **server.identity_extras}
     update: dict = {"extra_body": extras}
     if temperature is not None:
         update["temperature"] = temperature
@@ -210,14 +210,14 @@ def analyse(report: CompareReport) -> None:
 @contextlib.contextmanager
 def _run_hooks(*servers: Server):
     """Servers whose counters drain on read poll them between start_run() and end_run()."""
-    hooks = [run_hooks(s) for s in dict.fromkeys(servers)]
-    for start, _ in hooks:
-        start()
+    unique = list(dict.fromkeys(servers))
+    for server in unique:
+        server.start_run()
     try:
         yield
     finally:
-        for _, end in hooks:
-            end()
+        for server in unique:
+            server.end_run()
 
 
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,

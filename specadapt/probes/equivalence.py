@@ -96,7 +96,7 @@ def first_divergence(off: RequestRecord, on: RequestRecord) -> Divergence | None
 def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
     """One non-streamed POST to ``server`` with its auth and TLS settings."""
     return httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
-                      verify=getattr(server, "verify", True))
+                      verify=server.verify)
 
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:

@@ -15,7 +15,7 @@ from typing import Callable
 
 import httpx
 
-from specadapt.adapters.base import Server, run_hooks
+from specadapt.adapters.base import Server
 from specadapt.errors import SpecadaptError
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import stream_request
@@ -105,7 +105,7 @@ def server_client(server: Server, settings: RequestSettings, concurrency: int) -
     timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
-                             verify=getattr(server, "verify", True))
+                             verify=server.verify)
 
 
 async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
@@ -121,7 +121,7 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
         sem = asyncio.Semaphore(concurrency)
         t0 = time.perf_counter_ns()
 
-        process = getattr(server, "process", None)  # set when specadapt started the server
+        process = server.process  # None unless specadapt started the server
 
         async def one(prompt: Prompt, r: int) -> RequestRecord | None:
             async with sem:
@@ -159,8 +159,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     """Probe ``server`` with ``prompts`` and return the full report."""
     info = server.describe()
     partial_reason, log_tail = None, ""
-    start_run, end_run = run_hooks(server)
-    start_run()
+    server.start_run()  # servers whose counters drain on read poll them until end_run()
     try:
         records, before, after = asyncio.run(
             _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
@@ -169,7 +168,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
         after = CounterSnapshot(source="unavailable: the server exited during the run")
         partial_reason, log_tail = _death_reason(server, len(records), part.planned)
     finally:
-        end_run()
+        server.end_run()
     by_cat: dict[str, list[RequestRecord]] = {}
     for rec in records:
         by_cat.setdefault(rec.category, []).append(rec)

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from specadapt.adapters.vllm import VLLMLaunch, launched_servers
+from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
 from specadapt.models import resolve_model_dir
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -37,7 +37,7 @@ def vllm_servers(embedded_model):
     once per session and stopped after it."""
     opts = [VLLMLaunch(model=embedded_model, spec_config=spec, dtype=dtype, max_model_len=2048)
             for spec, dtype in SERVERS.values()]
-    with launched_servers(opts, startup_timeout_s=1500) as servers:
+    with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
         yield dict(zip(SERVERS, servers))
 
 
@@ -105,12 +105,11 @@ REF_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min"
 def reference_servers(embedded_model, truncated_model):
     """`specadapt reference serve` (float32, CPU): spec off; ngram with accept-always; ngram
     with perturb-logits=0.1 on the verify pass; and spec off on a different (4-layer) model."""
-    from specadapt.adapters.reference import ReferenceLaunch
-    from specadapt.adapters.reference import launched_servers as launched_reference
+    from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
 
     opts = {"off": ReferenceLaunch(model=embedded_model),
             "accept_always": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="accept-always"),
             "perturb": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="perturb-logits=0.1"),
             "other_model": ReferenceLaunch(model=truncated_model)}
-    with launched_reference(list(opts.values())) as servers:
+    with ReferenceBackend().launched_many(list(opts.values())) as servers:
         yield dict(zip(opts, servers))

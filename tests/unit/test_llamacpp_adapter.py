@@ -58,9 +58,9 @@ def test_launched_server_knows_its_plan():
 
 def test_model_resolution_and_missing_interpreter(tmp_path):
     with pytest.raises(UsageError, match="not found"):
-        L.LlamaCppBackend.resolve_model(str(tmp_path / "none.gguf"))
+        L.LlamaCppBackend().resolve_model(str(tmp_path / "none.gguf"))
     gguf = tmp_path / "a.gguf"
     gguf.write_bytes(b"GGUF")
-    assert L.LlamaCppBackend.resolve_model(str(gguf)) == str(gguf.resolve())
+    assert L.LlamaCppBackend().resolve_model(str(gguf)) == str(gguf.resolve())
     with pytest.raises(UsageError, match="pip install 'specadapt\\[llamacpp\\]'"):
         L.interpreter_version("/bin/false")

@@ -1,6 +1,8 @@
 """The plugin layer end to end: a tiny external backend package, pip-installed into a
 temporary target dir, shows up in 'specadapt backends' and drives 'specadapt probe';
-a broken plugin is a warning naming it, never a crash."""
+a broken plugin (one that does not import, or does not keep the Backend contract) is a
+warning naming it and what is wrong, never a crash. The example plugin in
+examples/minimal_backend is loaded through the entry-point machinery too."""
 
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = '''
 """specadapt-toy: a third-party backend, as a plugin author would write it."""
 import httpx
-from specadapt.adapters.base import CounterSnapshot, ServerInfo
+from specadapt.adapters.base import Backend, Capabilities, CounterSnapshot, ServerBase, ServerInfo
 
 
-class ToyServer:
+class ToyServer(ServerBase):
     backend = "toy"
 
     def __init__(self, url, api_key=None, verify=True):
@@ -56,14 +58,23 @@ class ToyServer:
         self._client.close()
 
 
-class ToyBackend:
+class ToyBackend(Backend):
     name = "toy"
-    capabilities = ("connect", "counters")
-    connect = ToyServer
+    capabilities = Capabilities(connect=True, counters=True)
 
-    @staticmethod
-    def version():
+    def connect(self, url, api_key=None, verify=True):
+        return ToyServer(url, api_key, verify)
+
+    def version(self):
         return "9.9.9"
+
+
+class Incomplete:  # duck-typed, and short of the contract
+    name = "incomplete"
+    capabilities = Capabilities(connect=True)
+
+    def connect(self, url, api_key=None, verify=True):
+        return ToyServer(url)
 '''
 
 PYPROJECT = '''
@@ -78,6 +89,7 @@ version = "0.0.1"
 [project.entry-points."specadapt.backends"]
 toy = "specadapt_toy:ToyBackend"
 broken = "specadapt_toy_missing:Backend"
+incomplete = "specadapt_toy:Incomplete"
 '''
 
 
@@ -107,11 +119,14 @@ def test_installed_plugin_is_listed_and_the_broken_one_is_a_warning(plugin_site)
     done = run_cli(plugin_site, "backends")
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[1:] if line and line[0] != "V"}
-    assert rows["toy"] == ["toy", "9.9.9", "-", "yes", "yes", "-", "specadapt-toy"]
-    assert rows["broken"][2:6] == ["BROKEN"] * 4
+    assert rows["toy"] == ["toy", "9.9.9", "-", "yes", "yes", "-", "-", "-", "specadapt-toy"]
+    assert rows["broken"][2:8] == ["BROKEN"] * 6 and rows["incomplete"][2:8] == ["BROKEN"] * 6
     assert {"vllm", "trtllm", "sglang", "llamacpp"} <= set(rows)
     assert "warning: backend plugin 'broken' (specadapt_toy_missing:Backend, from specadapt-toy) could not be " \
            "loaded: ModuleNotFoundError" in done.stderr
+    assert "warning: backend plugin 'incomplete' (specadapt_toy:Incomplete, from specadapt-toy) could not be " \
+           "loaded: TypeError: it is not a specadapt Backend and lacks launch_options, resolve_model, launched, " \
+           "launched_many, version (subclass specadapt.adapters.base.Backend, which has them all)" in done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -120,7 +135,8 @@ def test_backends_json(plugin_site):
     entries = {e["name"]: e for e in json.loads(done.stdout)}
     assert entries["toy"]["capabilities"] == ["connect", "counters"] and entries["toy"]["error"] is None
     assert entries["broken"]["error"].startswith("ModuleNotFoundError")
-    assert entries["trtllm"]["capabilities"] == ["launch", "connect", "counters", "logprobs"]
+    assert entries["trtllm"]["capabilities"] == ["launch", "connect", "counters", "logprobs", "draining_counters"]
+    assert entries["vllm"]["capabilities"] == ["launch", "connect", "counters", "logprobs", "token_ids"]
 
 
 def test_plugin_drives_probe_against_a_loopback_server(plugin_site, tmp_path):

@@ -1,24 +1,31 @@
-"""run_probe calls a server's optional start_run()/end_run() around the counter
-snapshots (how TensorRT-LLM's draining /metrics is polled), and works without them."""
+"""run_probe calls a server's start_run()/end_run() around the counter snapshots (how
+TensorRT-LLM's draining /metrics is polled); ServerBase's defaults do nothing."""
 
 from __future__ import annotations
 
 import httpx
 from fake_openai import FakeOpenAIServer  # tests/unit is on sys.path
 
+from specadapt.adapters.base import ServerBase
 from specadapt.probes.runner import run_probe
 from specadapt.records import CounterSnapshot, Prompt, RequestSettings, ServerInfo
 
 
-class Recorder:
+class Recorder(ServerBase):
     backend = "rec"
 
     def __init__(self, url: str, hooks: bool):
         self.base_url, self.model_id, self.events = url, "toy-model", []
         self._http = httpx.Client(base_url=url)
-        if hooks:
-            self.start_run = lambda: self.events.append("start")
-            self.end_run = lambda: self.events.append("end")
+        self.hooks = hooks
+
+    def start_run(self):
+        if self.hooks:
+            self.events.append("start")
+
+    def end_run(self):
+        if self.hooks:
+            self.events.append("end")
 
     def headers(self):
         return {}
@@ -32,7 +39,7 @@ class Recorder:
         return CounterSnapshot(drafts=c["drafts"], draft_tokens=c["draft_tokens"], accepted_tokens=c["accepted_tokens"])
 
 
-def test_hooks_wrap_the_snapshots_and_are_optional():
+def test_hooks_wrap_the_snapshots():
     prompts = [Prompt(id="a", prompt="hi")]
     with FakeOpenAIServer() as fake:
         with_hooks = Recorder(fake.url, hooks=True)
@@ -44,3 +51,9 @@ def test_hooks_wrap_the_snapshots_and_are_optional():
     assert "read" in ev[1:-1] and "start" not in without.events
     assert report.acceptance.known and report.acceptance.drafts == 4
     assert report2.acceptance.known and report2.latency.output_tokens == 4
+
+
+def test_server_base_defaults_are_the_optional_parts_of_the_contract():
+    server = ServerBase()
+    assert server.identity_extras == {} and server.verify is True and server.process is None
+    assert server.start_run() is None and server.end_run() is None and server.close() is None

@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from specadapt.adapters import trtllm as T
-from specadapt.adapters.base import run_hooks
 from specadapt.configs import trtllm as cfg
 from specadapt.configs.files import validate_file
 from specadapt.errors import NotAServer, UsageError
@@ -185,9 +184,8 @@ def test_prometheus_only_gives_tokens_but_not_length():
 def test_background_poller_keeps_what_a_bounded_queue_would_lose():
     fake = FakeTrtllm()
     server = fake.server(poll_interval_s=0.02)
-    start, end = run_hooks(server)
     before = server.read_counters()
-    start()
+    server.start_run()
     entries = fx("metrics-iter-spec-eagle3-k3.json")
     for _ in range(5):
         fake.push(entries)
@@ -195,15 +193,17 @@ def test_background_poller_keeps_what_a_bounded_queue_would_lose():
         while fake.queue and time.monotonic() < deadline:  # the poller empties it, not us
             time.sleep(0.01)
         assert fake.queue == []
-    end()
+    server.end_run()
     after = server.read_counters()
     assert after.draft_tokens - before.draft_tokens == 60 and after.drafts - before.drafts == 20
     assert server._poller is None
 
 
-def test_run_hooks_are_noops_for_servers_without_them():
-    start, end = run_hooks(object())
-    assert start() is None and end() is None
+def test_run_hooks_are_noops_on_servers_whose_counters_do_not_drain():
+    from specadapt.adapters.vllm import VLLMServer
+
+    server = VLLMServer("http://v.test:8000")
+    assert server.start_run() is None and server.end_run() is None
 
 
 def test_stream_field_is_read_by_the_adapter():
@@ -278,8 +278,8 @@ def test_trtllm_serve_next_to_the_given_python_is_used(tmp_path):
 
 def test_backend_needs_an_explicit_model():
     with pytest.raises(UsageError, match="needs --model"):
-        T.TRTLLMBackend.resolve_model(None)
-    assert T.TRTLLMBackend.version() is None  # not installable here
+        T.TRTLLMBackend().resolve_model(None)
+    assert T.TRTLLMBackend().version() is None  # not installable here
 
 
 def test_cli_refuses_a_bad_launch_option_in_one_line():
