@@ -66,10 +66,14 @@ def save_with_tokenizer(model, dest, tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory, embedded_dir):
     """(target dir, draft dir, small-vocab dir): tiny random LLaMAs with SmolLM2's tokenizer."""
+    return make_tiny_dirs(tmp_path_factory.mktemp("tiny"), embedded_dir)
+
+
+def make_tiny_dirs(root, embedded_dir):
+    """tiny_dirs' models, saved under ``root`` (tests/commands uses them too)."""
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(str(embedded_dir)).vocab_size
-    root = tmp_path_factory.mktemp("tiny")
     target = tiny_llama(seed=2, vocab=vocab, hidden=32, init=0.05, dtype=torch.float32)
     target.config.eos_token_id = 2
     draft = noisy_copy(target, 0.3, seed=3)

@@ -74,7 +74,7 @@ def test_acceptance_inverse():
 
 
 def test_theory_imports_without_torch():
-    code = ("import sys; import specadapt.native_reference.theory, specadapt.native_reference.cli, "
+    code = ("import sys; import specadapt.native_reference.theory, specadapt.commands.reference, "
             "specadapt.cli; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -1,4 +1,4 @@
-"""`specadapt config`: render, validate and explain speculative-decoding configs."""
+"""`specadapt config`: render, validate and explain speculative-decoding configs (configs/ does the work)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import json
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
 from specadapt.configs import render as R
 from specadapt.configs import versions as V
+from specadapt.configs.examples import stale_examples, write_examples
+from specadapt.configs.files import explain_file, validate_file
 from specadapt.configs.spec import METHODS, SpecConfig
 from specadapt.errors import UsageError
 
@@ -33,9 +36,8 @@ def _build_spec(**kw) -> SpecConfig:
                              "'[[1, 16, 4], [17, 64, 2]]'")
     try:
         return SpecConfig(draft_len_schedule=schedule, k_per_batch_size=per_batch, **kw)
-    except Exception as exc:  # pydantic.ValidationError -> one line
-        errs = exc.errors() if hasattr(exc, "errors") else []
-        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errs)
+    except ValidationError as exc:  # -> one line
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise UsageError(f"Invalid config: {detail or exc}.") from exc
 
 
@@ -112,8 +114,6 @@ def _opts(ctx: click.Context) -> dict:
 @click.pass_context
 def validate_cmd(ctx: click.Context, file: Path, schema: Path | None) -> None:
     """Check FILE (JSON, YAML, command line, k8s or compose); exit 1 when it has errors."""
-    from specadapt.configs.files import validate_file
-
     o = _opts(ctx)
     report = validate_file(file, o["backend"], o["version"], o["engine"], schema)
     for p in report.problems:
@@ -130,8 +130,6 @@ def validate_cmd(ctx: click.Context, file: Path, schema: Path | None) -> None:
 @click.pass_context
 def explain_cmd(ctx: click.Context, file: Path) -> None:
     """Say what each key of FILE does, and what is missing, deprecated or wrong."""
-    from specadapt.configs.files import explain_file
-
     o = _opts(ctx)
     for line in explain_file(file, o["backend"], o["version"], o["engine"]):
         click.echo(line)
@@ -144,8 +142,6 @@ def explain_cmd(ctx: click.Context, file: Path) -> None:
 @click.pass_context
 def examples_cmd(ctx: click.Context, out_dir: Path, check: bool) -> None:
     """Regenerate (or check) the example deployments in configs/."""
-    from specadapt.configs.examples import stale_examples, write_examples
-
     if check:
         stale = stale_examples(out_dir)
         for name in stale:

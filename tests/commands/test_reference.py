@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from specadapt.cli import cli
+from specadapt.models import resolve_model_dir
+
+pytest.importorskip("torch", reason="the reference engine needs torch (pip install 'specadapt[reference]')")
+# the engine tests' tiny random models (tests/ is on sys.path: both test directories are packages)
+from native_reference.conftest import make_tiny_dirs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    """(target dir, draft dir, small-vocab dir), as in tests/native_reference."""
+    return make_tiny_dirs(tmp_path_factory.mktemp("tiny"), resolve_model_dir(None))
 
 
 def run(*args):

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from specadapt.cli import cli
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# TensorRT-LLM's speculative_config JSON schema (origin: tests/fixtures/trtllm/README.md)
+SCHEMA = REPO_ROOT / "tests" / "fixtures" / "trtllm" / "trtllm-speculative.schema.json"
 
 EAGLE3 = ["config", "--backend", "vllm", "--target", "M", "--method", "eagle3", "--draft", "D",
           "--k", "3"]
@@ -59,7 +64,7 @@ def test_missing_backend_and_bad_json_are_usage_errors():
     ("trtllm", "ngram", ["--k", "3", "--draft-len-schedule", '{"1": 3, "8": 1}']),
     ("trtllm", "draft_model", ["--k", "3", "--draft", "D", "--backend-version", "1.1.0"]),
 ])
-def test_round_trip_every_format_validates(tmp_path, backend, method, extra, schema_path):
+def test_round_trip_every_format_validates(tmp_path, backend, method, extra):
     version = extra[extra.index("--backend-version") + 1] if "--backend-version" in extra else None
     r = run("config", "--backend", backend, "--target", "M", "--method", method, *extra,
             "--format", "all", "--out", str(tmp_path))
@@ -70,7 +75,7 @@ def test_round_trip_every_format_validates(tmp_path, backend, method, extra, sch
         args = ["config"] + (["--backend-version", version] if version else [])
         args += ["validate", str(f)]
         if backend == "trtllm":
-            args += ["--schema", str(schema_path)]
+            args += ["--schema", str(SCHEMA)]
         v = run(*args)
         assert v.exit_code == 0, (f.name, v.output)
         assert v.output.strip().endswith(")") and ": ok (" in v.output
@@ -128,14 +133,19 @@ def test_explain_vllm_json(tmp_path):
     assert "disable_by_batch_size = 4: DEPRECATED/RENAMED: removed" in out
 
 
-def test_examples_check(repo_root):
-    r = run("config", "examples", "--check", "--out", str(repo_root / "configs"))
+def test_examples_check():
+    r = run("config", "examples", "--check", "--out", str(REPO_ROOT / "configs"))
     assert r.exit_code == 0, r.output
 
 
-def test_validate_checks_local_model_dirs(tmp_path):
-    from cfg_helpers import make_model_dir
+def make_model_dir(root: Path, name: str, config: dict) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
 
+
+def test_validate_checks_local_model_dirs(tmp_path):
     cfg = {"model_type": "llama", "vocab_size": 5, "hidden_size": 8,
            "max_position_embeddings": 1024}
     t = make_model_dir(tmp_path, "t", cfg)

@@ -1,6 +1,7 @@
 """`specadapt reference ...`: the native PyTorch reference engine from the command line.
 
-This module imports without torch; torch and transformers are imported inside commands.
+This module imports without torch; the engine (torch, transformers) is imported inside the
+commands, after ``require`` has named the extra to install when they are missing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import click
 
 from specadapt.errors import require
+from specadapt.models import resolve_model_dir
 
 _DTYPES = click.Choice(["auto", "float64", "float32", "bfloat16", "float16"])
 
@@ -45,8 +47,7 @@ def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
     require("transformers", "reference", "the native reference engine")
     if threads:
         torch.set_num_threads(threads)
-    from specadapt.models import resolve_model_dir
-    from specadapt.native_reference.runtime import open_reference
+    from specadapt.native_reference.runtime import open_reference  # torch
 
     target_dir = resolve_model_dir(str(target) if target else None)
     draft_dir = resolve_model_dir(str(draft)) if draft else None
@@ -54,7 +55,7 @@ def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
                           min_confidence=draft_min_confidence)
 
 
-@click.group()
+@click.group("reference")
 def reference() -> None:
     """Speculative decoding in PyTorch: the ground truth (generate, serve)."""
 
@@ -73,7 +74,7 @@ def generate(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence
              prompt, chat, max_tokens, temperature, top_k, top_p, check, as_json) -> None:
     """Generate with speculative decoding; print the text and the statistics."""
     ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed)
-    from specadapt.native_reference.engine import SpecEngine
+    from specadapt.native_reference.engine import SpecEngine  # torch
     from specadapt.native_reference.sampling import SamplingParams
 
     ids = ref.encode(prompt, chat)
@@ -97,7 +98,7 @@ def generate(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence
 
 
 def _compare(spec: list[int], base: list[int], greedy: bool) -> dict:
-    first = next((i for i, (a, b) in enumerate(zip(spec, base)) if a != b), None)
+    first = next((i for i, (a, b) in enumerate(zip(spec, base, strict=False)) if a != b), None)
     if first is None and len(spec) != len(base):
         first = min(len(spec), len(base))
     identical = first is None
@@ -139,7 +140,7 @@ def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
         require(module, "reference", "specadapt reference serve")
     ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
                 fault)
-    from specadapt.native_reference.server import run_server
+    from specadapt.native_reference.server import run_server  # torch, starlette
 
     if fault:
         click.echo(f"WARNING: fault injection '{fault}' is ON: this server is deliberately wrong", err=True)

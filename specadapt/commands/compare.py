@@ -1,0 +1,162 @@
+"""`specadapt compare` and `specadapt equiv`: spec off against spec on (probes.compare does the work)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from specadapt.commands._console import progress_bar, stderr
+from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers, server_options
+from specadapt.errors import UsageError
+from specadapt.probes.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
+from specadapt.probes.gate import apply_gate
+from specadapt.probes.prompts import load_prompts
+from specadapt.records import CompareReport, CompareSettings, Prompt, RequestSettings
+from specadapt.report.compare_render import render_console
+from specadapt.report.outputs import write_outputs
+
+
+def parse_levels(value: str) -> list[int]:
+    """``--concurrency 1,2,4`` -> [1, 2, 4] (sorted, without repeats)."""
+    try:
+        levels = sorted({int(x) for x in value.split(",") if x.strip()})
+    except ValueError as exc:
+        raise UsageError(f"--concurrency {value!r}: give comma-separated integers, e.g. 1,2,4,8") from exc
+    if not levels or levels[0] < 1:
+        raise UsageError(f"--concurrency {value!r}: every level must be an integer >= 1")
+    return levels
+
+
+def ab_options(f):
+    """The load, analysis and output options of compare and equiv."""
+    opts = [
+        click.option("--prompts", "prompts_file", type=click.Path(path_type=Path),
+                     help="JSONL prompt file (default: built-in set)."),
+        click.option("--concurrency", default="1", show_default=True, help="Levels of the sweep, e.g. 1,2,4,8."),
+        click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
+                     help="Send the prompt set this many times per level."),
+        click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
+                     help="Requests sent first (to each server) and discarded."),
+        click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--request-timeout", type=click.FloatRange(0.1), default=300, show_default=True,
+                     help="Seconds per request."),
+        click.option("--near-tie-threshold", type=click.FloatRange(0), help="Nats (default: by --dtype; see docs/compare.md)."),
+        click.option("--reference", type=click.Path(path_type=Path),
+                     help="Local HF model dir: recompute the target in float64 at each divergence."),
+        click.option("--no-triage", is_flag=True, help="Do not ask the spec-off server for logprobs at divergences."),
+        click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
+        click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
+                     help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+                     help="Write report.json, junit.xml, summary.md and report.html here."),
+        click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write the versioned JSON report here."),
+        click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write JUnit XML here (one testcase per prompt)."),
+        click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write the Markdown summary here."),
+        click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Write the self-contained HTML report (with plots) here."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _sides(off_url: str | None, on_url: str | None) -> list[Side]:
+    return [Side(url=off_url, spec=False, label="spec-off", url_flag="--off"),
+            Side(url=on_url, spec=True, label="spec-on", url_flag="--on")]
+
+
+def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool) -> CompareSettings:
+    request = RequestSettings(max_tokens=kw["max_tokens"], seed=kw["seed"], top_logprobs=0, logprobs=True,
+                              request_timeout_s=kw["request_timeout"])
+    return CompareSettings(concurrency=parse_levels(kw["concurrency"]), repeat=kw["repeat"], warmup=kw["warmup"],
+                           request=request, on_temperature=kw["on_temperature"],
+                           prompts_source=str(kw["prompts_file"] or "built-in"), draft_cost=kw["draft_cost"],
+                           near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
+                           reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved)
+
+
+def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],
+         gate: dict | None) -> int:
+    if bool(off_url) != bool(on_url):
+        raise UsageError("give both --off URL and --on URL, or neither (then both servers are started)")
+    connect = bool(off_url)
+    if not connect and not server_opts.spec_config:
+        raise UsageError("to start the servers, give the spec-on side's --spec-config (or --off and --on URLs)")
+    if kw["reference"] and not (Path(kw["reference"]) / "config.json").is_file():
+        raise UsageError(f"--reference {kw['reference']} is not a local HF model directory (no config.json)")
+    prompts = load_prompts(kw["prompts_file"])
+    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel")
+    plan = plan_servers(server_opts, _sides(off_url, on_url))
+    if settings.interleaved:
+        report = _side_by_side(plan, prompts, settings)
+    else:
+        report = _one_after_the_other(plan, prompts, settings)
+    if gate is not None:
+        apply_gate(report, **gate)
+    out = kw["out_dir"]
+    written = write_outputs(report, json_path=kw["json_out"] or (out / "report.json" if out else None),
+                            junit_path=kw["junit_out"] or (out / "junit.xml" if out else None),
+                            markdown_path=kw["md_out"] or (out / "summary.md" if out else None),
+                            html_path=kw["html_out"] or (out / "report.html" if out else None))
+    render_console(report, Console())
+    for path in written:
+        stderr.print(f"wrote {path}")
+    if gate is not None:
+        return 0 if report.gate.passed else 1
+    return 0
+
+
+def _side_by_side(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
+    """Both servers up at once, requests interleaved."""
+    with open_servers(plan) as (off, on), progress_bar() as bar:
+        task = bar.add_task("comparing", total=total_requests(len(prompts), settings))
+        return run_compare(off, on, prompts, settings, lambda rec: bar.advance(task))
+
+
+def _one_after_the_other(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
+    """Spec on alone first, then spec off alone (kept up until its triage is done)."""
+    per_side = total_requests(len(prompts), settings) // 2
+    with open_servers(plan.only("spec-on")) as (on,), progress_bar() as bar:
+        task = bar.add_task("spec on", total=per_side)
+        on_info, on_recs, on_counters = run_one_side(on, "on", prompts, settings, lambda rec: bar.advance(task))
+    with open_servers(plan.only("spec-off")) as (off,):
+        with progress_bar() as bar:
+            task = bar.add_task("spec off", total=per_side)
+            off_info, off_recs, off_counters = run_one_side(off, "off", prompts, settings,
+                                                            lambda rec: bar.advance(task))
+        report = CompareReport(settings=settings, off_server=off_info, on_server=on_info,
+                               requests=off_recs + on_recs, counters_on=on_counters, counters_off=off_counters)
+        return finish_compare(report, off, prompts, side_settings(off, settings.request))
+
+
+@click.command("compare")
+@server_options(sides=2)
+@ab_options
+def compare(server_opts: ServerOptions, off_url, on_url, launch, **kw) -> None:
+    """Same prompts with speculative decoding on and off: speed with confidence, load crossover,
+    acceptance and theory, and output identity with triage of every divergence."""
+    sys.exit(_run(server_opts, off_url, on_url, launch, kw, gate=None))
+
+
+@click.command("equiv")
+@server_options(sides=2)
+@ab_options
+@click.option("--max-suspect", type=click.IntRange(0), default=0, show_default=True,
+              help="Most prompts allowed to diverge for a reason other than a near-tie (untriaged count here).")
+@click.option("--max-near-tie", type=click.IntRange(0), help="Most near-tie divergences allowed (default: any).")
+@click.option("--min-speedup", type=click.FloatRange(0), help="Least tokens/s ratio on/off at the first level.")
+def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_near_tie, min_speedup, **kw) -> None:
+    """Staging gate: exit 0 within the thresholds, 1 outside them, 2 on usage or connection errors.
+
+    Writes the versioned JSON report, JUnit XML (one testcase per prompt), a Markdown summary and
+    a self-contained HTML report (--out DIR for all four)."""
+    sys.exit(_run(server_opts, off_url, on_url, launch, kw,
+                  gate=dict(max_suspect=max_suspect, max_near_tie=max_near_tie, min_speedup=min_speedup)))

@@ -1,0 +1,63 @@
+"""`specadapt probe`: one server, checked and measured (probes.runner does the work)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from specadapt.commands._console import progress_bar, stderr
+from specadapt.commands._server import ServerOptions, Side, open_servers, plan_servers, server_options
+from specadapt.errors import ServerDied
+from specadapt.probes.prompts import load_prompts
+from specadapt.probes.runner import failed_count, run_probe, server_log_tail
+from specadapt.records import RequestSettings, write_report
+from specadapt.report.console import render_probe
+
+
+@click.command("probe")
+@server_options(sides=1)
+@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), help="JSONL prompt file (default: built-in set).")
+@click.option("--concurrency", type=click.IntRange(1, 4096), default=1, show_default=True)
+@click.option("--repeat", type=click.IntRange(1), default=1, show_default=True, help="Send the prompt set this many times.")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Requests sent first and discarded.")
+@click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--top-logprobs", type=click.IntRange(0, 20), default=0, show_default=True)
+@click.option("--no-logprobs", is_flag=True, help="Do not ask for logprobs (token counts then rely on usage).")
+@click.option("--request-timeout", type=click.FloatRange(0.1), default=300, show_default=True, help="Seconds per request.")
+@click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
+              help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
+                   "retried requests are reported apart. Off by default: retries distort latency.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
+def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repeat, warmup, max_tokens, temperature,
+          seed, top_logprobs, no_logprobs, request_timeout, retries, json_out) -> None:
+    """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
+
+    Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
+    2 on bad input, when the server cannot be reached or started, or when a server specadapt
+    started dies mid-run (the partial report is still written).
+    """
+    prompts = load_prompts(prompts_file)
+    settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                               logprobs=not no_logprobs, top_logprobs=top_logprobs,
+                               request_timeout_s=request_timeout, retries=retries)
+    plan = plan_servers(server_opts, [Side(url=url, port=port)])
+    with open_servers(plan) as (server,), progress_bar() as bar:
+        task = bar.add_task("probing", total=len(prompts) * repeat + warmup)
+        report = run_probe(server, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
+                           prompts_source=str(prompts_file) if prompts_file else "built-in",
+                           progress=lambda rec: bar.advance(task))
+    if json_out:
+        write_report(report, json_out)
+    render_probe(report, Console())
+    if json_out:
+        stderr.print(f"report written to {json_out}")
+    if report.partial:
+        raise ServerDied(report.partial_reason or "the server exited during the run",
+                         log_tail=server_log_tail(report))
+    if failed_count(report):
+        sys.exit(1)

@@ -1,0 +1,53 @@
+"""`specadapt report`: saved probe and compare reports, rendered again (report/ does the rendering)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from specadapt.commands._console import stderr
+from specadapt.errors import UsageError
+from specadapt.records import read_compare_report, read_report, report_kind
+from specadapt.report.compare_render import render_console
+from specadapt.report.console import render_probe
+from specadapt.report.outputs import write_outputs
+from specadapt.report.side_by_side import render_side_by_side
+
+
+@click.group("report")
+def report() -> None:
+    """Re-render saved reports."""
+
+
+@report.command("show")
+@click.argument("path", type=click.Path(path_type=Path))
+def show(path: Path) -> None:
+    """Print a saved probe or compare report (from --json / --out) as tables."""
+    if report_kind(path) == "compare":
+        render_console(read_compare_report(path), Console())
+        return
+    render_probe(read_report(path), Console())
+
+
+@report.command("export")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
+def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
+    """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML."""
+    if not (junit_out or md_out or html_out):
+        raise UsageError("give at least one of --junit, --markdown, --html")
+    for written in write_outputs(read_compare_report(path), junit_path=junit_out, markdown_path=md_out,
+                                 html_path=html_out):
+        stderr.print(f"wrote {written}")
+
+
+@report.command("compare")
+@click.argument("off_path", type=click.Path(path_type=Path))
+@click.argument("on_path", type=click.Path(path_type=Path))
+def compare(off_path: Path, on_path: Path) -> None:
+    """Two saved probe reports side by side: OFF_PATH (spec off) vs ON_PATH (spec on)."""
+    render_side_by_side(read_report(off_path), read_report(on_path), Console())
