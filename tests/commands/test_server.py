@@ -1,0 +1,187 @@
+"""The one server-option set and open_servers(): probe, compare and equiv take the same options
+and open servers the same way (exact lines through click's CliRunner, with a stub backend)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from pydantic import BaseModel
+
+from specadapt.adapters.base import LaunchPlan
+from specadapt.cli import cli
+from specadapt.commands import _server
+from specadapt.commands._server import ServerOptions
+from specadapt.commands.compare import compare, equiv
+from specadapt.commands.probe import probe
+from specadapt.errors import UsageError
+
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+SHARED = [f.name for f in fields(ServerOptions)]
+LOAD = {"prompts_file", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out"}
+
+
+def params(command: click.Command) -> dict[str, dict]:
+    return {p.name: p.to_info_dict() for p in command.params}
+
+
+def invoke(*args: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stderr.splitlines()
+
+
+# --- one option set ---------------------------------------------------------------------------
+@pytest.mark.parametrize("other", [compare, equiv], ids=["compare", "equiv"])
+def test_every_shared_server_option_is_the_same_in_probe_and_the_ab_commands(other):
+    ours, theirs = params(probe), params(other)
+    for name in SHARED:  # name, flags, type, default, help, flag-ness, multiple, ...
+        assert ours[name] == theirs[name], name
+
+
+@pytest.mark.parametrize("other", [compare, equiv], ids=["compare", "equiv"])
+def test_no_server_option_is_declared_twice(other):
+    """What probe and compare both take is the shared set plus the load options, nothing else."""
+    common = set(params(probe)) & set(params(other))
+    assert common - LOAD == set(SHARED)
+
+
+def test_how_the_servers_are_reached_differs_by_command():
+    assert {"url", "port"} <= set(params(probe)) and not {"off_url", "on_url", "launch"} & set(params(probe))
+    assert {"off_url", "on_url", "launch"} <= set(params(compare)) and not {"url", "port"} & set(params(compare))
+
+
+# --- a stub backend: what open_servers asks of a backend, and what it prints -------------------
+class StubLaunch(BaseModel):
+    model: str
+    spec_config: dict | None = None
+    python: str
+    host: str = "127.0.0.1"
+    port: int | None = None
+    dtype: str | None = None
+    max_model_len: int | None = None
+    extra_args: list[str] = []
+
+
+class StubServer:
+    def __init__(self, url: str):
+        self.base_url, self.closed = url, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class StubCapabilities:
+    """Answers both ways of asking: ``"launch" in caps`` and ``caps.launch``."""
+
+    def __init__(self, launch: bool):
+        self.launch, self.connect = launch, True
+
+    def __contains__(self, name: str) -> bool:
+        return bool(getattr(self, name, False))
+
+
+class StubBackend:
+    """Launches nothing: records the launch options, reports a plan, then refuses to go on."""
+
+    name = "stub"
+    capabilities = StubCapabilities(launch=True)
+    launch_options = StubLaunch
+
+    def __init__(self):
+        self.launched: list[StubLaunch] = []
+        self.connected: list[StubServer] = []
+
+    def resolve_model(self, model: str | None) -> str:
+        return f"resolved:{model}"
+
+    def connect(self, url: str, api_key=None, verify=True) -> StubServer:
+        self.connected.append(StubServer(url))
+        return self.connected[-1]
+
+    @contextlib.contextmanager
+    def launched_many(self, opts_list, startup_timeout_s=None, on_wait=None, on_plan=None):
+        for i, opts in enumerate(opts_list):
+            self.launched.append(opts)
+            plan = LaunchPlan(backend="stub", argv=["stub-serve", f"--spec={bool(opts.spec_config)}"], port=9000 + i,
+                              spec_enabled=bool(opts.spec_config), model=opts.model, notes=[f"note {i}"])
+            on_plan(plan, Path(f"/logs/{i}.log"))
+        raise UsageError("the stub starts nothing")
+        yield  # pragma: no cover
+
+
+@pytest.fixture
+def stub(monkeypatch) -> StubBackend:
+    backend = StubBackend()
+    monkeypatch.setattr(_server, "get_backend", lambda name: backend)
+    return backend
+
+
+def test_probe_prints_the_plan_the_log_and_every_note(stub):
+    code, lines = invoke("probe", "--model", "m", "--spec-config", NGRAM, "--port", "8123")
+    assert code == 2
+    assert lines == ["starting vllm: stub-serve --spec=True", "server log: /logs/0.log", "note: note 0",
+                     "error: the stub starts nothing"]
+    (opts,) = stub.launched
+    assert opts.model == "resolved:m" and opts.port == 8123 and opts.spec_config == json.loads(NGRAM)
+
+
+def test_compare_starts_both_sides_with_probe_s_options_and_messages(stub):
+    code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--host", "127.0.0.2", "--dtype", "float32",
+                         "--max-model-len", "512", "--server-arg", "--x=1")
+    assert code == 2
+    assert lines == ["starting spec-off server: stub-serve --spec=False", "server log: /logs/0.log", "note: note 0",
+                     "starting spec-on server: stub-serve --spec=True", "server log: /logs/1.log", "note: note 1",
+                     "error: the stub starts nothing"]
+    off, on = stub.launched
+    assert off.spec_config is None and on.spec_config == json.loads(NGRAM)
+    common = dict(model="resolved:m", host="127.0.0.2", port=None, dtype="float32", max_model_len=512,
+                  extra_args=["--x=1"])
+    assert off.model_dump(exclude={"spec_config"}) == on.model_dump(exclude={"spec_config"}) == {
+        **common, "python": off.python}
+
+
+def test_sequential_compare_starts_the_spec_on_side_first_and_alone(stub):
+    code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--launch", "sequential")
+    assert code == 2 and lines[0] == "starting spec-on server: stub-serve --spec=True"
+    assert [o.spec_config is not None for o in stub.launched] == [True]
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["compare", "--off", "http://127.0.0.1:1"],
+     "error: give both --off URL and --on URL, or neither (then both servers are started)"),
+    (["compare", "--off", "http://127.0.0.1:1", "--on", "http://127.0.0.1:2", "--model", "m"],
+     "error: --off and --on connect to running servers; --model and --spec-config are for starting them: "
+     "give one or the other"),
+    (["compare", "--model", "m"],
+     "error: to start the servers, give the spec-on side's --spec-config (or --off and --on URLs)"),
+    (["probe", "--url", "http://127.0.0.1:1", "--spec-config", NGRAM],
+     "error: --url connects to a running server; --model and --spec-config are for starting one: "
+     "give one or the other"),
+])
+def test_connect_or_start_is_one_or_the_other(stub, argv, line):
+    assert invoke(*argv) == (2, [line])
+
+
+def test_a_backend_that_cannot_launch_names_the_urls_to_give(stub):
+    stub.capabilities = StubCapabilities(launch=False)
+    assert invoke("probe") == (2, ["error: backend vllm cannot start servers: pass --url of a running one"])
+    assert invoke("equiv", "--spec-config", NGRAM) == (
+        2, ["error: backend vllm cannot start servers: pass --off and --on URLs of running ones"])
+
+
+def test_given_urls_are_connected_and_closed(stub):
+    plan = _server.plan_servers(ServerOptions(
+        backend="stub", api_key=None, insecure=False, ca_bundle=None, model=None, spec_config=None, python="py",
+        host="127.0.0.1", dtype=None, max_model_len=2048, server_args=(), startup_timeout=1.0),
+        [_server.Side(url="http://a", spec=False, label="spec-off"), _server.Side(url="http://b", label="spec-on")])
+    assert plan.launch == (None, None)
+    with _server.open_servers(plan) as servers:
+        assert [s.base_url for s in servers] == ["http://a", "http://b"]
+        assert not any(s.closed for s in servers)
+    assert all(s.closed for s in stub.connected) and not stub.launched
