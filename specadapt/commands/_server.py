@@ -25,11 +25,11 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
 from specadapt.adapters.registry import get_backend
 from specadapt.commands._console import say, stderr
 from specadapt.configs.spec_input import load_spec_json
 from specadapt.errors import UsageError
-from specadapt.models import resolve_model_dir
 
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
 
@@ -132,26 +132,8 @@ def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | ssl.SSLContext:
     return True
 
 
-def _can_launch(backend: Any) -> bool:
-    return "launch" in backend.capabilities
-
-
-# --- BEGIN transitional: until every backend has resolve_model and launched_many (the Backend
-# protocol work in adapters/); then call backend.resolve_model / backend.launched_many directly.
-def _resolve_model(backend: Any, model: str | None) -> Any:
-    return getattr(backend, "resolve_model", resolve_model_dir)(model)
-
-
-@contextlib.contextmanager
-def _launched_many(backend: Any, opts_list: list[Any], **kw: Any) -> Iterator[list[Any]]:
-    many = getattr(backend, "launched_many", None)
-    if many is not None:
-        with many(opts_list, **kw) as servers:
-            yield servers
-        return
-    with contextlib.ExitStack() as stack:  # one at a time, all up before any request
-        yield [stack.enter_context(backend.launched(opts, **kw)) for opts in opts_list]
-# --- END transitional
+def _can_launch(backend: Backend) -> bool:
+    return backend.capabilities.launch
 
 
 # --- planning and opening -----------------------------------------------------------------------
@@ -171,9 +153,9 @@ class ServerPlan:
     """What plan_servers decided: per side, a URL to connect to or the backend's launch options."""
 
     backend_name: str
-    backend: Any
+    backend: Backend
     sides: tuple[Side, ...]
-    launch: tuple[Any, ...]  # backend.launch_options(...) per side; None where the side has a URL
+    launch: tuple[LaunchOptions | None, ...]  # per side; None where the side has a URL
     api_key: str | None
     verify: bool | ssl.SSLContext
     startup_timeout_s: float
@@ -194,12 +176,12 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
         running = "connects to a running server" if one else "connect to running servers"
         raise UsageError(f"{flags} {running}; --model and --spec-config are for starting "
                          f"{'one' if one else 'them'}: give one or the other")
-    launch: list[Any] = [None] * len(sides)
+    launch: list[LaunchOptions | None] = [None] * len(sides)
     if not all(s.url for s in sides):
         if not _can_launch(backend):
             hint = "--url of a running one" if one else f"{flags} URLs of running ones"
             raise UsageError(f"backend {opts.backend} cannot start servers: pass {hint}")
-        model = str(_resolve_model(backend, opts.model))
+        model = str(backend.resolve_model(opts.model))
         spec = load_spec_json(opts.spec_config) if opts.spec_config else None
         for i, side in enumerate(sides):
             if not side.url:
@@ -208,7 +190,8 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
                       api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout)
 
 
-def _launch_options(backend: Any, opts: ServerOptions, model: str, spec: dict | None, port: int | None) -> Any:
+def _launch_options(backend: Backend, opts: ServerOptions, model: str, spec: dict | None,
+                    port: int | None) -> LaunchOptions:
     try:
         return backend.launch_options(model=model, spec_config=spec, python=opts.python, host=opts.host, port=port,
                                       dtype=opts.dtype, max_model_len=opts.max_model_len,
@@ -220,11 +203,11 @@ def _launch_options(backend: Any, opts: ServerOptions, model: str, spec: dict | 
 
 
 @contextlib.contextmanager
-def open_servers(plan: ServerPlan) -> Iterator[list[Any]]:
+def open_servers(plan: ServerPlan) -> Iterator[list[Server]]:
     """Connect to or start every side of ``plan`` (started ones side by side) and yield the
     servers in the order of the sides; close them, and stop the started ones, on exit."""
     with contextlib.ExitStack() as stack:
-        servers: list[Any] = [None] * len(plan.sides)
+        servers: list[Any] = [None] * len(plan.sides)  # filled in below, in the order of the sides
         for i, side in enumerate(plan.sides):
             if side.url:
                 server = plan.backend.connect(side.url, api_key=plan.api_key, verify=plan.verify)
@@ -239,11 +222,11 @@ def open_servers(plan: ServerPlan) -> Iterator[list[Any]]:
 
 
 @contextlib.contextmanager
-def _started(plan: ServerPlan, indices: list[int]) -> Iterator[list[Any]]:
+def _started(plan: ServerPlan, indices: list[int]) -> Iterator[list[Server]]:
     """Start the sides at ``indices`` together, saying what runs where; a spinner until they answer."""
     sides = iter([plan.sides[i] for i in indices])  # launched_many reports the plans in order
 
-    def on_plan(launch_plan: Any, log_path: Path) -> None:
+    def on_plan(launch_plan: LaunchPlan, log_path: Path) -> None:
         label = next(sides).label
         say(f"starting {plan.backend_name if label is None else label + ' server'}: {launch_plan.printable()}")
         say(f"server log: {log_path}")
@@ -256,7 +239,7 @@ def _started(plan: ServerPlan, indices: list[int]) -> Iterator[list[Any]]:
             def on_wait(elapsed: float, last_line: str) -> None:
                 status.update(f"waiting for the {what} to answer ({elapsed:.0f} s): {last_line[-90:]}")
 
-            servers = stack.enter_context(_launched_many(
-                plan.backend, [plan.launch[i] for i in indices], startup_timeout_s=plan.startup_timeout_s,
-                on_wait=on_wait, on_plan=on_plan))
+            servers = stack.enter_context(plan.backend.launched_many(
+                [plan.launch[i] for i in indices], startup_timeout_s=plan.startup_timeout_s, on_wait=on_wait,
+                on_plan=on_plan))
         yield servers
