@@ -17,13 +17,14 @@ import platform
 from pathlib import Path
 
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
+from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
 from specadapt.probes.compare import pair_records, run_compare, speed_ratios
 from specadapt.probes.prompts import load_prompts
 from specadapt.records import CompareSettings, RequestSettings, write_report
 from specadapt.report.compare_render import ci
 
-NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM_K4 = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import ssl
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -173,6 +174,7 @@ class Backend(ABC):
     # -- launching (capabilities.launch) ------------------------------------------------
     def check_launch(self, opts: LaunchOptions) -> None:
         """Refuse ``opts`` with a UsageError before any server starts (default: nothing to check)."""
+        return None
 
     def launch_plan(self, opts: LaunchOptions) -> LaunchPlan:
         """The argv, environment and port that start one server for ``opts``."""

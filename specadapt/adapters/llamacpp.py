@@ -1,8 +1,8 @@
 """llama.cpp through llama-cpp-python's OpenAI-compatible server: launch and connect.
 
 Speculation there is prompt-lookup drafting (``--draft_model prompt-lookup-decoding
---draft_model_num_pred_tokens K``), the only drafter its server can start from the
-command line. What this backend can and cannot read, plainly:
+--draft_model_num_pred_tokens K``, configs/llamacpp.py), the only drafter its server can
+start from the command line. What this backend can and cannot read, plainly:
 
 - no counters: the server has no ``/metrics`` and reports no drafts or accepted tokens,
   so acceptance is unknown (the report says so; speedup and output identity still work);
@@ -17,7 +17,6 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import httpx
 from pydantic import Field
@@ -25,30 +24,28 @@ from pydantic import Field
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.process import free_port
-from specadapt.configs.vllm import spec_from_vllm_json
+from specadapt.configs.llamacpp import llamacpp_spec_flags
+from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.models import embedded_gguf_path
 from specadapt.records import CounterSnapshot, ServerInfo
 
-DRAFTER = "prompt-lookup-decoding"
 NO_COUNTERS = "llama-cpp-python's server exposes no speculative-decoding counters (no /metrics)"
 
 
-def spec_to_num_pred_tokens(spec_config: dict[str, Any] | None) -> tuple[int | None, list[str]]:
-    """vLLM-style JSON -> (K for --draft_model_num_pred_tokens or None for off, notes)."""
-    if not spec_config:
-        return None, []
-    spec = spec_from_vllm_json(spec_config)
-    if spec.method != "ngram":
-        raise UsageError(f"llama-cpp-python's server drafts only by prompt lookup, not {spec.method!r}: "
-                         'use {"method": "ngram", "num_speculative_tokens": K}')
-    if not spec.k:
-        raise UsageError("num_speculative_tokens is needed for prompt-lookup drafting: set it (4 is typical)")
+def spec_flags(spec: SpecConfig | None) -> tuple[list[str], list[str]]:
+    """(the drafting flags for ``spec``, notes); UsageError for what the server cannot do."""
+    if spec is None:
+        return [], []
+    try:
+        flags = llamacpp_spec_flags(spec)
+    except UsageError as exc:
+        raise UsageError(f"--spec-config: {exc}") from None
     notes = []
     if spec.ngram_min is not None or spec.ngram_max is not None:
-        notes.append("prompt_lookup_min/max cannot be set through llama-cpp-python's server "
+        notes.append("the n-gram window cannot be set through llama-cpp-python's server "
                      "(its prompt-lookup drafter matches n-grams of up to 2 tokens); ignored")
-    return spec.k, notes
+    return flags, notes
 
 
 class LlamaCppServer(OpenAIServer):
@@ -87,8 +84,6 @@ class LlamaCppLaunch(LaunchOptions):
     """How to start ``python -m llama_cpp.server`` on a GGUF file."""
 
     model: str = Field(description="GGUF file to serve.")
-    spec_config: dict[str, Any] | None = Field(None, description='vLLM-style {"method": "ngram", '
-                                               '"num_speculative_tokens": K}; None: off.')
     dtype: str | None = Field(None, description="Ignored: a GGUF file fixes its own types.")
     max_model_len: int | None = Field(2048, ge=1, description="--n_ctx.")
     n_threads: int | None = Field(None, description="--n_threads (default: llama.cpp's choice).")
@@ -97,7 +92,7 @@ class LlamaCppLaunch(LaunchOptions):
 
 def launch_plan(opts: LlamaCppLaunch) -> LaunchPlan:
     port = opts.port or free_port(opts.host)
-    k, notes = spec_to_num_pred_tokens(opts.spec_config)
+    flags, notes = spec_flags(opts.spec_config)
     argv = [opts.python, "-m", "llama_cpp.server", "--model", opts.model, "--host", opts.host,
             "--port", str(port)]
     if opts.max_model_len:
@@ -106,13 +101,12 @@ def launch_plan(opts: LlamaCppLaunch) -> LaunchPlan:
         argv += ["--n_threads", str(opts.n_threads)]
     if opts.seed is not None:
         argv += ["--seed", str(opts.seed)]
-    if k is not None:
-        argv += ["--draft_model", DRAFTER, "--draft_model_num_pred_tokens", str(k)]
+    argv += flags
     if opts.dtype:
         notes.append(f"--dtype {opts.dtype} ignored: the GGUF file fixes its own types")
     notes.append(NO_COUNTERS + ": acceptance will be reported as unknown")
     return LaunchPlan(backend="llamacpp", argv=argv + list(opts.extra_args), host=opts.host, port=port,
-                      health_path="/v1/models", spec_enabled=k is not None, model=opts.model, notes=notes)
+                      health_path="/v1/models", spec_enabled=bool(flags), model=opts.model, notes=notes)
 
 
 def interpreter_version(python: str) -> str:
@@ -150,7 +144,8 @@ class LlamaCppBackend(Backend):
         return launch_plan(opts)
 
     def connect_launched(self, opts: LlamaCppLaunch, url: str) -> LlamaCppServer:
-        k, _ = spec_to_num_pred_tokens(opts.spec_config)
+        spec = opts.spec_config
+        k = spec.k if spec is not None and spec.enabled else None
         return LlamaCppServer(url, num_pred_tokens=k, launched=True, version=self._versions.get(opts.python))
 
     def resolve_model(self, model: str | None) -> str:

@@ -3,8 +3,8 @@
 It speaks the OpenAI API with vLLM's counter names on ``/metrics``, token ids through
 ``return_tokens_as_token_ids`` and ``/version``, so connecting reuses the vLLM adapter;
 what differs is the launch plan, and that it has no ``/tokenize`` (so ``--reference``
-recomputation needs a vLLM spec-off side). Speculative configs are given as vLLM JSON:
-``ngram`` (prompt_lookup_min/max) and ``draft_model`` (model) map to its flags.
+recomputation needs a vLLM spec-off side). It speculates with ``ngram`` (the n-gram window
+becomes --ngram-min/--ngram-max) or ``draft_model`` (a local draft directory), k at most.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from specadapt import __version__
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.process import free_port
 from specadapt.adapters.vllm import VLLMServer
+from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 
 
@@ -28,27 +29,31 @@ class ReferenceLaunch(LaunchOptions):
     """How to start ``specadapt reference serve`` (max_model_len is accepted and unused: the
     reference uses the model's own)."""
 
-    spec_config: dict[str, Any] | None = Field(None, description="vLLM-style JSON: ngram or draft_model; None: off.")
     dtype: str | None = Field(None, description="auto, float64, float32, bfloat16, float16.")
     seed: int | None = 0
     fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS.")
     threads: int = 1
 
 
-def _spec_flags(spec: dict[str, Any] | None) -> list[str]:
-    if not spec:
+def _spec_flags(spec: SpecConfig | None) -> list[str]:
+    """`specadapt reference serve` flags for ``spec``: ngram (window defaults 1..4, one bound
+    mirroring the other as in vLLM) or draft_model."""
+    if spec is None or not spec.enabled:
         return []
-    method = spec.get("method") or ("draft_model" if spec.get("model") else None)
-    k = spec.get("num_speculative_tokens")
-    if not isinstance(k, int) or k < 1:
-        raise UsageError("the reference engine needs num_speculative_tokens >= 1 in the speculative config")
-    if method == "ngram":
-        lo = spec.get("prompt_lookup_min", spec.get("prompt_lookup_max", 1))
-        hi = spec.get("prompt_lookup_max", spec.get("prompt_lookup_min", 4))
-        return ["--ngram", f"--ngram-min={lo}", f"--ngram-max={hi}", f"--k={k}"]
-    if method == "draft_model" and spec.get("model"):
-        return [f"--draft={spec['model']}", f"--k={k}"]
-    raise UsageError(f"the reference engine speculates with ngram or draft_model, not {method!r}")
+    if not spec.k:
+        raise UsageError("--spec-config: the reference engine needs k >= 1")
+    if spec.method == "ngram":
+        lo = spec.ngram_min or spec.ngram_max or 1
+        hi = spec.ngram_max or spec.ngram_min or 4
+        return ["--ngram", f"--ngram-min={lo}", f"--ngram-max={hi}", f"--k={spec.k}"]
+    if spec.method == "draft_model" and spec.draft:
+        return [f"--draft={spec.draft}", f"--k={spec.k}"]
+    raise UsageError(f"--spec-config: the reference engine speculates with ngram or draft_model, not {spec.method!r}")
+
+
+def _described(spec: SpecConfig | None) -> dict[str, Any] | None:
+    """What describe() reports about the launched engine's speculation (method and k)."""
+    return {"method": spec.method, "num_speculative_tokens": spec.k} if spec and spec.enabled else None
 
 
 def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:
@@ -63,7 +68,7 @@ def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:
         argv.append(f"--inject-fault={opts.fault}")
     argv += opts.extra_args
     return LaunchPlan(backend="reference", argv=argv, host=opts.host, port=port, health_path="/v1/models",
-                      spec_enabled=bool(opts.spec_config), model=opts.model,
+                      spec_enabled=bool(_spec_flags(opts.spec_config)), model=opts.model,
                       env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 
@@ -82,7 +87,7 @@ class ReferenceBackend(Backend):
         return launch_plan(opts)
 
     def connect_launched(self, opts: ReferenceLaunch, url: str) -> ReferenceServer:
-        return ReferenceServer(url, spec_config=opts.spec_config, launched=True)
+        return ReferenceServer(url, spec_config=_described(opts.spec_config), launched=True)
 
     def version(self) -> str | None:
         return __version__

@@ -21,12 +21,11 @@ from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
+from specadapt.adapters.metrics import parse_samples, total
 from specadapt.adapters.process import free_port
 from specadapt.configs import sglang as cfg
 from specadapt.configs.checks import raise_on_errors
-from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import NotAServer, UsageError
-from specadapt.adapters.metrics import parse_samples, total
 from specadapt.records import CounterSnapshot, ServerInfo
 
 G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
@@ -105,18 +104,20 @@ class SGLangServer(OpenAIServer):
 
 
 class SGLangLaunch(LaunchOptions):
-    """How to start ``python -m sglang.launch_server``; ``spec_config`` is vLLM-style JSON."""
+    """How to start ``python -m sglang.launch_server``; ``spec_config`` becomes its
+    --speculative-* flags."""
 
-    spec_config: dict[str, Any] | None = None
     tp: int = Field(1, ge=1, description="--tp-size.")
     enable_metrics: bool = Field(True, description="--enable-metrics (for sglang:spec_accept_length).")
 
 
 def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
     port = opts.port or free_port(opts.host)
-    spec = spec_from_vllm_json(opts.spec_config, target=opts.model) if opts.spec_config else None
-    flags = cfg.sglang_spec_flags(spec) if spec else []
-    raise_on_errors(cfg.check_sglang_spec(cfg.flags_to_dict(flags + list(opts.extra_args))))
+    try:
+        flags = cfg.sglang_spec_flags(opts.spec_config) if opts.spec_config else []
+        raise_on_errors(cfg.check_sglang_spec(cfg.flags_to_dict(flags + list(opts.extra_args))))
+    except UsageError as exc:
+        raise UsageError(f"--spec-config: {str(exc).rstrip('.')}") from None
     argv = [opts.python, "-m", cfg.MODULE, cfg.F_MODEL, opts.model, cfg.F_HOST, opts.host, cfg.F_PORT, str(port)]
     if opts.tp != 1:
         argv += [cfg.F_TP, str(opts.tp)]
@@ -127,8 +128,9 @@ def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
     if opts.enable_metrics:
         argv.append("--enable-metrics")
     notes = []
+    spec = opts.spec_config
     if spec and (spec.ngram_min or spec.ngram_max):
-        notes.append("prompt_lookup_min/max are not written: SGLang's NGRAM window flags differ between releases")
+        notes.append("the n-gram window is not written: SGLang's NGRAM window flags differ between releases")
     return LaunchPlan(backend="sglang", argv=argv + flags + list(opts.extra_args), host=opts.host, port=port,
                       health_path="/health", spec_enabled=bool(flags), model=opts.model, notes=notes)
 

@@ -31,15 +31,14 @@ from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
+from specadapt.adapters.metrics import parse_samples, total
 from specadapt.adapters.process import free_port
 from specadapt.configs import trtllm as cfg
 from specadapt.configs import yamlio
 from specadapt.configs.checks import raise_on_errors
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 from specadapt.paths import runs_dir
-from specadapt.adapters.metrics import parse_samples, total
 from specadapt.records import CounterSnapshot, ServerInfo
 
 # Prometheus names (tensorrt_llm/metrics/collector.py)
@@ -299,11 +298,10 @@ class TRTLLMServer(OpenAIServer):
 # ------------------------------------------------------------------ launch plans
 
 class TRTLLMLaunch(LaunchOptions):
-    """How to start trtllm-serve. ``spec_config`` is TensorRT-LLM's own speculative_config
-    mapping (with ``decoding_type``) or vLLM-style JSON (``method``, ``num_speculative_tokens``)."""
+    """How to start trtllm-serve; ``spec_config`` becomes the speculative_config of the YAML
+    it reads (with the keys of the user's own TensorRT-LLM form kept)."""
 
     model: str = Field(description="HF model directory or id to serve.")
-    spec_config: dict[str, Any] | None = Field(None, description="None: speculation off.")
     python: str | None = Field(None, description="Interpreter whose bin/ holds trtllm-serve (else PATH).")
     dtype: Literal["auto", "float16", "bfloat16", "float32"] | None = None
     max_model_len: int | None = Field(None, ge=1, description="--max_seq_len.")
@@ -313,27 +311,20 @@ class TRTLLMLaunch(LaunchOptions):
     config_dir: str | None = Field(None, description="Where the YAML is written (default: the runs dir).")
 
 
-def _spec(opts: TRTLLMLaunch) -> tuple[SpecConfig, dict[str, Any] | None]:
-    """(SpecConfig for the renderers, the user's native speculative_config keys or None)."""
+def _spec(opts: TRTLLMLaunch) -> SpecConfig:
+    """The SpecConfig the renderers get: the user's, with the server settings of ``opts``."""
     common = dict(target=opts.model, tp=opts.tp, dtype=opts.dtype, max_model_len=opts.max_model_len)
-    sc = opts.spec_config
-    if not sc:
-        return SpecConfig(method="off", **common), None
-    if "decoding_type" in sc:
-        raise_on_errors(cfg.check_trtllm_config({"speculative_config": sc, "enable_iter_perf_stats": True},
-                                                opts.engine))
-        spec = cfg.spec_from_trtllm({"speculative_config": sc}, target=opts.model)
-        return spec.model_copy(update=common), sc
-    return spec_from_vllm_json(sc, target=opts.model).model_copy(update=common), None
+    return (opts.spec_config or SpecConfig(method="off")).model_copy(update=common)
 
 
 def trtllm_config_doc(opts: TRTLLMLaunch) -> dict[str, Any]:
-    """The trtllm-serve YAML mapping for ``opts`` (renderer output; user keys kept)."""
-    spec, native = _spec(opts)
-    doc = cfg.render_trtllm_config(spec, opts.version, opts.engine)
-    if native:
-        doc["speculative_config"] = {**doc["speculative_config"], **native}
-    doc["enable_iter_perf_stats"] = True
+    """The trtllm-serve YAML mapping for ``opts`` (renderer output), checked as TensorRT-LLM
+    would check it; UsageError naming the first problem."""
+    try:
+        doc = cfg.render_trtllm_config(_spec(opts), opts.version, opts.engine)
+        raise_on_errors(cfg.check_trtllm_config(doc, opts.engine))
+    except UsageError as exc:
+        raise UsageError(f"--spec-config: {str(exc).rstrip('.')}") from None
     return doc
 
 
@@ -348,7 +339,7 @@ def _program(python: str | None) -> str:
 def launch_plan(opts: TRTLLMLaunch) -> LaunchPlan:
     """argv (trtllm-serve MODEL ... --config FILE) and the YAML written to FILE."""
     port = opts.port or free_port(opts.host)
-    spec, _native = _spec(opts)
+    spec = _spec(opts)
     doc = trtllm_config_doc(opts)
     folder = Path(opts.config_dir) if opts.config_dir else runs_dir()
     folder.mkdir(parents=True, exist_ok=True)

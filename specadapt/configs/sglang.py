@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specadapt.configs.checks import Problem
+from specadapt.configs.checks import FieldError, Problem, UnknownField
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 
@@ -26,11 +26,15 @@ SPEC_FLAGS = (F_ALGO, F_DRAFT, F_STEPS, F_TOPK, F_TOKENS)
 # specadapt method -> SGLang algorithm (NEXTN: SGLang's name for MTP heads, run as EAGLE)
 ALGORITHM = {"eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM", "draft_model": "STANDALONE", "mtp": "NEXTN"}
 NEEDS_DRAFT = ("EAGLE", "EAGLE3", "STANDALONE")
+METHOD_OF = {algo: method for method, algo in ALGORITHM.items()}
+# SpecConfig field -> the flag that carries it (k: the steps; NGRAM: draft tokens - 1)
+NEUTRAL_KEYS: dict[str, str] = {"method": F_ALGO, "k": F_STEPS, "draft": F_DRAFT}
 
 
 def sglang_spec_flags(spec: SpecConfig) -> list[str]:
     """The ``--speculative-*`` flags for ``spec`` (empty for off). A chain draft: top-k 1,
-    k steps, k+1 draft tokens (the verified root counts, as SGLang's EAGLE trees do)."""
+    k steps, k+1 draft tokens (the verified root counts, as SGLang's EAGLE trees do), unless
+    ``native_extras["sglang"]`` sets the top-k or draft tokens of a tree."""
     if not spec.enabled:
         return []
     algo = ALGORITHM.get(spec.method)
@@ -45,7 +49,49 @@ def sglang_spec_flags(spec: SpecConfig) -> list[str]:
         flags += [F_DRAFT, spec.draft]
     if algo == "NGRAM":
         return flags + [F_TOKENS, str(spec.k + 1)]
-    return flags + [F_STEPS, str(spec.k), F_TOPK, "1", F_TOKENS, str(spec.k + 1)]
+    tree = spec.native_extras.get("sglang", {})
+    return flags + [F_STEPS, str(spec.k), F_TOPK, str(tree.get(F_TOPK, 1)),
+                    F_TOKENS, str(tree.get(F_TOKENS, spec.k + 1))]
+
+
+def _count(flags: dict[str, Any], flag: str) -> int | None:
+    if flag not in flags:
+        return None
+    try:
+        value = int(str(flags[flag]))
+    except ValueError:
+        raise FieldError(flag, "must be an integer") from None
+    if value < 1:
+        raise FieldError(flag, "must be >= 1")
+    return value
+
+
+def read_sglang_flags(flags: dict[str, Any]) -> SpecConfig:
+    """SGLang's speculative flags (``{"--speculative-algorithm": "EAGLE3", ...}``) -> SpecConfig.
+    A tree draft (top-k > 1, or draft tokens other than steps + 1) is kept in
+    ``native_extras["sglang"]``. FieldError naming the flag when one is unknown or wrong."""
+    for flag in flags:
+        if flag not in SPEC_FLAGS:
+            raise UnknownField(flag)
+    algo = flags.get(F_ALGO)
+    if algo is None:
+        raise FieldError(F_ALGO, f"is required (one of {', '.join(sorted(METHOD_OF))})")
+    if algo not in METHOD_OF:
+        raise FieldError(F_ALGO, f"must be one of {', '.join(sorted(METHOD_OF))}, not {algo!r}")
+    steps, topk, tokens = (_count(flags, f) for f in (F_STEPS, F_TOPK, F_TOKENS))
+    draft = str(flags[F_DRAFT]) if F_DRAFT in flags else None
+    if algo == "NGRAM":
+        for flag in (F_STEPS, F_TOPK, F_DRAFT):
+            if flag in flags:
+                raise FieldError(flag, "does not apply to NGRAM (it drafts from the context): remove it")
+        if tokens is None or tokens < 2:
+            raise FieldError(F_TOKENS, "is required for NGRAM and must be >= 2 (k + 1)")
+        return SpecConfig(method="ngram", k=tokens - 1)
+    if steps is not None and tokens is not None and tokens > steps * (topk or 1) + 1:
+        raise FieldError(F_TOKENS, f"{tokens} exceeds {F_STEPS} x {F_TOPK} + 1 = {steps * (topk or 1) + 1}: lower it")
+    tree = {f: v for f, v, chain in ((F_TOPK, topk, 1), (F_TOKENS, tokens, (steps or 0) + 1))
+            if v is not None and v != chain}
+    return SpecConfig(method=METHOD_OF[algo], k=steps, draft=draft, native_extras={"sglang": tree} if tree else {})
 
 
 def flags_to_dict(argv: list[str]) -> dict[str, str]:

@@ -8,7 +8,7 @@ sentence that names the fix.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +19,8 @@ METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "m
                             "suffix", "off")
 # methods whose proposer is a separate set of weights the user must point at
 NEEDS_DRAFT: frozenset[str] = frozenset({"draft_model", "eagle", "eagle3", "medusa"})
+# methods that draft from the context and take no draft model
+NO_DRAFT: frozenset[str] = frozenset({"ngram", "suffix"})
 
 
 class SpecConfig(BaseModel):
@@ -67,6 +69,11 @@ class SpecConfig(BaseModel):
     dtype: Dtype | None = Field(default=None, description="Weights/activation dtype.")
     max_model_len: int | None = Field(
         default=None, ge=1, description="Maximum sequence length (prompt + output).")
+    native_extras: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Settings of one backend's own form that have no neutral field, by backend "
+                    "(e.g. {'vllm': {'enforce_eager': True}}); only that backend's renderer "
+                    "writes them, verbatim.")
 
     @property
     def enabled(self) -> bool:

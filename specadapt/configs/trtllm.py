@@ -11,11 +11,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specadapt.configs import yamlio
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from specadapt.configs import versions as V
-from specadapt.configs.checks import (Problem, check_draft_len_schedule, check_spec,
-                                      raise_on_errors)
+from specadapt.configs import yamlio
+from specadapt.configs.checks import (
+    FieldError,
+    Problem,
+    UnknownField,
+    check_draft_len_schedule,
+    check_spec,
+    raise_on_errors,
+    validate_fields,
+)
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 
@@ -120,7 +128,7 @@ def trtllm_speculative_config(spec: SpecConfig, version: str | None = None,
         out["max_concurrency"] = spec.max_concurrency
     if spec.draft_len_schedule is not None:
         out["draft_len_schedule"] = dict(sorted(spec.draft_len_schedule.items()))
-    return out
+    return {**out, **spec.native_extras.get("trtllm", {})}
 
 
 def render_trtllm_config(spec: SpecConfig, version: str | None = None,
@@ -180,6 +188,63 @@ def trtllm_llm_kwargs(spec: SpecConfig, version: str | None = None,
 # ---------------------------------------------------------------- reading and checking
 
 _METHOD_OF = {v: k for k, v in V.TRTLLM_DECODING_TYPE.items()}
+# SpecConfig field -> the speculative_config key that carries it
+NEUTRAL_KEYS: dict[str, str] = {
+    "method": "decoding_type", "k": "max_draft_len", "draft": "speculative_model",
+    "ngram_max": "max_matching_ngram_size", "max_concurrency": "max_concurrency",
+    "draft_len_schedule": "draft_len_schedule",
+}
+# the keys read into SpecConfig fields (the rest of a user's mapping is kept verbatim)
+MAPPED_KEYS = frozenset({*NEUTRAL_KEYS.values(), "speculative_model_dir", "num_nextn_predict_layers"})
+
+
+class TRTLLMSpecFields(BaseModel):
+    """Types and ranges of the speculative_config keys that SpecConfig carries."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    decoding_type: StrictStr
+    max_draft_len: StrictInt | None = Field(None, ge=1)
+    num_nextn_predict_layers: StrictInt | None = Field(None, ge=1)
+    speculative_model: StrictStr | None = None
+    speculative_model_dir: StrictStr | None = None
+    max_matching_ngram_size: StrictInt | None = Field(None, ge=1)
+    max_concurrency: StrictInt | None = Field(None, ge=1)
+    draft_len_schedule: dict[int, StrictInt] | None = None
+
+
+def read_trtllm_form(sc: dict[str, Any]) -> SpecConfig:
+    """A ``speculative_config`` mapping -> SpecConfig. Keys TensorRT-LLM knows for the
+    decoding type that SpecConfig has no field for (eagle3_one_model, is_keep_all, ...) are
+    kept in ``native_extras["trtllm"]``. FieldError naming the key when one is unknown,
+    renamed or out of range; UsageError for a draft_len_schedule TensorRT-LLM would refuse."""
+    dt = sc.get("decoding_type")
+    if dt is None:
+        raise FieldError("decoding_type", f"is required (one of {', '.join(sorted(_METHOD_OF))})")
+    if dt == "DraftTarget":
+        raise FieldError("decoding_type", "'DraftTarget' (a spelling some docs use) is rejected by "
+                                          "TensorRT-LLM's config classes: write 'Draft_Target'")
+    if dt not in _METHOD_OF:
+        raise FieldError("decoding_type", f"must be one of {', '.join(sorted(_METHOD_OF))}, not {dt!r}")
+    known = {**BASE_KEYS, **TYPE_KEYS[dt]}
+    for key in sc:
+        if key in OLD_KEYS and key not in known:
+            raise FieldError(key, OLD_KEYS[key])
+        if key not in known:
+            raise UnknownField(key)
+    f = validate_fields(TRTLLMSpecFields, sc)
+    if f.speculative_model and f.speculative_model_dir and f.speculative_model != f.speculative_model_dir:
+        raise FieldError("speculative_model_dir", "is an alias of speculative_model: give one of them")
+    if f.max_concurrency is not None and f.draft_len_schedule is not None:
+        raise FieldError("draft_len_schedule", "excludes max_concurrency in TensorRT-LLM: keep one of them")
+    k = f.max_draft_len or f.num_nextn_predict_layers
+    if f.draft_len_schedule is not None:
+        raise_on_errors(list(check_draft_len_schedule(f.draft_len_schedule, k)))
+    extras = {key: value for key, value in sc.items() if key not in MAPPED_KEYS}
+    return SpecConfig(method=_METHOD_OF[dt], k=k, draft=f.speculative_model or f.speculative_model_dir,
+                      ngram_max=f.max_matching_ngram_size, max_concurrency=f.max_concurrency,
+                      draft_len_schedule=f.draft_len_schedule,
+                      native_extras={"trtllm": extras} if extras else {})
 
 
 def spec_from_trtllm(doc: dict[str, Any], target: str | None = None) -> SpecConfig:

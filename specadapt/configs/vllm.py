@@ -10,10 +10,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specadapt.configs import yamlio
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from specadapt.configs import versions as V
-from specadapt.configs.checks import Problem, check_batch_schedule, check_spec, raise_on_errors
+from specadapt.configs import yamlio
+from specadapt.configs.checks import (
+    FieldError,
+    Problem,
+    UnknownField,
+    check_batch_schedule,
+    check_spec,
+    raise_on_errors,
+    validate_fields,
+)
 from specadapt.configs.spec import METHODS, SpecConfig
 from specadapt.errors import UsageError
 
@@ -75,10 +84,14 @@ GONE_KEYS: dict[str, str] = {
 # method names vLLM 0.32 accepts that specadapt does not model
 OTHER_METHODS = ("mlp_speculator", "ngram_gpu", "custom_class", "dflash", "dspark",
                  "extract_hidden_states")
-# the keys SpecConfig carries
-MAPPED_KEYS = frozenset({"method", "model", "num_speculative_tokens", "prompt_lookup_min",
-                     "prompt_lookup_max", "draft_tensor_parallel_size",
-                     "num_speculative_tokens_per_batch_size"})
+# SpecConfig field -> the vLLM key that carries it
+NEUTRAL_KEYS: dict[str, str] = {
+    "method": "method", "k": "num_speculative_tokens", "draft": "model",
+    "ngram_min": "prompt_lookup_min", "ngram_max": "prompt_lookup_max",
+    "draft_tp": "draft_tensor_parallel_size",
+    "k_per_batch_size": "num_speculative_tokens_per_batch_size",
+}
+MAPPED_KEYS = frozenset(NEUTRAL_KEYS.values())
 NO_MODEL_METHODS = ("ngram", "ngram_gpu", "suffix", "mtp", "extract_hidden_states", "dspark")
 
 
@@ -119,7 +132,7 @@ def vllm_spec_dict(spec: SpecConfig, version: str | None = None) -> dict[str, An
         out["draft_tensor_parallel_size"] = spec.draft_tp
     if spec.k_per_batch_size is not None:
         out["num_speculative_tokens_per_batch_size"] = [list(e) for e in spec.k_per_batch_size]
-    return out
+    return {**out, **spec.native_extras.get("vllm", {})}
 
 
 def vllm_legacy_flags(spec: SpecConfig, version: str = "0.7.3") -> list[str]:
@@ -218,38 +231,67 @@ def _infer_method(d: dict[str, Any]) -> str:
     return method
 
 
+class VLLMSpecFields(BaseModel):
+    """Types and ranges of the speculative-config keys that SpecConfig carries."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    method: StrictStr | None = None
+    model: StrictStr | None = None
+    num_speculative_tokens: StrictInt | None = Field(None, ge=1)
+    prompt_lookup_min: StrictInt | None = Field(None, ge=1)
+    prompt_lookup_max: StrictInt | None = Field(None, ge=1)
+    draft_tensor_parallel_size: StrictInt | None = Field(None, ge=1)
+    num_speculative_tokens_per_batch_size: list[tuple[StrictInt, StrictInt, StrictInt]] | None = None
+
+
+def read_vllm_form(d: dict[str, Any]) -> SpecConfig:
+    """vLLM's speculative-config mapping -> SpecConfig. Keys vLLM knows that SpecConfig has no
+    field for (enforce_eager, quantization, ...) are kept in ``native_extras["vllm"]``.
+    FieldError naming the key when one is unknown, retired or out of range; UsageError for
+    a batch schedule vLLM would refuse."""
+    for key in d:
+        if key in GONE_KEYS:
+            raise FieldError(key, GONE_KEYS[key])
+        if key not in SPEC_KEYS:
+            raise UnknownField(key)
+    fields = validate_fields(VLLMSpecFields, d)
+    if fields.method is None and fields.model is None:
+        raise FieldError("method", f"is required (one of {', '.join(m for m in METHODS if m != 'off')})")
+    method = _infer_method(d)
+    if method in OTHER_METHODS:
+        raise FieldError("method", f"{method!r} is valid in vLLM but specadapt does not model it: use one of "
+                                   f"{', '.join(m for m in METHODS if m != 'off')}")
+    if method not in METHODS or method == "off":
+        raise FieldError("method", f"must be one of {', '.join(m for m in METHODS if m != 'off')}, not {method!r}")
+    model = fields.model
+    if method in ("ngram", "suffix") and model in ("ngram", "[ngram]", "suffix"):
+        model = None
+    schedule = fields.num_speculative_tokens_per_batch_size
+    if schedule is not None:
+        raise_on_errors(list(check_batch_schedule([list(e) for e in schedule], fields.num_speculative_tokens)))
+    extras = {key: value for key, value in d.items() if key not in MAPPED_KEYS}
+    return SpecConfig(method=method, k=fields.num_speculative_tokens, draft=model,
+                      ngram_min=fields.prompt_lookup_min, ngram_max=fields.prompt_lookup_max,
+                      draft_tp=fields.draft_tensor_parallel_size, k_per_batch_size=schedule,
+                      native_extras={"vllm": extras} if extras else {})
+
+
 def spec_from_vllm_json(d: dict[str, Any], target: str | None = None) -> SpecConfig:
     """A user's raw vLLM speculative-config mapping -> SpecConfig (refuses what it can't carry)."""
     if not isinstance(d, dict):
         raise UsageError("A vLLM speculative config must be a JSON object like "
                          '{"method": "ngram", "num_speculative_tokens": 4}.')
-    method = _infer_method(d)
-    if method in OTHER_METHODS:
-        raise UsageError(f"Method '{method}' is valid in vLLM but specadapt does not model "
-                         "it: use ngram, draft_model, eagle, eagle3, mtp, medusa or suffix.")
-    extra = sorted(set(d) - MAPPED_KEYS)
+    try:
+        spec = read_vllm_form(d)
+    except FieldError as exc:
+        raise UsageError(f"Not a valid speculative config: {exc}.") from exc
+    extra = sorted(spec.native_extras.get("vllm", {}))
     if extra:
         raise UsageError(f"specadapt cannot carry the keys {', '.join(extra)} into a "
                          "SpecConfig: remove them, or validate the file as it is with "
                          "'specadapt config validate'.")
-    model = d.get("model")
-    if method in ("ngram", "suffix") and model in ("ngram", "[ngram]", "suffix"):
-        model = None
-    try:
-        return SpecConfig(
-            target=target, method=method, k=d.get("num_speculative_tokens"), draft=model,
-            ngram_min=d.get("prompt_lookup_min"), ngram_max=d.get("prompt_lookup_max"),
-            draft_tp=d.get("draft_tensor_parallel_size"),
-            k_per_batch_size=d.get("num_speculative_tokens_per_batch_size"))
-    except Exception as exc:  # pydantic.ValidationError -> one sentence
-        raise UsageError(f"Not a valid speculative config: {_one_line(exc)}.") from exc
-
-
-def _one_line(exc: Exception) -> str:
-    errs = getattr(exc, "errors", None)
-    if callable(errs):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs())
-    return str(exc).splitlines()[0]
+    return spec.model_copy(update={"target": target})
 
 
 # ---------------------------------------------------------------- raw JSON validation

@@ -14,7 +14,7 @@ from specadapt.cli import cli
 from specadapt.commands.compare import parse_levels
 from specadapt.errors import UsageError
 
-NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+NGRAM = json.dumps({"method": "ngram", "k": 4})  # the neutral form: every backend takes it
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_a_bad_spec_config_is_the_same_error_as_probe_s(tmp_path, command):
     (model / "config.json").write_text("{}")
     bad = '{"method": "ngram",'
     line = ("error: --spec-config is not valid JSON (Expecting property name enclosed in double quotes at column 20): "
-            "give a JSON object such as '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' or a file path")
+            "give a JSON object such as '{\"method\": \"ngram\", \"k\": 4}' or a file path")
     assert error_lines("probe", "--model", str(model), "--spec-config", bad) == [line]
     assert error_lines(command, "--model", str(model), "--spec-config", bad) == [line]
 

@@ -72,10 +72,10 @@ def test_spec_config_that_is_not_an_object(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens=0 must be an integer > 0"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens: must be >= 1"),
     ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2}',
-     "make min <= max"),
-    ('{"method": "eagle3", "num_speculative_tokens": 3}', "needs 'model'"),
+     "prompt_lookup_min: 5 is larger than prompt_lookup_max 2: make it <= 2"),
+    ('{"method": "eagle3", "num_speculative_tokens": 3}', "model: is required for method eagle3"),
 ])
 def test_spec_config_that_vllm_would_refuse(model_dir, spec, message):
     line = one_error_line(specadapt("probe", "--model", str(model_dir), "--spec-config", spec))

@@ -19,9 +19,11 @@ from specadapt.commands import _server
 from specadapt.commands._server import ServerOptions
 from specadapt.commands.compare import compare, equiv
 from specadapt.commands.probe import probe
+from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 
-NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})  # vLLM's own form
+NGRAM_SPEC = SpecConfig(method="ngram", k=4)  # what the parser makes of it
 SHARED = [f.name for f in fields(ServerOptions)]
 LOAD = {"prompts_file", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out"}
 
@@ -59,7 +61,7 @@ def test_how_the_servers_are_reached_differs_by_command():
 # --- a stub backend: what open_servers asks of a backend, and what it prints -------------------
 class StubLaunch(BaseModel):
     model: str
-    spec_config: dict | None = None
+    spec_config: SpecConfig | None = None
     python: str
     host: str = "127.0.0.1"
     port: int | None = None
@@ -128,7 +130,7 @@ def test_probe_prints_the_plan_the_log_and_every_note(stub):
     assert lines == ["starting vllm: stub-serve --spec=True", "server log: /logs/0.log", "note: note 0",
                      "error: the stub starts nothing"]
     (opts,) = stub.launched
-    assert opts.model == "resolved:m" and opts.port == 8123 and opts.spec_config == json.loads(NGRAM)
+    assert opts.model == "resolved:m" and opts.port == 8123 and opts.spec_config == NGRAM_SPEC
 
 
 def test_compare_starts_both_sides_with_probe_s_options_and_messages(stub):
@@ -139,7 +141,7 @@ def test_compare_starts_both_sides_with_probe_s_options_and_messages(stub):
                      "starting spec-on server: stub-serve --spec=True", "server log: /logs/1.log", "note: note 1",
                      "error: the stub starts nothing"]
     off, on = stub.launched
-    assert off.spec_config is None and on.spec_config == json.loads(NGRAM)
+    assert off.spec_config is None and on.spec_config == NGRAM_SPEC
     common = dict(model="resolved:m", host="127.0.0.2", port=None, dtype="float32", max_model_len=512,
                   extra_args=["--x=1"])
     assert off.model_dump(exclude={"spec_config"}) == on.model_dump(exclude={"spec_config"}) == {

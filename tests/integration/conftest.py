@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
+from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
 
-NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM_K4 = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +99,7 @@ def truncated_model(tmp_path_factory, embedded_model) -> str:
     return str(out)
 
 
-REF_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+REF_NGRAM = SpecConfig(method="ngram", k=4, ngram_min=1, ngram_max=4)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import pytest
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-NGRAM_K4 = '{"method": "ngram", "num_speculative_tokens": 4}'
+NGRAM_K4 = "--draft_model prompt-lookup-decoding --draft_model_num_pred_tokens 4"  # llama.cpp's own form
 
 
 @pytest.fixture(scope="module")

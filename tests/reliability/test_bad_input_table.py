@@ -16,7 +16,7 @@ from specadapt.cli import cli
 HUGE = '{"prompt": "ok"}\n{"prompt": "' + "x" * 1_000_100 + '"}\n'
 U = ["--url", "http://127.0.0.1:1"]
 M = ["--model", "{tmp}/model"]
-SPEC_JSON_HINT = ("give a JSON object such as '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+SPEC_JSON_HINT = ("give a JSON object such as '{\"method\": \"ngram\", \"k\": 4}' "
                   "or a file path")
 
 # (row id, argv ({tmp} is the row's directory), files to write {name: text|bytes}, exact error line, exit code)
@@ -64,9 +64,9 @@ ROWS = [
     ("spec-config-array", ["probe", *M, "--spec-config", "[1, 2]"], {},
      "error: --spec-config '[1, 2]' is neither a JSON object nor an existing file", 2),
     ("spec-config-k-zero", ["probe", *M, "--spec-config", '{"method": "ngram", "num_speculative_tokens": 0}'], {},
-     "error: --spec-config: num_speculative_tokens=0 must be an integer > 0", 2),
+     "error: --spec-config: num_speculative_tokens: must be >= 1", 2),
     ("spec-config-eagle3-no-model", ["probe", *M, "--spec-config", '{"method": "eagle3", "num_speculative_tokens": 3}'],
-     {}, "error: --spec-config: Method 'eagle3' needs 'model' (the draft or head path)", 2),
+     {}, "error: --spec-config: model: is required for method eagle3 (the draft model or head: a path or HF id)", 2),
     ("spec-config-missing-file", ["probe", *M, "--spec-config", "{tmp}/missing.json"], {},
      "error: --spec-config '{tmp}/missing.json' is neither a JSON object nor an existing file", 2),
     # Prompt files

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from specadapt.adapters import llamacpp as L
+from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.probes.acceptance import acceptance_summary
 
@@ -15,7 +16,7 @@ MODELS = {"object": "list", "data": [{"id": "/m/smol.gguf", "object": "model", "
 
 def test_spec_on_plan_uses_prompt_lookup_with_k():
     plan = L.launch_plan(L.LlamaCppLaunch(model="/m/smol.gguf", python="py", port=8401,
-                                          spec_config={"method": "ngram", "num_speculative_tokens": 4},
+                                          spec_config=SpecConfig(method="ngram", k=4),
                                           n_threads=2))
     assert plan.argv == ["py", "-m", "llama_cpp.server", "--model", "/m/smol.gguf", "--host", "127.0.0.1",
                          "--port", "8401", "--n_ctx", "2048", "--n_threads", "2", "--seed", "0",
@@ -31,11 +32,10 @@ def test_spec_off_plan_has_no_drafter():
 
 
 def test_only_prompt_lookup_is_possible():
-    with pytest.raises(UsageError, match="drafts only by prompt lookup"):
-        L.launch_plan(L.LlamaCppLaunch(model="x", spec_config={"method": "eagle3", "num_speculative_tokens": 3,
-                                                                "model": "/h"}))
-    k, notes = L.spec_to_num_pred_tokens({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4})
-    assert k == 3 and "cannot be set" in notes[0]
+    with pytest.raises(UsageError, match="^--spec-config: llama-cpp-python's server drafts only by prompt lookup"):
+        L.launch_plan(L.LlamaCppLaunch(model="x", spec_config=SpecConfig(method="eagle3", k=3, draft="/h")))
+    flags, notes = L.spec_flags(SpecConfig(method="ngram", k=3, ngram_max=4))
+    assert flags[-1] == "3" and "cannot be set" in notes[0]
 
 
 def test_connect_mode_says_what_it_cannot_tell():

@@ -68,14 +68,18 @@ def test_accept_lengths_per_dp_rank():
 
 
 @pytest.mark.parametrize("spec,flags", [
-    ({"method": "eagle3", "num_speculative_tokens": 3, "model": "/h"},
+    (SpecConfig(method="eagle3", k=3, draft="/h"),
      ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/h", "--speculative-num-steps", "3",
       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]),
-    ({"method": "draft_model", "num_speculative_tokens": 5, "model": "/small"},
+    (SpecConfig(method="draft_model", k=5, draft="/small"),
      ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "/small",
       "--speculative-num-steps", "5", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"]),
-    ({"method": "ngram", "num_speculative_tokens": 4},
+    (SpecConfig(method="ngram", k=4),
      ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "5"]),
+    (SpecConfig(method="eagle3", k=3, draft="/h", native_extras={"sglang": {"--speculative-eagle-topk": 4,
+                                                                           "--speculative-num-draft-tokens": 8}}),
+     ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/h", "--speculative-num-steps", "3",
+      "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"]),
 ])
 def test_launch_plan_flags(spec, flags):
     plan = S.launch_plan(S.SGLangLaunch(model="/m", spec_config=spec, port=30001, python="py", tp=2))
@@ -97,8 +101,7 @@ def test_refusals_name_the_fix():
     with pytest.raises(UsageError, match="no 'medusa'"):
         cfg.sglang_spec_flags(SpecConfig(method="medusa", k=3, draft="/m"))
     with pytest.raises(UsageError, match="num-draft-tokens"):  # extra args are checked too
-        S.launch_plan(S.SGLangLaunch(model="/m", spec_config={"method": "eagle", "num_speculative_tokens": 2,
-                                                              "model": "/h"},
+        S.launch_plan(S.SGLangLaunch(model="/m", spec_config=SpecConfig(method="eagle", k=2, draft="/h"),
                                      extra_args=["--speculative-num-draft-tokens=9"]))
 
 

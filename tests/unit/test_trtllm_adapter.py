@@ -16,6 +16,8 @@ import yaml
 from specadapt.adapters import trtllm as T
 from specadapt.configs import trtllm as cfg
 from specadapt.configs.files import validate_file
+from specadapt.configs.spec import SpecConfig
+from specadapt.configs.trtllm import read_trtllm_form
 from specadapt.errors import NotAServer, UsageError
 from specadapt.probes.acceptance import acceptance_summary
 
@@ -228,9 +230,8 @@ def test_spec_off_plan_still_enables_iteration_stats_and_says_so(tmp_path):
     assert any("enable_iter_perf_stats: true" in n for n in plan.notes)
 
 
-def test_vllm_style_ngram_becomes_trtllm_ngram(tmp_path):
-    plan, doc = _plan(tmp_path, spec_config={"method": "ngram", "num_speculative_tokens": 4,
-                                             "prompt_lookup_max": 3})
+def test_neutral_ngram_becomes_trtllm_ngram(tmp_path):
+    plan, doc = _plan(tmp_path, spec_config=SpecConfig(method="ngram", k=4, ngram_max=3))
     assert doc["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4,
                                          "max_matching_ngram_size": 3}
     assert doc["disable_overlap_scheduler"] is True and plan.spec_enabled
@@ -238,7 +239,7 @@ def test_vllm_style_ngram_becomes_trtllm_ngram(tmp_path):
 
 def test_native_eagle3_keeps_user_keys_and_old_versions_get_the_old_flag(tmp_path):
     sc = {"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/d", "eagle3_one_model": True}
-    plan, doc = _plan(tmp_path, spec_config=sc, version="1.1.0", tp=2, max_model_len=4096)
+    plan, doc = _plan(tmp_path, spec_config=read_trtllm_form(sc), version="1.1.0", tp=2, max_model_len=4096)
     assert doc["speculative_config"] == sc
     a = plan.argv
     assert a[a.index("--tp_size") + 1] == "2" and a[a.index("--max_seq_len") + 1] == "4096"
@@ -246,20 +247,21 @@ def test_native_eagle3_keeps_user_keys_and_old_versions_get_the_old_flag(tmp_pat
     assert a[a.index("--host") + 1] == "127.0.0.1" and a[a.index("--port") + 1] == "8301"
 
 
-def test_bad_native_config_is_refused_before_starting(tmp_path):
-    with pytest.raises(UsageError, match="speculative_model"):
-        _plan(tmp_path, spec_config={"decoding_type": "Eagle3", "max_draft_len": 3})
-    with pytest.raises(UsageError):
-        _plan(tmp_path, spec_config={"decoding_type": "Eagle3", "max_draft_len": 3,
-                                     "speculative_model": "/d"}, engine="tensorrt")
+def test_bad_config_is_refused_before_starting(tmp_path):
+    with pytest.raises(UsageError, match="^--spec-config: .*--draft"):
+        _plan(tmp_path, spec_config=SpecConfig(method="eagle3", k=3))
+    with pytest.raises(UsageError, match="^--spec-config: TensorRT-LLM \\(tensorrt backend\\) does not support "
+                                         "method 'eagle3'"):
+        _plan(tmp_path, spec_config=SpecConfig(method="eagle3", k=3, draft="/d"), engine="tensorrt")
 
 
 @pytest.mark.parametrize("spec", [
     None,
-    {"method": "ngram", "num_speculative_tokens": 4},
-    {"method": "eagle3", "num_speculative_tokens": 3, "model": "/heads/eagle3"},
-    {"decoding_type": "MTP", "max_draft_len": 2},
-    {"decoding_type": "Draft_Target", "max_draft_len": 4, "speculative_model": "/draft"},
+    SpecConfig(method="ngram", k=4),
+    SpecConfig(method="eagle3", k=3, draft="/heads/eagle3"),
+    read_trtllm_form({"decoding_type": "MTP", "max_draft_len": 2}),
+    read_trtllm_form({"decoding_type": "Draft_Target", "max_draft_len": 4, "speculative_model": "/draft"}),
+    read_trtllm_form({"decoding_type": "NGram", "max_draft_len": 4, "is_keep_all": False}),
 ])
 def test_written_yaml_passes_the_validators_and_the_published_schema(tmp_path, spec):
     plan, doc = _plan(tmp_path, spec_config=spec)
