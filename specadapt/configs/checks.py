@@ -140,9 +140,10 @@ def _method_supported(spec: SpecConfig, backend: str, ver: V.Version,
 
 
 def _off_rules(spec: SpecConfig) -> Iterator[Problem]:
+    values = spec.model_dump()
     for name in ("k", "draft", "ngram_min", "ngram_max", "draft_tp", "k_per_batch_size",
                  "max_concurrency", "draft_len_schedule"):
-        if getattr(spec, name) is not None:
+        if values[name] is not None:
             yield Problem(f"Method 'off' deploys without speculation, so '{name}' has no "
                           f"effect: remove it or choose a speculation method.")
 

@@ -166,17 +166,21 @@ def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
     """Replace "token_id:N" in divergences by the token's text, via the server's POST /detokenize
     (vLLM); left as ids where the server cannot say."""
     for d in divergences:
-        for attr in ("off_token", "on_token"):
-            tid = token_id(getattr(d, attr) or "")
-            if tid is None:
-                continue
-            try:
-                resp = post_json(server, "/detokenize", {"model": server.model_id, "tokens": [tid]}, 10)
-                text = resp.json()["prompt"] if resp.status_code == 200 else None
-            except (httpx.HTTPError, ValueError, KeyError):
-                text = None
-            if isinstance(text, str):
-                setattr(d, attr, f"{text} (id {tid})")
+        d.off_token = _readable(server, d.off_token)
+        d.on_token = _readable(server, d.on_token)
+
+
+def _readable(server: Server, token: str | None) -> str | None:
+    """"token_id:N" -> "text (id N)" when the server can detokenize N; anything else unchanged."""
+    tid = token_id(token or "")
+    if tid is None:
+        return token
+    try:
+        resp = post_json(server, "/detokenize", {"model": server.model_id, "tokens": [tid]}, 10)
+        text = resp.json()["prompt"] if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, KeyError):
+        text = None
+    return f"{text} (id {tid})" if isinstance(text, str) else token
 
 
 def identity_report(records: list[RequestRecord], prompts: list[Prompt],
