@@ -10,7 +10,16 @@ times too large. We ask for ``stream_options: {include_usage, continuous_usage_s
   2. ``logprobs``: the number of logprob entries in the chunk (servers without
      continuous usage);
   3. ``chunks``: 1 per chunk with text (the last resort; flagged in the report).
-The final ``usage.completion_tokens`` is the request's output token count when present.
+A usage difference needs the count before the chunk: once a token chunk came without
+usage (a server that puts usage on the last chunk only), the chunks after it are counted
+by (2) or (3) until usage is back on every chunk; the final ``usage.completion_tokens`` is
+still the request's output token count when present.
+
+Clock. Every time comes from ``clock`` (integer nanoseconds; default ``time.perf_counter_ns``,
+CLOCK_MONOTONIC on Linux: the clock of the runner's ``run_t0_ns`` and of the scripted
+server's log). It is read at the first send (t0), when each SSE event has been parsed
+(the chunk's arrival) and after ``[DONE]`` or the end of the stream (E2E). A test passes a
+fake clock that its transport advances as it hands out bytes, and gets exact times.
 
 Faults never raise: each failed request gets ``error`` (one line) and ``error_kind``.
 Retries are off by default because a retried request's latency is not a server's
@@ -24,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -38,6 +48,9 @@ from specadapt.records import (
 )
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
+
+Clock = Callable[[], int]
+"""A monotonic clock in integer nanoseconds."""
 
 
 def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[str, dict[str, Any]]:
@@ -87,15 +100,18 @@ def _delta_text(choice: dict[str, Any], api: str) -> str:
 
 
 async def stream_request(client: httpx.AsyncClient, prompt: Prompt, model: str, settings: RequestSettings,
-                         run_t0_ns: int, repeat: int = 0, warmup: bool = False) -> RequestRecord:
-    """Send one streamed request and record it; never raises for server or network faults."""
+                         run_t0_ns: int, repeat: int = 0, warmup: bool = False, *,
+                         clock: Clock = time.perf_counter_ns) -> RequestRecord:
+    """Send one streamed request and record it; never raises for server or network faults.
+
+    ``run_t0_ns`` and ``clock`` must be the same clock: ``sent_at_ns`` is their difference."""
     path, body = build_body(prompt, model, settings)
-    t0 = time.perf_counter_ns()
+    t0 = clock()
     earlier: list[str] = []
     for attempt in range(1, settings.retries + 2):
         rec = RequestRecord(prompt_id=prompt.id, category=prompt.category, api=prompt.api, repeat=repeat,
                             warmup=warmup, sent_at_ns=t0 - run_t0_ns, attempts=attempt, retried_errors=earlier)
-        await _attempt(client, path, body, rec, t0, settings.request_timeout_s)
+        await _attempt(client, path, body, rec, t0, settings.request_timeout_s, clock)
         if rec.ok or attempt > settings.retries or not _retryable(rec):
             return rec
         earlier = [*earlier, rec.error or ""]
@@ -104,9 +120,9 @@ async def stream_request(client: httpx.AsyncClient, prompt: Prompt, model: str, 
 
 
 async def _attempt(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int,
-                   timeout_s: float) -> None:
+                   timeout_s: float, clock: Clock) -> None:
     try:
-        await asyncio.wait_for(_consume(client, path, body, rec, t0), timeout=timeout_s)
+        await asyncio.wait_for(_consume(client, path, body, rec, t0, clock), timeout=timeout_s)
     except asyncio.TimeoutError:
         rec.error, rec.error_kind = f"timed out after {timeout_s:g} s", "timeout"
     except (httpx.HTTPError, SSEError) as exc:
@@ -136,8 +152,10 @@ def _retryable(rec: RequestRecord) -> bool:
     return rec.error_kind == "connect" or (rec.error_kind == "http_status" and rec.status_code in RETRYABLE_STATUS)
 
 
-async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int) -> None:
-    cumulative_usage = 0
+async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], rec: RequestRecord, t0: int,
+                   clock: Clock) -> None:
+    usage_base: int | None = 0  # completion_tokens before this chunk; None once a token chunk lacked usage
+    usage_total: int | None = None
     done = False
     async with aconnect_sse(client, "POST", path, json=body) as source:
         resp = source.response
@@ -147,7 +165,7 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
             rec.error, rec.error_kind = f"HTTP {resp.status_code}: {detail}", "http_status"
             return
         async for event in source.aiter_sse():
-            now = time.perf_counter_ns()
+            now = clock()
             if event.data.strip() == "[DONE]":
                 done = True
                 break
@@ -167,9 +185,11 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
                 text = _delta_text(choice, rec.api)
                 tokens, values, tops = _chunk_logprobs(choice, rec.api)
                 finish = choice.get("finish_reason")
-            n, source_kind = _count_tokens(usage, cumulative_usage, tokens, text)
+            n, source_kind = _count_tokens(usage, usage_base, tokens, text)
             if usage.get("completion_tokens") is not None:
-                cumulative_usage = int(usage["completion_tokens"])
+                usage_total = usage_base = int(usage["completion_tokens"])
+            elif n > 0:
+                usage_base = None
             if usage.get("prompt_tokens") is not None:
                 rec.prompt_tokens = int(usage["prompt_tokens"])
             if n > 0 and choices:
@@ -182,14 +202,15 @@ async def _consume(client: httpx.AsyncClient, path: str, body: dict[str, Any], r
             rec.top_logprobs += tops
             if finish:
                 rec.finish_reason = finish
-        rec.e2e_ns = time.perf_counter_ns() - t0
-    rec.output_tokens = cumulative_usage or sum(rec.chunk_tokens)
+        rec.e2e_ns = clock() - t0
+    rec.output_tokens = usage_total or sum(rec.chunk_tokens)
     if not done:
         rec.error, rec.error_kind = "stream ended without [DONE]", "no_done"
 
 
-def _count_tokens(usage: dict[str, Any], before: int, tokens: list[str], text: str) -> tuple[int, TokenSource]:
-    if usage.get("completion_tokens") is not None:
+def _count_tokens(usage: dict[str, Any], before: int | None, tokens: list[str],
+                  text: str) -> tuple[int, TokenSource]:
+    if usage.get("completion_tokens") is not None and before is not None:
         return int(usage["completion_tokens"]) - before, "usage"
     if tokens:
         return len(tokens), "logprobs"

