@@ -7,8 +7,6 @@ exit here, and nowhere else.
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from specadapt import __version__
@@ -22,13 +20,19 @@ from specadapt.commands.reference import reference
 from specadapt.commands.report import report
 from specadapt.errors import ServerDied, ServerStartError, SpecadaptError
 
+INTERRUPTED = "error: interrupted; every server this run started has been stopped"
+
 
 class SpecadaptGroup(click.Group):
-    """A click group that prints SpecadaptError as one line instead of a traceback."""
+    """A click group that prints SpecadaptError as one line instead of a traceback, and exits
+    130 on Ctrl-C once every context manager (every server started) has been closed."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(INTERRUPTED, err=True)
+            ctx.exit(130)
         except SpecadaptError as err:
             click.echo(f"error: {err}", err=True)
             if isinstance(err, (ServerStartError, ServerDied)) and err.log_tail:
@@ -49,8 +53,4 @@ for command in (probe, compare, equiv, report, config, models, backends, referen
 
 def main() -> None:
     install_signal_handlers()
-    try:
-        cli(prog_name="specadapt")
-    except KeyboardInterrupt:
-        click.echo("error: interrupted; every server this run started has been stopped", err=True)
-        sys.exit(130)
+    cli(prog_name="specadapt")
