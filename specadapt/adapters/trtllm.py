@@ -21,6 +21,7 @@ the bounded queue on the server side never overflows during a long run.
 
 from __future__ import annotations
 
+import json
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -94,8 +95,6 @@ class IterStatsTotals(BaseModel):
 
 def iteration_entries(body: Any) -> list[dict[str, Any]]:
     """``/metrics`` JSON -> iteration entries (a list; entries may be JSON strings)."""
-    import json
-
     if isinstance(body, dict):
         body = [body]
     if not isinstance(body, list):

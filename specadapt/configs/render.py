@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from specadapt.configs import deploy, trtllm, vllm
+from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, check_spec, raise_on_errors
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
@@ -26,8 +27,6 @@ FILE_NAMES = {
 def available_formats(spec: SpecConfig, backend: str, version: str | None = None) -> list[str]:
     """Every format that exists for this spec: no speculative-config JSON for 'off' or for
     vLLM <= 0.7 (flags only)."""
-    from specadapt.configs import versions as V
-
     legacy = backend == "vllm" and V.resolve_version("vllm", version) < V.VLLM_JSON_SINCE
     no_json = backend == "vllm" and (legacy or not spec.enabled)
     return [f for f in FORMATS if not (f == "json" and no_json)]

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from specadapt.configs import versions as V
@@ -350,7 +351,6 @@ def load_schema(path: str | Path) -> dict[str, Any]:
 def schema_problems(doc: dict[str, Any], schema: dict[str, Any]) -> list[Problem]:
     """Validate ``doc['speculative_config']`` (or the whole doc, when the schema is the full
     trtllm-serve schema) against TensorRT-LLM's published JSON schema."""
-    import jsonschema  # a core dependency, imported only when a schema is given
     full = "speculative_config" in schema.get("properties", {})
     instance = doc if full else doc.get("speculative_config")
     instance = _json_keys(instance)

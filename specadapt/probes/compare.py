@@ -18,9 +18,12 @@ import time
 from typing import Callable
 
 from specadapt.adapters.base import Server
+from specadapt.native_reference import theory
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.client import stream_request
+from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 from specadapt.probes.latency import latency_summary, tpot_ns
+from specadapt.probes.reference_check import ReferenceScorer
 from specadapt.probes.runner import server_client, settle_counters
 from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
 from specadapt.records import (
@@ -156,8 +159,6 @@ def speed_ratios(pairs: list[tuple[RequestRecord, RequestRecord]], n_boot: int, 
 def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: float | None,
                  draft_cost: float | None) -> TheoryCheck | None:
     """Theory beside measurement: ideal speedup from acceptance, the implied draft cost c, best k."""
-    from specadapt.native_reference import theory
-
     acc = level.acceptance
     if not acc.known or not acc.drafts or not acc.per_position_rate:
         return None
@@ -248,13 +249,6 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
 def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                    off_request: RequestSettings) -> CompareReport:
     """Analysis, identity and triage (the spec-off server must still be up for triage)."""
-    from specadapt.probes.equivalence import (
-        default_threshold,
-        identity_report,
-        readable_tokens,
-        server_triage,
-    )
-
     settings = report.settings
     records = report.requests
     analyse(report)
@@ -263,7 +257,6 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     settings.near_tie_threshold = threshold
     scorer = None
     if settings.reference:
-        from specadapt.probes.reference_check import ReferenceScorer
         scorer = ReferenceScorer(settings.reference)
 
     def triage(prompt: Prompt, div, off_rec: RequestRecord):
