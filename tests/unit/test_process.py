@@ -15,8 +15,12 @@ from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.process import ManagedProcess, free_port
 from specadapt.errors import PortInUse, ServerStartError
 
+# The stand-in servers end on SIGTERM as real servers do, whatever disposition the test run
+# hands down (a run started with SIGTERM ignored would otherwise wait out every grace period).
+SIGTERM_ENDS = "import signal; signal.signal(signal.SIGTERM, signal.SIG_DFL); "
+
 # A tiny "server": forks a grandchild (sleeps), then serves HTTP on the given port.
-TREE_SERVER = textwrap.dedent("""
+TREE_SERVER = SIGTERM_ENDS + textwrap.dedent("""
     import http.server, subprocess, sys
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     print("serving", flush=True)
@@ -63,7 +67,8 @@ def test_death_during_startup_reports_exit_code_and_log_tail(tmp_path):
 
 
 def test_health_timeout_stops_the_process(tmp_path):
-    mp = ManagedProcess(plan_for("import time; time.sleep(600)", free_port()), log_path=tmp_path / "log")
+    mp = ManagedProcess(plan_for(SIGTERM_ENDS + "import time; time.sleep(600)", free_port()),
+                        log_path=tmp_path / "log")
     with mp, pytest.raises(ServerStartError, match="did not answer / within 1 s"):
         mp.wait_healthy(timeout_s=1)
     assert not mp.alive()
@@ -89,10 +94,15 @@ def test_port_in_use_is_refused_before_starting(tmp_path):
 
 
 # A program that starts a managed tree the way the CLI does, then waits to be signalled.
+# Ctrl-C reaches the CLI as KeyboardInterrupt: Python's own SIGINT handler, which Python
+# installs at start-up only when SIGINT is not ignored. The test run may itself ignore
+# SIGINT (a background job of a non-interactive shell), and an ignored disposition is
+# inherited, so the program installs that handler itself, as a foreground CLI has it.
 PARENT = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     from specadapt.adapters.base import LaunchPlan
     from specadapt.adapters.process import ManagedProcess, install_signal_handlers
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     install_signal_handlers()
     port = int(sys.argv[1])
     plan = LaunchPlan(backend="t", argv=[sys.executable, "-c", sys.argv[2], str(port)], port=port,
