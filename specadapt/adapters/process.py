@@ -65,7 +65,15 @@ def check_port_free(host: str, port: int) -> None:
             raise PortInUse(f"cannot bind {host}:{port} ({exc.strerror}): pass another --host/--port") from exc
 
 
-def _set_parent_death_signal() -> None:  # runs in the child between fork and exec
+SERVER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _prepare_child() -> None:  # runs in the child between fork and exec
+    """Default dispositions for the signals that stop a server (an ignored SIGTERM, inherited
+    from a background job that started specadapt, would make every stop wait out the grace
+    period), and SIGTERM when specadapt dies (Linux)."""
+    for sig in SERVER_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -140,7 +148,7 @@ class ManagedProcess:
             self.proc = subprocess.Popen(
                 self.plan.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_set_parent_death_signal, close_fds=True,
+                preexec_fn=_prepare_child, close_fds=True,
             )
         except OSError as exc:
             self._log_fh.close()

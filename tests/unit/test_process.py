@@ -175,3 +175,24 @@ def test_nothing_survives_any_ending_of_the_parent(tmp_path, how):
             assert "RuntimeError: boom" in parent.stderr.read()
     finally:
         parent.kill()
+
+
+REPORT_DISPOSITIONS = textwrap.dedent("""
+    import signal, sys
+    ignored = [signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
+    print(" ".join("ignored" if i else "handled" for i in ignored), flush=True)
+""")
+
+
+def test_a_started_server_gets_default_signal_dispositions(tmp_path):
+    """Ignored signals of the process that runs specadapt are not handed to the servers it starts."""
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        port = free_port()
+        mp = ManagedProcess(plan_for(REPORT_DISPOSITIONS, port), log_path=tmp_path / "log", grace_s=5).start()
+        assert mp.proc.wait(timeout=60) == 0
+        mp.stop()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert (tmp_path / "log").read_text().split() == ["handled"] * 3
