@@ -12,7 +12,7 @@ PIP_INDEX_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 OUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: venv model browser demo test clean
+.PHONY: venv model browser demo test mutate clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,5 +42,11 @@ test: model browser
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests; that is a failure here" >&2; exit 1; fi; \
 	exit $$rc
 
+# Mutation testing of the verdict and figure logic ([tool.mutmut] in pyproject.toml); slow.
+MUTANTS ?=
+mutate: venv
+	$(VENV)/bin/pip install -q 'mutmut>=3.8'
+	$(VENV)/bin/mutmut run $(MUTANTS) && $(VENV)/bin/mutmut results
+
 clean:
-	rm -rf $(VENV) $(OUT)
+	rm -rf $(VENV) $(OUT) mutants
