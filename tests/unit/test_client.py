@@ -7,10 +7,12 @@ import json
 import time
 
 import httpx
+import pytest
 
-from specadapt.probes.client import build_body, stream_request
+from specadapt.probes import client as client_mod
+from specadapt.probes.client import _chunk_logprobs, _delta_text, _retryable, build_body, stream_request
 from specadapt.probes.latency import itl_values_ns, latency_summary, tpot_ns
-from specadapt.records import Prompt, RequestSettings
+from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
 COMPLETION = Prompt(id="p", category="open", prompt="once upon")
@@ -296,3 +298,260 @@ def test_a_failed_stream_keeps_exact_times_of_what_arrived():
     rec, _, _ = run_timed([(1, 200, [(10, chat_chunk("a", 1, usage=1)), (25, chat_chunk("bc", 2, usage=3))])])
     assert not rec.ok and rec.error_kind == "no_done"
     assert rec.chunk_ns == [10 * MS, 25 * MS] and rec.chunk_tokens == [1, 2] and rec.e2e_ns == 25 * MS
+
+
+# --- Exact values of the body, the parsed logprobs and every error path -------------------------------------------
+
+STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def run_with(body: bytes, prompt=CHAT, settings: RequestSettings | None = None, status=200,
+             content_type="text/event-stream", **kwargs):
+    """Like run(), with settings and stream_request keywords (repeat, warmup)."""
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["method"] = request.method
+        seen["json"] = json.loads(request.content)
+        return httpx.Response(status, headers={"content-type": content_type}, content=body)
+
+    async def go():
+        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
+            return await stream_request(client, prompt, "m", settings or RequestSettings(), run_t0_ns=0, **kwargs)
+
+    return asyncio.run(go()), seen
+
+
+def test_build_body_chat_is_exact():
+    p = Prompt(id="x", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+    s = RequestSettings(max_tokens=64, temperature=0.7, seed=5, logprobs=True, top_logprobs=3,
+                        extra_body={"top_k": 1, "ignore_eos": True})
+    assert build_body(p, "model-a", s) == ("/v1/chat/completions", {
+        "model": "model-a", "max_tokens": 64, "temperature": 0.7, "stream": True, "stream_options": STREAM_OPTIONS,
+        "seed": 5, "top_k": 1, "ignore_eos": True,
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+        "logprobs": True, "top_logprobs": 3})
+
+
+def test_build_body_chat_without_logprobs_or_seed():
+    p = Prompt(id="x", messages=[{"role": "user", "content": "u"}], max_tokens=9)
+    assert build_body(p, "m", RequestSettings(seed=None, logprobs=False)) == ("/v1/chat/completions", {
+        "model": "m", "max_tokens": 9, "temperature": 0.0, "stream": True, "stream_options": STREAM_OPTIONS,
+        "messages": [{"role": "user", "content": "u"}]})
+
+
+def test_build_body_completions_is_exact():
+    # Completions API: logprobs is the number of top alternatives (an int), no top_logprobs field; seed 0 is sent.
+    p = Prompt(id="x", prompt="a", max_tokens=7)
+    s = RequestSettings(max_tokens=64, seed=0, logprobs=True, top_logprobs=2, extra_body={"min_tokens": 3})
+    assert build_body(p, "m", s) == ("/v1/completions", {
+        "model": "m", "max_tokens": 7, "temperature": 0.0, "stream": True, "stream_options": STREAM_OPTIONS,
+        "seed": 0, "min_tokens": 3, "prompt": "a", "logprobs": 2})
+
+
+def test_request_sent_is_the_built_body_with_the_model_and_defaults_recorded():
+    rec, seen = run_with(sse(chat_chunk("a", 1, usage=1), "[DONE]"))
+    assert seen["method"] == "POST" and seen["json"] == build_body(CHAT, "m", RequestSettings())[1]
+    assert seen["json"]["model"] == "m"
+    assert rec.repeat == 0 and rec.warmup is False and rec.prompt_id == "c" and rec.category == "open"
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), "[DONE]"), repeat=3, warmup=True)
+    assert rec.repeat == 3 and rec.warmup is True
+
+
+def test_chunk_logprobs_chat_shape():
+    choice = {"logprobs": {"content": [
+        {"token": "a", "logprob": -0.5, "top_logprobs": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1}]},
+        {"logprob": -2, "top_logprobs": None},  # no token string
+        {"token": "c"},                          # no logprob, no alternatives
+    ]}}
+    assert _chunk_logprobs(choice, "chat") == (["a", "", "c"], [-0.5, -2.0, 0.0], [{"a": -0.5, "b": -1.0}, {}, {}])
+    assert _chunk_logprobs({"logprobs": None}, "chat") == ([], [], [])
+    assert _chunk_logprobs({"logprobs": {"content": None}}, "chat") == ([], [], [])
+
+
+def test_chunk_logprobs_completions_shape():
+    choice = {"logprobs": {"tokens": ["x", "y", "z"], "token_logprobs": [None, -1, -2.5],
+                           "top_logprobs": [None, {"y": -1, "w": -3}, {"z": -2.5}]}}
+    assert _chunk_logprobs(choice, "completions") == (
+        ["x", "y", "z"], [0.0, -1.0, -2.5], [{}, {"y": -1.0, "w": -3.0}, {"z": -2.5}])
+    assert _chunk_logprobs({}, "completions") == ([], [], [])
+
+
+def test_delta_text_of_missing_fields_is_empty():
+    assert _delta_text({"index": 0}, "completions") == "" and _delta_text({"text": None}, "completions") == ""
+    assert _delta_text({"text": "x"}, "completions") == "x"
+    assert _delta_text({"delta": None}, "chat") == "" and _delta_text({"delta": {"content": "y"}}, "chat") == "y"
+
+
+def test_logprobs_and_alternatives_accumulate_over_chunks():
+    def chunk(entries, usage):
+        return {"choices": [{"index": 0, "delta": {"content": "".join(t for t, _, _ in entries)},
+                             "logprobs": {"content": [
+                                 {"token": t, "logprob": lp, "top_logprobs": [{"token": k, "logprob": v}
+                                                                              for k, v in tops.items()]}
+                                 for t, lp, tops in entries]}}],
+                "usage": {"completion_tokens": usage}}
+
+    body = sse(chunk([("a", -0.1, {"a": -0.1, "b": -2.5})], 1),
+               chunk([("b", -0.7, {"b": -0.7, "c": -0.8}), ("c", -0.2, {"c": -0.2})], 3),
+               chunk([("d", -1.5, {"d": -1.5, "e": -1.6})], 4), "[DONE]")
+    rec, _ = run_with(body, settings=RequestSettings(top_logprobs=2))
+    assert rec.ok and rec.text == "abcd" and rec.chunk_tokens == [1, 2, 1]
+    assert rec.tokens == ["a", "b", "c", "d"]
+    assert rec.token_logprobs == [-0.1, -0.7, -0.2, -1.5]
+    assert rec.top_logprobs == [{"a": -0.1, "b": -2.5}, {"b": -0.7, "c": -0.8}, {"c": -0.2}, {"d": -1.5, "e": -1.6}]
+
+
+def test_first_chunk_counted_by_usage_from_zero():
+    # No usage-only chunk before it: completion_tokens 2 on the first token chunk is 2 tokens since 0.
+    rec, _ = run_with(sse(chat_chunk("ab", 1, usage=2), chat_chunk("c", 1, usage=3), "[DONE]"))
+    assert rec.chunk_tokens == [2, 1] and rec.token_source == "usage" and rec.output_tokens == 3
+
+
+def test_a_chunk_without_tokens_or_usage_keeps_counting_by_usage():
+    # A role chunk without usage carries no token: the usage count is not given up for it.
+    rec, _ = run_with(sse(chat_chunk(""), chat_chunk("ab", 1, usage=2), chat_chunk("c", 1, usage=3), "[DONE]"))
+    assert rec.chunk_tokens == [2, 1] and rec.token_source == "usage"
+
+
+def test_only_the_first_choice_is_read():
+    chunk = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                         {"index": 1, "delta": {"content": "ZZ"}, "finish_reason": "stop",
+                          "logprobs": {"content": [{"token": "Z", "logprob": -3.0}]}}],
+             "usage": {"completion_tokens": 1}}
+    rec, _ = run_with(sse(chunk, "[DONE]"))
+    assert rec.text == "a" and rec.finish_reason is None and rec.tokens == [] and rec.token_logprobs == []
+
+
+def test_http_error_detail_is_exact():
+    rec, _ = run_with(b'{"error": "overloaded"}', status=503, content_type="application/json")
+    assert rec.error == 'HTTP 503: {"error": "overloaded"}' and rec.error_kind == "http_status"
+    assert rec.status_code == 503 and rec.chunk_ns == [] and rec.e2e_ns is None
+    rec, _ = run_with(b"bad \xff\nline", status=500, content_type="text/plain")  # invalid UTF-8, a newline
+    assert rec.error == "HTTP 500: bad \ufffd line"
+    rec, _ = run_with(b"x" * 300, status=500, content_type="text/plain")
+    assert rec.error == "HTTP 500: " + "x" * 200
+
+
+def test_malformed_sse_data_message_is_exact():
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), "{oops"))
+    assert rec.error == "malformed SSE data: '{oops'" and rec.error_kind == "malformed" and not rec.ok
+    rec, _ = run_with(sse("x" * 100))
+    assert rec.error == f"malformed SSE data: {'x' * 80!r}"
+
+
+def test_non_sse_answer_is_malformed():
+    rec, _ = run_with(b"<html></html>", content_type="text/html")
+    assert rec.error_kind == "malformed" and rec.error.startswith("SSEError: ")
+
+
+def test_error_chunk_in_stream():
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), {"error": {"message": "boom", "code": 500}}, "[DONE]"))
+    assert rec.error == "server error in stream: {'message': 'boom', 'code': 500}"
+    assert rec.error_kind == "server_error" and not rec.ok and rec.chunk_tokens == [1]
+    rec, _ = run_with(sse({"error": "e" * 300, "choices": []}, "[DONE]"))
+    assert rec.error == "server error in stream: " + "e" * 200 and rec.error_kind == "server_error"
+
+
+def test_error_field_beside_choices_is_not_a_failure():
+    chunk = chat_chunk("a", 1, usage=1)
+    chunk["error"] = None
+    rec, _ = run_with(sse(chunk, "[DONE]"))
+    assert rec.ok and rec.error is None and rec.text == "a"
+
+
+def test_no_token_stream_and_a_single_token_stream():
+    rec, _ = run_with(sse(chat_chunk("", usage=0), "[DONE]"))
+    assert not rec.ok and rec.output_tokens == 0
+    assert rec.error == "stream ended without any output token" and rec.error_kind == "no_tokens"
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), "[DONE]"))
+    assert rec.ok and rec.error is None and rec.error_kind is None and rec.output_tokens == 1
+
+
+@pytest.mark.parametrize("exc, error, kind", [
+    (httpx.ReadTimeout("read timed out"), "ReadTimeout: read timed out", "timeout"),
+    (httpx.ConnectTimeout("connect timed out"), "ConnectTimeout: connect timed out", "timeout"),
+    (httpx.ConnectError("refused\nmore detail"), "ConnectError: refused", "connect"),
+    (httpx.RemoteProtocolError("peer closed"), "RemoteProtocolError: peer closed", "disconnect"),
+    (httpx.ReadError(""), "ReadError: no detail", "disconnect"),
+    (httpx.WriteError("broken pipe"), "WriteError: broken pipe", "disconnect"),
+    (httpx.UnsupportedProtocol("ftp"), "UnsupportedProtocol: ftp", "other"),
+])
+def test_transport_errors_have_exact_message_and_kind(exc, error, kind):
+    rec, _, _ = run_timed([(2, exc)])
+    assert rec.error == error and rec.error_kind == kind and not rec.ok and rec.attempts == 1
+
+
+def test_long_transport_error_is_cut_to_300_characters():
+    rec, _, _ = run_timed([(2, httpx.ReadError("y" * 500))])
+    assert rec.error == "ReadError: " + "y" * 289 and len(rec.error) == 300
+
+
+class HangingBody(httpx.AsyncByteStream):
+    """One token chunk, then nothing for 2 s (then the stream ends without [DONE])."""
+
+    async def __aiter__(self):
+        yield sse(chat_chunk("a", 1, usage=1))
+        await asyncio.sleep(2)
+
+
+def test_request_timeout_is_recorded():
+    clock = FakeClock()
+
+    def handler(request):
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=HangingBody())
+
+    async def go():
+        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
+            return await stream_request(client, CHAT, "m", RequestSettings(request_timeout_s=0.05), run_t0_ns=RUN_T0,
+                                        clock=clock)
+
+    rec = asyncio.run(go())
+    assert rec.error == "timed out after 0.05 s" and rec.error_kind == "timeout" and not rec.ok
+    assert rec.chunk_tokens == [1] and rec.e2e_ns is None
+
+
+@pytest.mark.parametrize("status, retried", [(429, True), (500, True), (502, True), (503, True), (504, True),
+                                             (400, False), (404, False), (501, False)])
+def test_retry_decision_per_status(status, retried):
+    ok = (1, 200, [(5, chat_chunk("a", 1, usage=1)), (6, "[DONE]")])
+    attempts = [(1, status, []), ok] if retried else [(1, status, [])]
+    rec, _, _ = run_timed(attempts, settings=RequestSettings(retries=2, retry_backoff_s=0.0))
+    if retried:
+        assert rec.ok and rec.attempts == 2 and rec.retried_errors == [f'HTTP {status}: {{"error": "busy"}}']
+    else:
+        assert not rec.ok and rec.attempts == 1 and rec.retried_errors == [] and rec.status_code == status
+
+
+def test_one_retry_allowed_is_used():
+    rec, _, sends = run_timed([(1, 503, []), (2, 200, [(5, chat_chunk("a", 1, usage=1)), (6, "[DONE]")])],
+                              settings=RequestSettings(retries=1, retry_backoff_s=0.0))
+    assert rec.ok and rec.attempts == 2 and len(sends) == 2
+
+
+def test_retries_stop_after_the_allowed_number():
+    rec, _, _ = run_timed([(1, 503, []), (2, 503, [])], settings=RequestSettings(retries=1, retry_backoff_s=0.0))
+    assert not rec.ok and rec.attempts == 2 and rec.error_kind == "http_status"
+    assert rec.retried_errors == ['HTTP 503: {"error": "busy"}']
+
+
+def test_backoff_grows_with_the_attempt(monkeypatch):
+    slept: list[float] = []
+
+    async def fake_sleep(seconds):
+        slept.append(seconds)
+
+    monkeypatch.setattr(client_mod.asyncio, "sleep", fake_sleep)
+    rec, _, _ = run_timed([(1, 503, []), (2, 502, []), (3, 200, [(5, chat_chunk("a", 1, usage=1)), (6, "[DONE]")])],
+                          settings=RequestSettings(retries=3, retry_backoff_s=0.5))
+    assert rec.ok and rec.attempts == 3 and slept == [0.5, 1.0]
+
+
+def test_no_resend_after_a_token_arrived():
+    rec = RequestRecord(prompt_id="c", category="open", api="chat", error_kind="connect", chunk_ns=[1],
+                        error="ConnectError: x")
+    assert _retryable(rec) is False
+    rec = RequestRecord(prompt_id="c", category="open", api="chat", error_kind="connect", error="ConnectError: x")
+    assert _retryable(rec) is True
+    rec = RequestRecord(prompt_id="c", category="open", api="chat", error_kind="timeout", status_code=503)
+    assert _retryable(rec) is False
