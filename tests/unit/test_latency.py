@@ -67,3 +67,41 @@ def test_per_token_values_are_exact_for_every_token_source():
 def test_a_gap_that_does_not_divide_is_split_evenly():
     r = rec([10, 110], [1, 3], 120)
     assert itl_values_ns(r) == [100 / 3] * 3 and tpot_ns(r) == (120 - 10) / 3
+
+
+def test_percentile_of_nothing_is_an_error_that_says_so():
+    with pytest.raises(ValueError, match="^percentile of no values$"):
+        percentile([], 50)
+
+
+def test_summarize_reports_each_percentile_at_its_own_rank():
+    values_ns = [i * 1_000_000 for i in range(1, 102)]  # 1..101 ms: the q-th percentile is 1 + q ms
+    d = summarize(reversed(values_ns))
+    assert (d.count, d.p50, d.p90, d.p99, d.min, d.max, d.mean) == (101, 51.0, 91.0, 100.0, 1.0, 101.0, 51.0)
+
+
+def test_tpot_is_defined_from_two_tokens_and_needs_both_times():
+    assert tpot_ns(rec([100], [2], 300)) == 200.0
+    assert tpot_ns(rec([100], [3], 300)) == 100.0
+    no_first_token = RequestRecord(prompt_id="p", category="c", api="chat", ok=True, e2e_ns=300, output_tokens=5)
+    assert tpot_ns(no_first_token) is None
+    assert tpot_ns(rec([100], [3], None)) is None
+
+
+def test_a_request_without_e2e_counts_no_time_and_zero_duration_has_no_rate():
+    unfinished = RequestRecord(prompt_id="p", category="c", api="chat", ok=True, chunk_ns=[5], chunk_tokens=[1],
+                               output_tokens=1, sent_at_ns=10**9)
+    finished = rec([10**6], [4], 10**9, sent_at_ns=0)
+    s = latency_summary([finished, unfinished])
+    assert s.duration_s == 1.0 and s.output_tokens_per_s == 5.0
+    only = latency_summary([unfinished])
+    assert (only.duration_s, only.output_tokens_per_s) == (0.0, None)
+    short = latency_summary([rec([10**5], [3], 5 * 10**8, sent_at_ns=0)])  # half a second: 6 tokens/s
+    assert (short.duration_s, short.output_tokens_per_s) == (0.5, 6.0)
+
+
+def test_no_successful_request_gives_empty_figures():
+    bad = RequestRecord(prompt_id="x", category="c", api="chat", ok=False, error="HTTP 500")
+    s = latency_summary([bad])
+    assert (s.duration_s, s.output_tokens_per_s, s.tokens_per_chunk_mean, s.ttft_ms.count) == (0.0, None, None, 0)
+    assert latency_summary([rec([10, 20], [2, 4], 30)]).tokens_per_chunk_mean == 3.0
