@@ -136,10 +136,6 @@ def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | ssl.SSLContext:
     return True
 
 
-def _can_launch(backend: Backend) -> bool:
-    return backend.capabilities.launch
-
-
 # --- planning and opening -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Side:
@@ -182,7 +178,7 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
                          f"{'one' if one else 'them'}: give one or the other")
     launch: list[LaunchOptions | None] = [None] * len(sides)
     if not all(s.url for s in sides):
-        if not _can_launch(backend):
+        if not backend.capabilities.launch:
             hint = "--url of a running one" if one else f"{flags} URLs of running ones"
             raise UsageError(f"backend {opts.backend} cannot start servers: pass {hint}")
         model = str(backend.resolve_model(opts.model))
