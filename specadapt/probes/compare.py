@@ -24,7 +24,7 @@ from specadapt.probes.client import stream_request
 from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.reference_check import ReferenceScorer
-from specadapt.probes.runner import server_client, settle_counters
+from specadapt.probes.runner import counting, server_client, settle_counters
 from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
 from specadapt.records import (
     CompareReport,
@@ -208,26 +208,13 @@ def analyse(report: CompareReport) -> None:
                                       [lv.speed.throughput.point for lv in report.levels])
 
 
-@contextlib.contextmanager
-def _run_hooks(*servers: Server):
-    """Servers whose counters drain on read poll them between start_run() and end_run()."""
-    unique = list(dict.fromkeys(servers))
-    for server in unique:
-        server.start_run()
-    try:
-        yield
-    finally:
-        for server in unique:
-            server.end_run()
-
-
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
                 progress: Progress | None = None) -> CompareReport:
     """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
     settings.concurrency = sorted(set(settings.concurrency))
     off_info, on_info = off.describe(), on.describe()
     runner = ABRunner(off, on, prompts, settings, progress)
-    with _run_hooks(off, on):
+    with counting(off, on):
         records, on_counters, off_counters = asyncio.run(runner.run())
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters)
@@ -241,7 +228,7 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
     info = server.describe()
     off, on = (server, server)
     runner = ABRunner(off, on, prompts, settings, progress)
-    with _run_hooks(server):
+    with counting(server):
         records, on_c, off_c = asyncio.run(runner.run(sides=(side,)))
     return info, records, (on_c if side == "on" else off_c)
 

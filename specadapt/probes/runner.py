@@ -9,8 +9,10 @@ had finished, and the report is marked ``partial`` with the exit code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Callable
 
 import httpx
@@ -153,22 +155,34 @@ def _death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
     return reason, process.log_tail()
 
 
+@contextlib.contextmanager
+def counting(*servers: Server) -> Iterator[None]:
+    """One run's counter window: servers whose counters drain on read poll them between
+    start_run() and end_run() (each server once, however often it is given)."""
+    unique = list(dict.fromkeys(servers))
+    for server in unique:
+        server.start_run()
+    try:
+        yield
+    finally:
+        for server in unique:
+            server.end_run()
+
+
 def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,
               repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
               progress: Progress | None = None) -> ProbeReport:
     """Probe ``server`` with ``prompts`` and return the full report."""
     info = server.describe()
     partial_reason, log_tail = None, ""
-    server.start_run()  # servers whose counters drain on read poll them until end_run()
-    try:
-        records, before, after = asyncio.run(
-            _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
-    except _Partial as part:
-        records, before = part.records, part.before
-        after = CounterSnapshot(source="unavailable: the server exited during the run")
-        partial_reason, log_tail = _death_reason(server, len(records), part.planned)
-    finally:
-        server.end_run()
+    with counting(server):
+        try:
+            records, before, after = asyncio.run(
+                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
+        except _Partial as part:
+            records, before = part.records, part.before
+            after = CounterSnapshot(source="unavailable: the server exited during the run")
+            partial_reason, log_tail = _death_reason(server, len(records), part.planned)
     by_cat: dict[str, list[RequestRecord]] = {}
     for rec in records:
         by_cat.setdefault(rec.category, []).append(rec)
