@@ -1,25 +1,31 @@
-"""The speculative decoding loop: prefill -> propose -> verify in one target pass -> accept.
+"""The speculative decoding loop over a batch: propose -> verify in one target pass -> accept.
 
-Batch size 1 only: each request is one sequence (see docs/reference.md for why). With
-no proposer (or k = 0) the same loop is plain target-only decoding, one token per pass,
-which is what speculative outputs are compared against.
+Sequences join the batch (each prefilled alone, which gives its first token) and leave it
+between steps; every step verifies every row's proposal in one target pass, each row with
+its own sampling parameters, random generator and number of accepted tokens (see
+docs/reference.md, "Batching"). The number of draft tokens may depend on the batch size
+(a schedule in vLLM's ``num_speculative_tokens_per_batch_size`` form). With no proposer
+(or k = 0) the same loop is plain target-only decoding, one token per pass per row, which
+is what speculative outputs are compared against.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.models import CachedLM
+from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.proposers import Proposal, Proposer
 from specadapt.native_reference.sampling import (SamplingParams, greedy_verify, probs,
                                                  rejection_verify)
 
-FAULTS = ("accept-always", "drop-bonus", "perturb-logits")
+FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "residual-p", "bonus-previous", "accept-later")
+# faults inside the rejection sampler itself (passed to sampling.rejection_verify)
+SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class Fault:
     def parse(cls, text: str) -> "Fault":
         kind, _, value = text.partition("=")
         if kind not in FAULTS:
-            raise UsageError(f"unknown fault {text!r}: use accept-always, drop-bonus or perturb-logits=EPS")
+            raise UsageError(f"unknown fault {text!r}: use one of {', '.join(FAULTS)} (perturb-logits=EPS)")
         if kind == "perturb-logits":
             try:
                 eps = float(value)
@@ -102,14 +108,15 @@ class SpecStats:
 
 @dataclass
 class Step:
-    """What one target pass produced."""
+    """What one target pass produced for one row."""
 
     position: int  # sequence position of tokens[0]
     proposed: list[int]
     accepted: int
     tokens: list[int]  # emitted (after stop/length truncation)
-    logprobs: list[float]  # raw target logprob of each emitted token
+    logprobs: list[float]  # raw target logprob of each emitted token; empty if not asked
     top_logprobs: list[list[tuple[int, float]]]  # per token, best first; empty if not asked
+    finish_reason: str | None = None  # "stop" or "length" on the row's last step
 
 
 @dataclass
@@ -121,126 +128,283 @@ class Generation:
     finish_reason: str  # "stop" or "length"
 
 
+@dataclass
+class Row:
+    """One sequence in the batch."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    params: SamplingParams
+    stop_ids: tuple[int, ...]
+    logprobs: bool
+    top_logprobs: int
+    generator: torch.Generator
+    stats: SpecStats
+    tag: object = None  # the caller's handle (the server's request)
+    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    finish_reason: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+
+def parse_schedule(schedule: Iterable[Sequence[int]] | None, k: int) -> list[tuple[int, int, int]]:
+    """Check a vLLM-style ``num_speculative_tokens_per_batch_size`` schedule: inclusive,
+    non-overlapping batch-size ranges ``[start, end, k]`` with 1 <= start <= end and
+    0 <= k <= the engine's k. Batch sizes outside every range use the engine's k."""
+    out: list[tuple[int, int, int]] = []
+    for item in schedule or ():
+        if len(item) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in item):
+            raise UsageError(f"schedule entry {list(item)!r} is not [start, end, k] (three integers)")
+        start, end, kk = item
+        if not 1 <= start <= end:
+            raise UsageError(f"schedule range [{start}, {end}] is empty or starts below 1: need 1 <= start <= end")
+        if not 0 <= kk <= k:
+            raise UsageError(f"schedule k {kk} for batch sizes {start}..{end} is outside 0..{k} "
+                             f"(k is the most draft tokens, the engine's num_speculative_tokens)")
+        for s0, e0, _ in out:
+            if start <= e0 and s0 <= end:
+                raise UsageError(f"schedule ranges [{s0}, {e0}] and [{start}, {end}] overlap")
+        out.append((start, end, kk))
+    return sorted(out)
+
+
 class SpecEngine:
-    """Speculative decoding of one sequence at a time with a target and a proposer."""
+    """Speculative decoding of a batch of sequences with a target and a proposer."""
 
     def __init__(self, target, proposer: Proposer | None = None, k: int = 4,
-                 fault: Fault | None = None, seed: int = 0):
+                 fault: Fault | None = None, seed: int = 0,
+                 schedule: Iterable[Sequence[int]] | None = None, max_model_len: int | None = None):
         if proposer is None:
             k = 0
         if k < 0:
             raise UsageError(f"k must be >= 0, not {k}")
-        self.target = CachedLM(target)
+        self.model = target
+        self.target = SlotCache(target)
         self.proposer = proposer
         self.k = k
+        self.schedule = parse_schedule(schedule, k)
         self.fault = fault
-        self.generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        self.noise = torch.Generator(device=self.target.device).manual_seed(seed + 1)
+        cfg_len = getattr(target.config, "max_position_embeddings", None)
+        self.max_model_len = int(max_model_len or cfg_len or 2 ** 31)
+        self.device = self.target.device
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)  # seeds of rows without one
+        self.noise = torch.Generator(device=self.device).manual_seed(seed + 1)
+        self.rows: list[Row] = []
+        self.totals = SpecStats(k=k)  # every pass counted once, whatever the batch size
 
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
         self.noise.manual_seed(seed + 1)
 
+    def k_for(self, batch_size: int) -> int:
+        """Draft tokens per row at this batch size (the schedule, else k)."""
+        for start, end, kk in self.schedule:
+            if start <= batch_size <= end:
+                return kk
+        return self.k
+
+    # -- one sequence at a time (a batch of one) -------------------------------------------
+
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-                 stop_ids: tuple[int, ...] = (), top_logprobs: int = 0) -> Generation:
-        stats = SpecStats(k=self.k)
-        steps = list(self.stream(prompt, max_new_tokens, params, stop_ids, top_logprobs, stats))
-        tokens = [t for s in steps for t in s.tokens]
-        reason = "stop" if tokens and tokens[-1] in stop_ids else "length"
-        return Generation(list(prompt), tokens, steps, stats, reason)
+                 stop_ids: tuple[int, ...] = (), top_logprobs: int = 0, seed: int | None = None) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, params, stop_ids, top_logprobs,
+                                   seeds=None if seed is None else [seed])[0]
 
     def stream(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
                stop_ids: tuple[int, ...] = (), top_logprobs: int = 0,
-               stats: SpecStats | None = None) -> Iterator[Step]:
-        """Yield one Step per target pass; ``stats`` (if given) is updated as it goes."""
-        if not prompt:
-            raise UsageError("the prompt is empty: give at least one token")
-        if not all(isinstance(t, int) for t in prompt):
-            raise UsageError("the reference engine decodes one sequence at a time (batch size 1): "
-                             "pass one list of token ids, and loop over a batch yourself")
-        stats = stats if stats is not None else SpecStats(k=self.k)
-        stats.prompt_tokens += len(prompt)
-        tokens = list(prompt)
-        self.target.reset()
-        if self.proposer is not None:
-            self.proposer.reset()
-        generated = 0
-        while generated < max_new_tokens:
-            # the first pass is the prefill: the whole prompt, whose last row gives the first token
-            step = self._step(tokens, params, top_logprobs, stats, prefill=self.target.length == 0)
-            step.tokens = step.tokens[:max_new_tokens - generated]
-            for i, t in enumerate(step.tokens):
-                if t in stop_ids:
-                    step.tokens = step.tokens[:i + 1]
-                    break
-            step.logprobs = step.logprobs[:len(step.tokens)]
-            step.top_logprobs = step.top_logprobs[:len(step.tokens)]
-            tokens.extend(step.tokens)
-            generated += len(step.tokens)
-            stats.generated_tokens += len(step.tokens)
-            yield step
-            if step.tokens and step.tokens[-1] in stop_ids:
-                break
+               stats: SpecStats | None = None, seed: int | None = None) -> Iterator[Step]:
+        """Yield one Step per target pass of one sequence; ``stats`` (if given) is updated."""
+        _check_prompt(prompt)
+        self._idle()
+        row, first = self.add(prompt, max_new_tokens, params, stop_ids, top_logprobs=top_logprobs, seed=seed,
+                              stats=stats)
+        try:
+            yield first
+            while self.rows:
+                for _, step in self.step():
+                    yield step
+        finally:
+            self.remove(row)
 
-    def _step(self, tokens: list[int], params: SamplingParams, top_logprobs: int,
-              stats: SpecStats, prefill: bool = False) -> Step:
-        """One target pass: the prefill (no proposal), or [last token] + the proposed tokens."""
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+                       stop_ids: tuple[int, ...] = (), top_logprobs: int = 0,
+                       seeds: Sequence[int] | None = None) -> list[Generation]:
+        """Decode ``prompts`` together in one batch until every row has finished."""
+        for prompt in prompts:
+            _check_prompt(prompt)
+        self._idle()
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        steps: dict[int, list[Step]] = {}
+        rows = []
+        try:
+            for i, prompt in enumerate(prompts):
+                row, first = self.add(prompt, max_new_tokens, plist[i], stop_ids, top_logprobs=top_logprobs,
+                                      seed=None if seeds is None else seeds[i], tag=i)
+                rows.append(row)
+                steps[i] = [first]
+            while self.rows:
+                for row, step in self.step():
+                    steps[row.tag].append(step)
+        finally:
+            for row in rows:
+                self.remove(row)
+        return [Generation(list(r.prompt), r.tokens[len(r.prompt):], steps[i], r.stats, r.finish_reason or "length")
+                for i, r in enumerate(rows)]
+
+    def _idle(self) -> None:
+        if self.rows:
+            raise UsageError("the engine is serving a batch already: add rows to it with add() and step()")
+
+    # -- the batch ---------------------------------------------------------------------------
+
+    def add(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
+            stop_ids: tuple[int, ...] = (), logprobs: bool = True, top_logprobs: int = 0,
+            seed: int | None = None, stats: SpecStats | None = None, tag: object = None) -> tuple[Row, Step]:
+        """Prefill ``prompt`` (alone) and join the batch; returns the row and its first Step.
+        A row that is finished after its first token (stop or length) does not join."""
+        _check_prompt(prompt)
+        if seed is None:
+            seed = int(torch.randint(2 ** 62, (1,), generator=self.generator))
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        row = Row(list(prompt), max_new_tokens, params, tuple(stop_ids), logprobs or top_logprobs > 0,
+                  top_logprobs, gen, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt))
         t0 = time.perf_counter()
-        proposal = Proposal()
-        if self.proposer is not None and self.k > 0 and not prefill:
+        logits = self.target.add(row.tokens)  # [1, V]
+        m, nxt = self._verify(logits, Proposal(), params, gen)
+        step = self._emit(row, Proposal(), logits, m, nxt)
+        for st in (row.stats, self.totals):
+            st.prompt_tokens += len(prompt)
+            st.target_forwards += 1
+        if row.finish_reason is None:
+            self.rows.append(row)
+            if self.proposer is not None:
+                self.proposer.add(row.prompt)
+        else:
+            self.target.keep_rows(list(range(len(self.rows))))
+        elapsed = time.perf_counter() - t0
+        row.stats.time_prefill += elapsed
+        self.totals.time_prefill += elapsed
+        return row, step
+
+    def remove(self, row: Row) -> None:
+        """Take ``row`` out of the batch (finished or cancelled); a no-op if it is not in it."""
+        if any(r is row for r in self.rows):
+            self._keep([i for i, r in enumerate(self.rows) if r is not row])
+
+    def _keep(self, keep: list[int]) -> None:
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self.target.keep_rows(keep)
+        if self.proposer is not None:
+            self.proposer.keep_rows(keep)
+
+    def step(self) -> list[tuple[Row, Step]]:
+        """One target pass over every row: propose, verify, accept. Finished rows leave."""
+        if not self.rows:
+            return []
+        rows = self.rows
+        t0 = time.perf_counter()
+        k = self.k_for(len(rows))
+        # never draft past the model length (positions >= max_model_len do not exist)
+        ks = [max(0, min(k, self.max_model_len - len(r.tokens))) for r in rows]
+        proposals = [Proposal() for _ in rows]
+        draft_forwards = 0
+        if self.proposer is not None and any(ks):
             before = self.proposer.forwards
-            proposal = self.proposer.propose(tokens, self.k, params, self.generator)
-            stats.draft_forwards += self.proposer.forwards - before
+            proposals = self.proposer.propose([r.tokens for r in rows], ks, [r.params for r in rows],
+                                              [r.generator for r in rows])
+            draft_forwards = self.proposer.forwards - before
         t1 = time.perf_counter()
-        draft = proposal.tokens
-        # the cache holds every position but the last (none before the prefill)
-        logits = self.target.forward(tokens[self.target.length:] + draft, keep=len(draft) + 1)  # [len(draft)+1, V]
-        stats.target_forwards += 1
-        if draft and self.fault and self.fault.kind == "perturb-logits":
-            noise = torch.randn(logits.shape, generator=self.noise, dtype=torch.float32,
-                                device=logits.device)
-            logits = logits + (self.fault.eps * noise).to(logits.dtype)
-        m, nxt = self._verify(logits, proposal, params)
+        # the cache holds every position but the last of each row
+        logits = self.target.forward([r.tokens[-1:] + p.tokens for r, p in zip(rows, proposals)])  # [B, N, V]
+        t2 = time.perf_counter()
+        out: list[tuple[Row, Step]] = []
+        for b, (row, prop) in enumerate(zip(rows, proposals)):
+            lg = logits[b, :len(prop.tokens) + 1]  # [len(draft)+1, V]
+            if prop.tokens and self.fault and self.fault.kind == "perturb-logits":
+                noise = torch.randn(lg.shape, generator=self.noise, dtype=torch.float32, device=lg.device)
+                lg = lg + (self.fault.eps * noise).to(lg.dtype)
+            m, nxt = self._verify(lg, prop, row.params, row.generator)
+            step = self._emit(row, prop, lg, m, nxt)
+            # keep the cache entries of every emitted token but the last (fed next step)
+            self.target.truncate(b, len(row.tokens) - 1)
+            out.append((row, step))
+        t3 = time.perf_counter()
+        for st in [r.stats for r in rows] + [self.totals]:
+            st.target_forwards += 1
+            st.draft_forwards += draft_forwards
+            st.time_draft += t1 - t0
+            st.time_verify += t2 - t1
+            st.time_other += t3 - t2
+        self._keep([i for i, r in enumerate(rows) if r.finish_reason is None])
+        self.target.trim()
+        return out
+
+    def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int) -> Step:
+        """Append what the row emits this pass (cut at a stop token or the length limit)."""
+        draft = prop.tokens
         emitted = draft[:m] + [nxt]
         if self.fault and self.fault.kind == "drop-bonus" and draft and m == len(draft):
             emitted = list(draft)  # the target's extra token is thrown away
-        # Keep the cache entries of every emitted token except the last (fed next step).
-        self.target.rewind(len(tokens) - 1 + len(emitted))
-        t2 = time.perf_counter()
-        logp = torch.log_softmax(logits[:len(emitted)].to(torch.float64), dim=-1)  # [n, V]
-        lp = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
+        emitted = emitted[:row.max_new_tokens - row.generated]
+        for i, t in enumerate(emitted):
+            if t in row.stop_ids:
+                emitted = emitted[:i + 1]
+                break
+        position = len(row.tokens)
+        row.tokens.extend(emitted)
+        lp: list[float] = []
         tops: list[list[tuple[int, float]]] = []
-        if top_logprobs > 0:
-            vals, ids = torch.topk(logp, top_logprobs, dim=-1)
-            tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
-        self._count(stats, len(draft), m)
-        if prefill:
-            stats.time_prefill += time.perf_counter() - t0
-        else:
-            stats.time_draft += t1 - t0
-            stats.time_verify += t2 - t1
-            stats.time_other += time.perf_counter() - t2
-        return Step(len(tokens), list(draft), m, emitted, lp, tops)
+        if row.logprobs and emitted:
+            logp = torch.log_softmax(logits[:len(emitted)].to(torch.float64), dim=-1)  # [n, V]
+            lp = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
+            if row.top_logprobs > 0:
+                vals, ids = torch.topk(logp, row.top_logprobs, dim=-1)
+                tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
+        if emitted and emitted[-1] in row.stop_ids:
+            row.finish_reason = "stop"
+        elif row.generated >= row.max_new_tokens or len(row.tokens) >= self.max_model_len:
+            row.finish_reason = "length"
+        for st in (row.stats, self.totals):
+            _count(st, len(draft), m)
+            st.generated_tokens += len(emitted)
+        return Step(position, list(draft), m, emitted, lp, tops, row.finish_reason)
 
-    def _verify(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams) -> tuple[int, int]:
+    def _verify(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+                generator: torch.Generator) -> tuple[int, int]:
         if self.fault and self.fault.kind == "accept-always":
             # the bug: no comparison with the target at all; next token from the last row
             row = logits[len(proposal.tokens):]  # [1, V]
             if params.greedy:
                 return len(proposal.tokens), int(row.argmax(-1).item())
-            return len(proposal.tokens), rejection_verify(probs(row, params), None, [], self.generator)[1]
+            return len(proposal.tokens), rejection_verify(probs(row, params), None, [], generator)[1]
         if params.greedy:
             return greedy_verify(logits, proposal.tokens)
-        return rejection_verify(probs(logits, params), proposal.q, proposal.tokens, self.generator)
+        kind = self.fault.kind if self.fault and self.fault.kind in SAMPLER_FAULTS else None
+        return rejection_verify(probs(logits, params), proposal.q, proposal.tokens, generator, fault=kind)
 
-    @staticmethod
-    def _count(stats: SpecStats, proposed: int, accepted: int) -> None:
-        if proposed == 0:
-            return
-        stats.num_drafts += 1
-        stats.draft_tokens += proposed
-        stats.accepted_tokens += accepted
-        for i in range(proposed):
-            stats.proposed_per_pos[i] += 1
-        for i in range(accepted):
-            stats.accepted_per_pos[i] += 1
+
+def _check_prompt(prompt) -> None:
+    if not prompt:
+        raise UsageError("the prompt is empty: give at least one token")
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise UsageError("a prompt is one list of token ids: for several sequences use generate_batch")
+
+
+def _count(stats: SpecStats, proposed: int, accepted: int) -> None:
+    if proposed == 0:
+        return
+    stats.num_drafts += 1
+    stats.draft_tokens += proposed
+    stats.accepted_tokens += accepted
+    width = max(len(stats.proposed_per_pos), proposed)
+    stats.proposed_per_pos += [0] * (width - len(stats.proposed_per_pos))
+    stats.accepted_per_pos += [0] * (width - len(stats.accepted_per_pos))
+    for i in range(proposed):
+        stats.proposed_per_pos[i] += 1
+    for i in range(accepted):
+        stats.accepted_per_pos[i] += 1

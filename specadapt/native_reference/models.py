@@ -145,11 +145,193 @@ class CachedLM:
             self.cache.crop(-drop)
             del self.tokens[n:]
 
-    def sync(self, tokens: list[int]) -> list[int]:
-        """Rewind to the longest cached prefix of ``tokens``; return the tokens still to feed."""
-        n = 0
-        limit = min(self.length, len(tokens))
-        while n < limit and self.tokens[n] == tokens[n]:
-            n += 1
-        self.rewind(n)
-        return tokens[n:]
+
+def attention_windows(config) -> dict[str, int | None]:
+    """Attention kind -> window (None: full attention), as the model's layers use them.
+
+    Hybrid models (``layer_types`` with both kinds) take one mask per kind; a model whose
+    every layer slides takes the windowed mask alone."""
+    types = set(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    if types:
+        out = {t: (window if t == "sliding_attention" else None) for t in types}
+        unknown = types - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise UsageError(f"attention layer types {sorted(unknown)} are not supported by the reference engine")
+        return out
+    if window and getattr(config, "use_sliding_window", True):
+        return {"sliding_attention": int(window)}
+    return {"full_attention": None}
+
+
+class SlotCache:
+    """The KV cache of a batch of sequences of different lengths, with holes.
+
+    Every forward pass appends the same number of slots to every row (the longest feed;
+    shorter feeds are padded). Slot ``s`` of row ``b`` holds the sequence position
+    ``pos[b, s]``, or is a hole (``-1``): padding, or a draft token that was rejected.
+    Attention runs over positions, not slots: each forward gets an explicit 4D mask in
+    which query position ``p`` sees the row's valid slots of position <= ``p`` (and
+    ``> p - window`` for sliding-window layers). So rows accept different numbers of
+    draft tokens without moving any cached entry; holes at the end of every row are
+    cropped, and the cache is compacted when holes make up most of it.
+
+    Invariant: the valid slots of row ``b`` hold positions ``0 .. lengths[b]-1``, once each.
+    """
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self._new_cache = DynamicCache  # full-size layers only: windows are applied by the mask
+        self.cache = DynamicCache()
+        self.device = model.get_input_embeddings().weight.device
+        self.dtype = next(model.parameters()).dtype
+        self.windows = attention_windows(model.config)
+        self.pos = torch.empty(0, 0, dtype=torch.long, device=self.device)  # [B, S]
+        self.lengths: list[int] = []
+        self.forwards = 0
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def slots(self) -> int:
+        return self.pos.shape[1]
+
+    def _tensors(self):
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False) and layer.keys.numel():
+                yield layer
+
+    @torch.inference_mode()
+    def add(self, tokens: list[int], keep: int = 1) -> torch.Tensor:
+        """A new row at the end of the batch: prefill ``tokens`` alone (a plain causal pass
+        of that sequence, as if it were the only one), then join its entries to the batch.
+        Returns the logits ``[keep, V]`` of its last ``keep`` tokens."""
+        one = self._new_cache()
+        ids = torch.tensor([tokens], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=one, use_cache=True, logits_to_keep=keep)
+        self.forwards += 1
+        n = len(tokens)
+        row_pos = torch.arange(n, device=self.device)[None]  # [1, n]
+        if self.batch == 0:
+            self.cache, self.pos = one, row_pos
+        else:
+            width = max(self.slots, n)
+            self._pad_slots(width)
+            for mine, theirs in zip(self.cache.layers, one.layers):
+                mine.keys = torch.cat([mine.keys, _pad(theirs.keys, width)], dim=0)
+                mine.values = torch.cat([mine.values, _pad(theirs.values, width)], dim=0)
+            self.pos = torch.cat([self.pos, _pad_pos(row_pos, width)], dim=0)
+        self.lengths.append(n)
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def _pad_slots(self, width: int) -> None:
+        extra = width - self.slots
+        if extra <= 0:
+            return
+        for layer in self._tensors():
+            layer.keys, layer.values = _pad(layer.keys, width), _pad(layer.values, width)
+        self.pos = _pad_pos(self.pos, width)
+
+    @torch.inference_mode()
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (indices into the batch, in the new order)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self._tensors():
+            layer.keys, layer.values = layer.keys[index], layer.values[index]
+        self.pos = self.pos[index]
+        self.lengths = [self.lengths[i] for i in rows]
+        if not rows:
+            self.cache, self.pos = self._new_cache(), self.pos[:, :0]
+            return
+        self.trim()
+
+    @torch.inference_mode()
+    def truncate(self, row: int, length: int) -> None:
+        """Forget every position >= ``length`` of ``row`` (they become holes)."""
+        if length < self.lengths[row]:
+            self.pos[row].masked_fill_(self.pos[row] >= length, -1)
+            self.lengths[row] = length
+
+    @torch.inference_mode()
+    def trim(self) -> None:
+        """Crop the slots at the end that are holes in every row; compact when holes dominate."""
+        if not self.batch:
+            return
+        used = (self.pos >= 0).any(dim=0).nonzero()
+        width = int(used[-1]) + 1 if used.numel() else 0
+        if width < self.slots:
+            for layer in self._tensors():
+                layer.keys, layer.values = layer.keys[:, :, :width], layer.values[:, :, :width]
+            self.pos = self.pos[:, :width]
+        longest = max(self.lengths)
+        if self.slots > 2 * longest + 32:
+            self.compact()
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Move every row's valid entries to the first slots, in position order."""
+        width = max(self.lengths)
+        # valid slots first, ordered by position; holes after them
+        key = torch.where(self.pos >= 0, self.pos, self.pos.new_tensor(2 ** 62))
+        order = torch.argsort(key, dim=1, stable=True)[:, :width]  # [B, width]
+        for layer in self._tensors():
+            idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.pos = self.pos.gather(1, order)
+        self.pos.masked_fill_(torch.arange(width, device=self.device)[None] >= torch.tensor(
+            self.lengths, device=self.device)[:, None], -1)
+
+    @torch.inference_mode()
+    def forward(self, feeds: list[list[int]]) -> torch.Tensor:
+        """Append ``feeds[b]`` to row ``b`` (at its next positions) in one pass; feeds may
+        differ in length, even be empty. Returns logits ``[B, N, V]``, N the longest feed;
+        row ``b``'s entry ``j < len(feeds[b])`` is the prediction after its token ``j``."""
+        B, width = self.batch, max(len(f) for f in feeds)
+        n = torch.tensor([len(f) for f in feeds], device=self.device)  # [B]
+        ids = torch.tensor([f + [0] * (width - len(f)) for f in feeds], device=self.device)  # [B, N]
+        start = torch.tensor(self.lengths, device=self.device)[:, None]  # [B, 1]
+        j = torch.arange(width, device=self.device)[None]  # [1, N]
+        qpos = start + j  # [B, N]
+        new_pos = torch.where(j < n[:, None], qpos, -1)  # [B, N]
+        key_pos = torch.cat([self.pos, new_pos], dim=1)  # [B, S+N]
+        mask = {kind: self._mask(key_pos, qpos, window) for kind, window in self.windows.items()}
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, position_ids=qpos,
+                         attention_mask=mask if len(mask) > 1 else next(iter(mask.values())))
+        self.forwards += 1
+        self.pos = key_pos
+        self.lengths = [a + len(f) for a, f in zip(self.lengths, feeds)]
+        return out.logits  # [B, N, V]
+
+    def _mask(self, key_pos: torch.Tensor, qpos: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Additive mask ``[B, 1, N, S+N]``: 0 where query j of row b may attend slot s."""
+        k, q = key_pos[:, None, :], qpos[:, :, None]  # [B, 1, S+N], [B, N, 1]
+        allowed = (k >= 0) & (k <= q)
+        if window is not None:
+            allowed &= k > q - window
+        # a padding query sees its own slot, so that no row of the mask is empty
+        S = self.slots
+        width = qpos.shape[1]
+        allowed[:, torch.arange(width), S + torch.arange(width)] = True
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        low = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        return torch.where(allowed, zero, low)[:, None]
+
+
+def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero slots appended along dim 2 up to ``width``."""
+    extra = width - t.shape[2]
+    if extra <= 0:
+        return t
+    return torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], extra, t.shape[3])], dim=2)
+
+
+def _pad_pos(pos: torch.Tensor, width: int) -> torch.Tensor:
+    extra = width - pos.shape[1]
+    if extra <= 0:
+        return pos
+    return torch.cat([pos, pos.new_full((pos.shape[0], extra), -1)], dim=1)

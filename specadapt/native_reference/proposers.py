@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.models import CachedLM
+from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.sampling import SamplingParams, probs, sample
 
 
@@ -25,21 +25,31 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    """Proposes draft tokens for every row of a batch.
+
+    Rows are numbered as the engine numbers them; the engine reports joins (``add``) and
+    departures (``keep_rows``), so a proposer may keep per-row state (a draft model keeps a
+    KV cache, n-gram lookup an index)."""
+
     name: str
     forwards: int  # model forward passes spent proposing (0 for n-gram)
 
-    def reset(self) -> None: ...
+    def add(self, tokens: list[int]) -> None: ...
 
-    def propose(self, tokens: list[int], k: int, params: SamplingParams,
-                generator: torch.Generator | None) -> Proposal: ...
+    def keep_rows(self, rows: list[int]) -> None: ...
+
+    def propose(self, seqs: list[list[int]], ks: list[int], params: list[SamplingParams],
+                generators: list[torch.Generator | None]) -> list[Proposal]: ...
 
 
 class DraftModelProposer:
-    """A smaller causal LM with the target's vocabulary, run autoregressively k times.
+    """A smaller causal LM with the target's vocabulary, run autoregressively k times over
+    the whole batch at once.
 
-    Its cache is kept by position: before proposing it is rewound to the longest prefix
-    it shares with the accepted sequence and fed the rest (one token normally, two when
-    all k drafts were accepted: the last draft and the bonus token).
+    Its cache is kept by position: each row remembers the tokens it fed the draft; before
+    proposing, the rejected tail is dropped (from the last confirmed position on, so O(k)
+    per step) and the rest fed: one token normally, two when all k drafts were accepted
+    (the last draft and the bonus token).
     """
 
     name = "draft_model"
@@ -48,37 +58,72 @@ class DraftModelProposer:
         """``min_confidence`` > 0: stop drafting after a token the draft itself gives less
         than this probability (like transformers' assistant_confidence_threshold). The
         rule looks at the draft only, so verification stays exact."""
-        self.lm = CachedLM(model)
+        self.model = model
         self.min_confidence = min_confidence
+        self.cache = SlotCache(model)
+        self.fed: list[list[int]] = []  # per row: the tokens the draft's cache holds
+        self.confirmed: list[int] = []  # per row: fed[:confirmed] is known to equal the sequence
 
     @property
     def forwards(self) -> int:
-        return self.lm.forwards
+        return self.cache.forwards
 
-    def reset(self) -> None:
-        self.lm.reset()
+    def add(self, tokens: list[int]) -> None:
+        self.cache.add(tokens)
+        self.fed.append(list(tokens))
+        self.confirmed.append(len(tokens))
 
-    def propose(self, tokens, k, params, generator) -> Proposal:
-        feed = self.lm.sync(tokens)
-        if not feed:  # everything is cached already: recompute the last position for its logits
-            self.lm.rewind(len(tokens) - 1)
-            feed = tokens[-1:]
-        out: list[int] = []
-        dists: list[torch.Tensor] = []
-        for i in range(k):
-            logits = self.lm.forward(feed, keep=1)  # [1, V]
-            if params.greedy:
-                x = int(logits.argmax(-1).item())
-                q = torch.softmax(logits[0].double(), -1) if self.min_confidence > 0 else None
-            else:
-                q = probs(logits, params)[0]  # [V]
-                x = sample(q, generator)
-                dists.append(q)
-            out.append(x)
-            if self.min_confidence > 0 and float(q[x]) < self.min_confidence:
-                break  # the draft is unsure: let the target decide from here
-            feed = [x]
-        return Proposal(out, torch.stack(dists) if dists else None)
+    def keep_rows(self, rows: list[int]) -> None:
+        self.cache.keep_rows(rows)
+        self.fed = [self.fed[i] for i in rows]
+        self.confirmed = [self.confirmed[i] for i in rows]
+
+    def propose(self, seqs, ks, params, generators) -> list[Proposal]:
+        B = len(seqs)
+        feeds: list[list[int]] = []
+        for b, seq in enumerate(seqs):
+            fed, n = self.fed[b], self.confirmed[b]
+            limit = min(len(fed), len(seq))
+            while n < limit and fed[n] == seq[n]:
+                n += 1
+            n = min(n, len(seq) - 1)  # feed at least the last token: its logits start the draft
+            self.cache.truncate(b, n)
+            del fed[n:]
+            feeds.append(seq[n:] if ks[b] > 0 else [])
+            self.confirmed[b] = len(seq) if ks[b] > 0 else n
+        self.cache.trim()
+        out = [Proposal() for _ in range(B)]
+        dists: list[list[torch.Tensor]] = [[] for _ in range(B)]
+        live = [ks[b] > 0 for b in range(B)]
+        step = 0
+        while any(live):
+            logits = self.cache.forward(feeds)  # [B, N, V]
+            for b, feed in enumerate(feeds):
+                if feed:
+                    self.fed[b].extend(feed)
+            nxt: list[list[int]] = [[] for _ in range(B)]
+            for b in range(B):
+                if not live[b]:
+                    continue
+                row = logits[b, len(feeds[b]) - 1][None]  # [1, V]
+                if params[b].greedy:
+                    x = int(row.argmax(-1).item())
+                    q = torch.softmax(row[0].double(), -1) if self.min_confidence > 0 else None
+                else:
+                    q = probs(row, params[b])[0]  # [V]
+                    x = sample(q, generators[b])
+                    dists[b].append(q)
+                out[b].tokens.append(x)
+                if len(out[b].tokens) >= ks[b] or (self.min_confidence > 0 and float(q[x]) < self.min_confidence):
+                    live[b] = False  # done, or the draft is unsure: let the target decide from here
+                else:
+                    nxt[b] = [x]
+            feeds = nxt
+            step += 1
+        for b in range(B):
+            if dists[b]:
+                out[b].q = torch.stack(dists[b])
+        return out
 
 
 class NgramProposer:
@@ -93,12 +138,46 @@ class NgramProposer:
         if not 1 <= min_n <= max_n:
             raise UsageError(f"n-gram window {min_n}..{max_n} is empty: need 1 <= min <= max")
         self.min_n, self.max_n = min_n, max_n
+        self.indexes: list = []
+        self.seen: list[int] = []  # per row: tokens already in its index
 
-    def reset(self) -> None:
-        pass
+    def _index(self):
+        try:
+            from specadapt.native_reference.ngram import NgramIndex
+        except ImportError:  # pragma: no cover - until the index lands
+            return _ScanIndex(self.min_n, self.max_n)
+        return NgramIndex(self.min_n, self.max_n)
 
-    def propose(self, tokens, k, params, generator) -> Proposal:
-        return Proposal(ngram_lookup(tokens, k, self.min_n, self.max_n))
+    def add(self, tokens: list[int]) -> None:
+        index = self._index()
+        index.extend(list(tokens))
+        self.indexes.append(index)
+        self.seen.append(len(tokens))
+
+    def keep_rows(self, rows: list[int]) -> None:
+        self.indexes = [self.indexes[i] for i in rows]
+        self.seen = [self.seen[i] for i in rows]
+
+    def propose(self, seqs, ks, params, generators) -> list[Proposal]:
+        out = []
+        for b, (index, seq, k) in enumerate(zip(self.indexes, seqs, ks)):
+            index.extend(seq[self.seen[b]:])  # accepted tokens are final: the index only grows
+            self.seen[b] = len(seq)
+            out.append(Proposal(index.propose(k) if k > 0 else []))
+        return out
+
+
+class _ScanIndex:
+    """ngram_lookup over the whole sequence each time (the plain definition)."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n, self.tokens = min_n, max_n, []
+
+    def extend(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def propose(self, k: int) -> list[int]:
+        return ngram_lookup(self.tokens, k, self.min_n, self.max_n)
 
 
 def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:

@@ -67,26 +67,32 @@ def test_stats_recomputed_from_tokens(tiny_target, tiny_draft, baseline, kind):
     assert s.mean_acceptance_length == pytest.approx(1 + s.accepted_tokens / s.num_drafts)
 
 
-def test_cache_positions_match_full_recompute(tiny_target, tiny_draft):
-    """After speculation with rejections, the target's cache equals a fresh prefill."""
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cache_positions_match_full_recompute(tiny_target, tiny_draft, batch):
+    """After speculation with rejections (holes in the batched cache), every row's cached
+    entries give the same next-token logits as a fresh prefill of its sequence."""
     engine = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3)
-    tokens = PROMPT + engine.generate(PROMPT, 20).tokens
-    feed = engine.target.sync(tokens[:-1])  # keep the cached prefix of the final sequence
-    assert feed == []  # every accepted position is still cached: nothing recomputed
-    cached = engine.target.forward([tokens[-1]])[-1]  # next-token logits through the cache
-    fresh = CachedLM(tiny_target).forward(tokens)[-1]
-    torch.testing.assert_close(cached, fresh, rtol=0, atol=1e-10)
+    rows = [engine.add(PROMPT[i:], 100)[0] for i in range(batch)]
+    for _ in range(8):
+        engine.step()
+    assert engine.target.lengths == [len(r.tokens) - 1 for r in rows]  # all but the last token
+    cached = engine.target.forward([[r.tokens[-1]] for r in rows])  # [B, 1, V]
+    for b, row in enumerate(rows):
+        fresh = CachedLM(tiny_target).forward(row.tokens)[-1]
+        torch.testing.assert_close(cached[b, 0], fresh, rtol=0, atol=1e-10)
 
 
 def test_draft_cache_in_step_when_all_accepted(tiny_target):
     """A draft identical to the target accepts everything; its cache must stay in step."""
     prop = DraftModelProposer(tiny_target)
-    gen = SpecEngine(tiny_target, prop, 4).generate(PROMPT, 20)
-    assert gen.stats.accepted_tokens == gen.stats.draft_tokens > 0
-    assert len(gen.steps[0].tokens) == 1  # the prefill
-    assert all(len(s.tokens) == 5 for s in gen.steps[1:-1])
-    full = PROMPT + gen.tokens
-    assert prop.lm.tokens == full[:len(prop.lm.tokens)]
+    engine = SpecEngine(tiny_target, prop, 4)
+    row, first = engine.add(PROMPT, 100)
+    steps = [first] + [s for _ in range(4) for _, s in engine.step()]
+    assert engine.totals.accepted_tokens == engine.totals.draft_tokens > 0
+    assert len(steps[0].tokens) == 1  # the prefill
+    assert all(len(s.tokens) == 5 for s in steps[1:])
+    # the draft holds every token but the bonus and the last draft of the last step
+    assert prop.fed[0] == row.tokens[:len(prop.fed[0])] and len(prop.fed[0]) == len(row.tokens) - 2
 
 
 def test_ngram_lookup_prefers_longest_then_earliest():
@@ -133,7 +139,7 @@ def test_bad_fault_refused(text):
 
 
 def test_batch_of_prompts_refused_with_reason(tiny_target):
-    with pytest.raises(UsageError, match="batch size 1"):
+    with pytest.raises(UsageError, match="generate_batch"):
         SpecEngine(tiny_target).generate([[1, 2], [3, 4]], 4)
 
 
