@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +14,23 @@ from specadapt.native_reference.models import (check_draft_compatible, load_caus
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 
 
+def generation_eos_ids(model_dir: Path) -> list[int]:
+    """The ``eos_token_id`` (one id or a list) of ``model_dir/generation_config.json``;
+    none without that file or that key."""
+    if not (Path(model_dir) / "generation_config.json").is_file():
+        return []
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"could not read {Path(model_dir) / 'generation_config.json'}: {exc}") from exc
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
 @dataclass
 class Reference:
     engine: SpecEngine
@@ -23,15 +40,18 @@ class Reference:
     method: str  # "none", "draft_model" or "ngram"
     dtype: torch.dtype
     device: torch.device
+    # The tokenizer's eos, then the eos ids of the target's generation config (instruct
+    # models often list more there, e.g. Llama-3's 128001, 128008, 128009): what vLLM stops on.
+    stop_ids: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        eos = self.tokenizer.eos_token_id
+        ids = ([] if eos is None else [int(eos)]) + generation_eos_ids(self.target_dir)
+        self.stop_ids = tuple(dict.fromkeys(ids))
 
     @property
     def model_name(self) -> str:
         return self.target_dir.name
-
-    @property
-    def stop_ids(self) -> tuple[int, ...]:
-        eos = self.tokenizer.eos_token_id
-        return () if eos is None else (int(eos),)
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
