@@ -9,6 +9,7 @@ becomes --ngram-min/--ngram-max) or ``draft_model`` (a local draft directory), k
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import Field
@@ -42,18 +43,25 @@ def _spec_flags(spec: SpecConfig | None) -> list[str]:
         return []
     if not spec.k:
         raise UsageError("--spec-config: the reference engine needs k >= 1")
+    schedule = ([f"--num-speculative-tokens-per-batch-size={json.dumps([list(e) for e in spec.k_per_batch_size])}"]
+                if spec.k_per_batch_size else [])
     if spec.method == "ngram":
         lo = spec.ngram_min or spec.ngram_max or 1
         hi = spec.ngram_max or spec.ngram_min or 4
-        return ["--ngram", f"--ngram-min={lo}", f"--ngram-max={hi}", f"--k={spec.k}"]
+        return ["--ngram", f"--ngram-min={lo}", f"--ngram-max={hi}", f"--k={spec.k}", *schedule]
     if spec.method == "draft_model" and spec.draft:
-        return [f"--draft={spec.draft}", f"--k={spec.k}"]
+        return [f"--draft={spec.draft}", f"--k={spec.k}", *schedule]
     raise UsageError(f"--spec-config: the reference engine speculates with ngram or draft_model, not {spec.method!r}")
 
 
 def _described(spec: SpecConfig | None) -> dict[str, Any] | None:
-    """What describe() reports about the launched engine's speculation (method and k)."""
-    return {"method": spec.method, "num_speculative_tokens": spec.k} if spec and spec.enabled else None
+    """What describe() reports about the launched engine's speculation (method, k, schedule)."""
+    if not (spec and spec.enabled):
+        return None
+    out: dict[str, Any] = {"method": spec.method, "num_speculative_tokens": spec.k}
+    if spec.k_per_batch_size:
+        out["num_speculative_tokens_per_batch_size"] = [list(e) for e in spec.k_per_batch_size]
+    return out
 
 
 def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from specadapt.errors import require
+from specadapt.errors import UsageError, require
 from specadapt.models import resolve_model_dir
 
 _DTYPES = click.Choice(["auto", "float64", "float32", "bfloat16", "float16"])
@@ -42,7 +42,7 @@ def model_options(fn):
 
 
 def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
-          fault=None):
+          fault=None, schedule=None, max_model_len=None):
     torch = require("torch", "reference", "the native reference engine")
     require("transformers", "reference", "the native reference engine")
     if threads:
@@ -52,7 +52,19 @@ def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
     target_dir = resolve_model_dir(str(target) if target else None)
     draft_dir = resolve_model_dir(str(draft)) if draft else None
     return open_reference(target_dir, draft_dir, ngram, k, dtype, device, ngram_min, ngram_max, fault, seed,
-                          min_confidence=draft_min_confidence)
+                          min_confidence=draft_min_confidence, schedule=schedule, max_model_len=max_model_len)
+
+
+def _schedule(value: str | None) -> list | None:
+    """--num-speculative-tokens-per-batch-size: JSON text or a file holding it."""
+    if not value:
+        return None
+    text = Path(value).read_text() if Path(value).is_file() else value
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"--num-speculative-tokens-per-batch-size: {value!r} is not JSON: "
+                         "write it as [[1, END1, K1], [END1+1, END2, K2], ...]") from None
 
 
 @click.group("reference")
@@ -131,19 +143,27 @@ def _format_stats(result: dict) -> str:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Loopback only unless you mean it.")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-model-name", default=None, help="Model id in the API (default: the target dir name).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Most requests in the running batch; more wait in arrival order.")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=None,
+              help="Longest prompt + completion (default: the model's max_position_embeddings).")
+@click.option("--num-speculative-tokens-per-batch-size", "schedule", default=None, metavar="JSON",
+              help="Draft length by running batch size, vLLM's form: [[1, 4, 4], [5, 16, 2], [17, 64, 0]] "
+                   "(inline or a file).")
 @click.option("--inject-fault", "fault", default=None,
-              help="TEST AID, off by default: accept-always, drop-bonus or perturb-logits=EPS.")
+              help="TEST AID, off by default: accept-always, drop-bonus, perturb-logits=EPS, "
+                   "residual-p, bonus-previous or accept-later.")
 def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
-          host, port, served_model_name, fault) -> None:
-    """Serve the reference engine as an OpenAI-compatible HTTP server (one request at a time)."""
+          host, port, served_model_name, max_num_seqs, max_model_len, schedule, fault) -> None:
+    """Serve the reference engine as an OpenAI-compatible HTTP server (concurrent requests batched)."""
     for module in ("starlette", "uvicorn"):
         require(module, "reference", "specadapt reference serve")
     ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
-                fault)
+                fault, _schedule(schedule), max_model_len)
     from specadapt.native_reference.server import run_server  # torch, starlette
 
     if fault:
         click.echo(f"WARNING: fault injection '{fault}' is ON: this server is deliberately wrong", err=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"WARNING: serving on {host}, not loopback: anyone who can reach it can use it", err=True)
-    run_server(ref, host, port, served_model_name)
+    run_server(ref, host, port, served_model_name, max_num_seqs)

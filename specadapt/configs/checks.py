@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from specadapt.configs import versions as V
 from specadapt.configs.spec import NEEDS_DRAFT, SpecConfig
 from specadapt.errors import UsageError
+from specadapt.records.schedule import schedule_problems
 
 Severity = Literal["error", "warning"]
 
@@ -206,33 +207,8 @@ def _vllm_rules(spec: SpecConfig, ver: V.Version) -> Iterator[Problem]:
 
 def check_batch_schedule(schedule: list, k: int | None) -> Iterator[Problem]:
     """vLLM num_speculative_tokens_per_batch_size: [[start, end, k], ...] (0.32.0)."""
-    fix = "write it as [[1, END1, K1], [END1+1, END2, K2], ...]"
-    if not isinstance(schedule, list) or not schedule:
-        yield Problem(f"num_speculative_tokens_per_batch_size must be a non-empty list: {fix}.")
-        return
-    entries = []
-    for entry in schedule:
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3 \
-                or not all(isinstance(x, int) for x in entry):
-            yield Problem(f"Entry {entry!r} of num_speculative_tokens_per_batch_size is "
-                          f"not three integers [start, end, k]: {fix}.")
-            return
-        entries.append(tuple(entry))
-    prev_end = 0
-    for start, end, kk in sorted(entries):
-        if start <= 0 or end < start:
-            yield Problem(f"Batch-size range [{start}, {end}] must be positive with start "
-                          f"<= end: {fix}.")
-        elif start <= prev_end:
-            yield Problem(f"Batch-size range [{start}, {end}] overlaps the previous range: "
-                          f"{fix}.")
-        if kk < 0 or (k is not None and kk > k):
-            yield Problem(f"Draft length {kk} for batch sizes {start}-{end} must be between "
-                          f"0 and k={k}: lower it or raise k.")
-        prev_end = max(prev_end, end)
-    if min(entries)[0] != 1:
-        yield Problem(f"The first batch-size range must start at 1 so every batch size has "
-                      f"a draft length: {fix}.")
+    for message in schedule_problems(schedule, k):
+        yield Problem(message)
 
 
 def _trtllm_rules(spec: SpecConfig, engine: str) -> Iterator[Problem]:

@@ -89,7 +89,7 @@ SUPPORTED: dict[str, frozenset[str]] = {
     "trtllm": frozenset(NEUTRAL_FIELDS) - {"ngram_min", "k_per_batch_size"},
     "sglang": frozenset({"method", "k", "draft"}),
     "llamacpp": frozenset({"method", "k"}),
-    "reference": frozenset({"method", "k", "draft", "ngram_min", "ngram_max"}),
+    "reference": frozenset({"method", "k", "draft", "ngram_min", "ngram_max", "k_per_batch_size"}),
 }
 
 

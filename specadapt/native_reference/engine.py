@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from specadapt.errors import UsageError
+from specadapt.records.schedule import k_for_batch, schedule_problems
 from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.proposers import Proposal, Proposer
 from specadapt.native_reference.sampling import (SamplingParams, greedy_verify, probs,
@@ -150,24 +151,15 @@ class Row:
 
 
 def parse_schedule(schedule: Iterable[Sequence[int]] | None, k: int) -> list[tuple[int, int, int]]:
-    """Check a vLLM-style ``num_speculative_tokens_per_batch_size`` schedule: inclusive,
-    non-overlapping batch-size ranges ``[start, end, k]`` with 1 <= start <= end and
-    0 <= k <= the engine's k. Batch sizes outside every range use the engine's k."""
-    out: list[tuple[int, int, int]] = []
-    for item in schedule or ():
-        if len(item) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in item):
-            raise UsageError(f"schedule entry {list(item)!r} is not [start, end, k] (three integers)")
-        start, end, kk = item
-        if not 1 <= start <= end:
-            raise UsageError(f"schedule range [{start}, {end}] is empty or starts below 1: need 1 <= start <= end")
-        if not 0 <= kk <= k:
-            raise UsageError(f"schedule k {kk} for batch sizes {start}..{end} is outside 0..{k} "
-                             f"(k is the most draft tokens, the engine's num_speculative_tokens)")
-        for s0, e0, _ in out:
-            if start <= e0 and s0 <= end:
-                raise UsageError(f"schedule ranges [{s0}, {e0}] and [{start}, {end}] overlap")
-        out.append((start, end, kk))
-    return sorted(out)
+    """Check a vLLM-style ``num_speculative_tokens_per_batch_size`` schedule (vLLM's rules,
+    see specadapt.records.schedule); None or empty: no schedule (k at every batch size)."""
+    if not schedule:
+        return []
+    schedule = [list(e) if isinstance(e, (list, tuple)) else e for e in schedule]
+    problems = schedule_problems(schedule, k)
+    if problems:
+        raise UsageError(problems[0])
+    return sorted(tuple(e) for e in schedule)
 
 
 class SpecEngine:
@@ -199,11 +191,8 @@ class SpecEngine:
         self.noise.manual_seed(seed + 1)
 
     def k_for(self, batch_size: int) -> int:
-        """Draft tokens per row at this batch size (the schedule, else k)."""
-        for start, end, kk in self.schedule:
-            if start <= batch_size <= end:
-                return kk
-        return self.k
+        """Draft tokens per row at this batch size (the schedule as vLLM reads it, else k)."""
+        return k_for_batch(self.schedule, batch_size, self.k)
 
     # -- one sequence at a time (a batch of one) -------------------------------------------
 

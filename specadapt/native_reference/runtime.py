@@ -15,17 +15,20 @@ from specadapt.native_reference.proposers import DraftModelProposer, NgramPropos
 
 
 def generation_eos_ids(model_dir: Path) -> list[int]:
-    """The ``eos_token_id`` (one id or a list) of ``model_dir/generation_config.json``;
-    none without that file or that key."""
-    if not (Path(model_dir) / "generation_config.json").is_file():
-        return []
-    from transformers import GenerationConfig
+    """The ``eos_token_id`` (one id or a list) of ``model_dir/generation_config.json``, or,
+    without that file, of the model's ``config.json`` (vLLM's fallback too: it builds the
+    generation config from the model config); none without that key."""
+    from transformers import AutoConfig, GenerationConfig
 
     try:
-        config = GenerationConfig.from_pretrained(str(model_dir), local_files_only=True)
+        if (Path(model_dir) / "generation_config.json").is_file():
+            config = GenerationConfig.from_pretrained(str(model_dir), local_files_only=True)
+        else:
+            config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"could not read {Path(model_dir) / 'generation_config.json'}: {exc}") from exc
-    eos = config.eos_token_id
+        name = "generation_config.json" if (Path(model_dir) / "generation_config.json").is_file() else "config.json"
+        raise UsageError(f"could not read {Path(model_dir) / name}: {exc}") from exc
+    eos = getattr(config, "eos_token_id", None)
     if eos is None:
         return []
     return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
@@ -73,7 +76,8 @@ class Reference:
 def open_reference(target: Path, draft: Path | None = None, ngram: bool = False, k: int = 4,
                    dtype: str = "auto", device: str = "auto", ngram_min: int = 1,
                    ngram_max: int = 4, fault: str | None = None, seed: int = 0,
-                   min_confidence: float = 0.0) -> Reference:
+                   min_confidence: float = 0.0, schedule: list | None = None,
+                   max_model_len: int | None = None) -> Reference:
     """Load the target (and draft) and build the engine."""
     if draft is not None and ngram:
         raise UsageError("choose one proposer: --draft DIR or --ngram, not both")
@@ -88,6 +92,9 @@ def open_reference(target: Path, draft: Path | None = None, ngram: bool = False,
         proposer, method = DraftModelProposer(draft_model, min_confidence), "draft_model"
     elif ngram:
         proposer, method = NgramProposer(ngram_min, ngram_max), "ngram"
-    engine = SpecEngine(target_model, proposer, k, Fault.parse(fault) if fault else None, seed)
+    if schedule and proposer is None:
+        raise UsageError("a draft-length schedule needs a proposer: add --ngram or --draft DIR")
+    engine = SpecEngine(target_model, proposer, k, Fault.parse(fault) if fault else None, seed,
+                        schedule=schedule, max_model_len=max_model_len)
     return Reference(engine, load_tokenizer(target), Path(target), Path(draft) if draft else None,
                      method, dt, dev)

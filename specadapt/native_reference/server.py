@@ -2,20 +2,27 @@
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions (streaming and not,
 greedy and sampling, logprobs), /version, /health and /metrics (Prometheus text with
-vLLM's spec-decode counter names, so the same probes read both). Requests run one at a
-time behind an asyncio lock; a streamed response sends one chunk per engine step, so a
-chunk may carry several tokens, as vLLM's does.
+vLLM's spec-decode counter names, updated every engine step, so the same probes read
+both). Concurrent requests are batched: one worker thread owns the engine; requests join
+the batch and leave it between steps (continuous batching), up to ``max_num_seqs`` at a
+time, the rest wait in arrival order. A streamed response sends one chunk per engine step,
+so a chunk may carry several tokens, as vLLM's does. A client that goes away is taken out
+of the batch before the next step; no other request ever sees its state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import queue
+import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,11 +31,13 @@ from starlette.routing import Route
 
 from specadapt import __version__
 from specadapt.errors import SpecadaptError
-from specadapt.native_reference.engine import SpecStats, Step
+from specadapt.native_reference.detok import IncrementalDetokenizer
+from specadapt.native_reference.engine import Row, Step
 from specadapt.native_reference.runtime import Reference
 from specadapt.native_reference.sampling import SamplingParams
 
-_SENTINEL = object()
+log = logging.getLogger("specadapt.reference.server")
+_DONE = object()
 
 
 class BadRequest(Exception):
@@ -59,15 +68,156 @@ class Metrics:
                               "Draft tokens accepted at each position.", ["position"])
             self.per_pos = [per_pos.labels(**labels, position=str(i)) for i in range(k)]
 
-    def record(self, stats: SpecStats) -> None:
-        self.prompt.inc(stats.prompt_tokens)
-        self.generation.inc(stats.generated_tokens)
-        if self.spec:
-            self.drafts.inc(stats.num_drafts)
-            self.draft_tokens.inc(stats.draft_tokens)
-            self.accepted.inc(stats.accepted_tokens)
-            for counter, n in zip(self.per_pos, stats.accepted_per_pos):
-                counter.inc(n)
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", names,
+                             registry=self.registry).labels(**labels)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to join the batch.", names,
+                             registry=self.registry).labels(**labels)
+
+    def record_prompt(self, tokens: int) -> None:
+        self.prompt.inc(tokens)
+
+    def record_step(self, step: Step) -> None:
+        """One row's share of one engine step (vLLM counts per request per step too)."""
+        self.generation.inc(len(step.tokens))
+        if self.spec and step.proposed:
+            self.drafts.inc()
+            self.draft_tokens.inc(len(step.proposed))
+            self.accepted.inc(step.accepted)
+            for counter in self.per_pos[:step.accepted]:
+                counter.inc()
+
+
+class Ticket:
+    """One request's place in the batch: the worker puts its Steps (then _DONE, or an
+    exception) on ``events`` through the event loop; ``cancel`` takes it out."""
+
+    def __init__(self, job: "Job", loop: asyncio.AbstractEventLoop):
+        self.job = job
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+        self.row: Row | None = None
+
+    def put(self, item: object) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+class Scheduler:
+    """Continuous batching: one thread owns the engine; between two steps it takes new
+    requests in (each prefilled alone, which gives its first token), drops finished and
+    cancelled ones, then runs one step for the whole batch. Nothing else touches the
+    engine, so a request that is cancelled mid-step cannot leave state behind: its row
+    is removed before the next step starts."""
+
+    def __init__(self, ref: Reference, metrics: Metrics, max_num_seqs: int = 16):
+        self.ref = ref
+        self.engine = ref.engine
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting: list[Ticket] = []
+        self.running: dict[int, Ticket] = {}  # id(row) -> ticket
+        self.steps = 0  # engine steps run (for tests and /version)
+        self.batch_sizes: dict[int, int] = {}  # batch size -> steps run at that size
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="reference-engine", daemon=True)
+
+    def start(self) -> None:
+        if not self.thread.is_alive():
+            self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(None)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
+
+    def submit(self, ticket: Ticket) -> None:
+        self.inbox.put(ticket)
+
+    def cancel(self, ticket: Ticket) -> None:
+        ticket.cancelled = True
+        self.inbox.put(None)  # wake the worker if it is idle
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._take_in(block=not self.running)
+            if self._stop.is_set():
+                break
+            self._drop_cancelled()
+            self._admit()
+            if not self.engine.rows:
+                continue
+            try:
+                results = self.engine.step()
+            except Exception as exc:  # the whole batch fails; the server goes on
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            self.steps += 1
+            size = len(results)
+            self.batch_sizes[size] = self.batch_sizes.get(size, 0) + 1
+            for row, step in results:
+                ticket = self.running[id(row)]
+                self.metrics.record_step(step)
+                ticket.put(step)
+                if row.finish_reason is not None:
+                    del self.running[id(row)]
+                    ticket.put(_DONE)
+            self._gauges()
+        self._fail_all(RuntimeError("the server is shutting down"))
+
+    def _take_in(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(block=block)
+            while True:
+                if item is not None:
+                    self.waiting.append(item)
+                item = self.inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _drop_cancelled(self) -> None:
+        self.waiting = [t for t in self.waiting if not t.cancelled]
+        for key, ticket in list(self.running.items()):
+            if ticket.cancelled:
+                self.engine.remove(ticket.row)
+                del self.running[key]
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.engine.rows) < self.max_num_seqs:
+            ticket = self.waiting.pop(0)
+            job = ticket.job
+            stop = () if job.ignore_eos else self.ref.stop_ids
+            try:
+                row, step = self.engine.add(job.prompt, job.max_tokens, job.params, stop, logprobs=job.logprobs,
+                                            top_logprobs=job.top_logprobs, seed=job.seed, tag=ticket)
+            except Exception as exc:
+                log.exception("prefill failed")
+                ticket.put(exc)
+                continue
+            ticket.row = row
+            self.metrics.record_prompt(len(job.prompt))
+            self.metrics.record_step(step)
+            ticket.put(step)
+            if row.finish_reason is None:
+                self.running[id(row)] = ticket
+            else:
+                ticket.put(_DONE)
+        self._gauges()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for ticket in list(self.running.values()) + self.waiting:
+            if ticket.row is not None:
+                self.engine.remove(ticket.row)
+            ticket.put(exc)
+        self.running.clear()
+        self.waiting.clear()
+        self._gauges()
+
+    def _gauges(self) -> None:
+        self.metrics.running.set(len(self.engine.rows))
+        self.metrics.waiting.set(len(self.waiting))
 
 
 @dataclass
@@ -75,8 +225,7 @@ class ServerState:
     ref: Reference
     model_name: str
     metrics: Metrics
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    totals: SpecStats = field(default_factory=SpecStats)
+    scheduler: Scheduler
     max_model_len: int = 2048
 
 
@@ -98,12 +247,11 @@ class Job:
     chat: bool
 
 
-def build_app(ref: Reference, model_name: str | None = None) -> Starlette:
+def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16) -> Starlette:
     name = model_name or ref.model_name
-    cfg = ref.engine.target.model.config
-    state = ServerState(ref, name, Metrics(name, ref.engine.k, ref.engine.proposer is not None),
-                        totals=SpecStats(k=ref.engine.k),
-                        max_model_len=int(getattr(cfg, "max_position_embeddings", 2048) or 2048))
+    metrics = Metrics(name, ref.engine.k, ref.engine.proposer is not None)
+    scheduler = Scheduler(ref, metrics, max_num_seqs)
+    state = ServerState(ref, name, metrics, scheduler, max_model_len=ref.engine.max_model_len)
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{
@@ -112,7 +260,9 @@ def build_app(ref: Reference, model_name: str | None = None) -> Starlette:
 
     async def version(request: Request) -> JSONResponse:
         return JSONResponse({"version": __version__, "server": "specadapt-reference",
-                             "speculative_method": ref.method, "num_speculative_tokens": ref.engine.k})
+                             "speculative_method": ref.method, "num_speculative_tokens": ref.engine.k,
+                             "num_speculative_tokens_per_batch_size": [list(r) for r in ref.engine.schedule],
+                             "max_num_seqs": scheduler.max_num_seqs, "max_model_len": state.max_model_len})
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
@@ -129,7 +279,15 @@ def build_app(ref: Reference, model_name: str | None = None) -> Starlette:
     routes = [Route("/v1/models", models), Route("/version", version), Route("/health", health),
               Route("/metrics", metrics), Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat, methods=["POST"])]
-    app = Starlette(routes=routes)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.reference = state
     return app
 
@@ -152,8 +310,12 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     if job.stream:
         return StreamingResponse(_stream(state, job, rid), media_type="text/event-stream")
-    async with state.lock:
-        steps, stats = await asyncio.to_thread(_run_all, state, job)
+    steps: list[Step] = []
+    try:
+        async for step in _run(state, job):
+            steps.append(step)
+    except Exception as err:  # the engine failed on this batch
+        return _error(f"the reference engine failed: {err}", 500)
     tokens = [t for s in steps for t in s.tokens]
     choice = _choice(state, job, steps, state.ref.decode(tokens), _finish(state, job, tokens), final=True)
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
@@ -187,17 +349,22 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
             raise BadRequest("'prompt' must be a string or a list of token ids")
     if not prompt:
         raise BadRequest("the prompt is empty")
-    limit = state.max_model_len - len(prompt) - ref.engine.k - 1
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or (limit if chat else 16)
-    if not isinstance(max_tokens, int) or max_tokens < 1:
+    # vLLM's rule: prompt + max_tokens <= max_model_len (drafts past it are never proposed)
+    limit = state.max_model_len - len(prompt)
+    if limit < 1:
+        raise BadRequest(f"the prompt ({len(prompt)} tokens) leaves no room in the model length "
+                         f"{state.max_model_len}: shorten it")
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = limit if chat else 16  # vLLM's defaults
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadRequest("'max_tokens' must be a positive integer")
     if max_tokens > limit:
-        raise BadRequest(f"prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceed "
-                         f"the model length {state.max_model_len}")
-    temperature = body.get("temperature")
-    params = SamplingParams(float(1.0 if temperature is None else temperature),
-                            int(body.get("top_k") or 0) if (body.get("top_k") or 0) > 0 else 0,
-                            float(1.0 if body.get("top_p") is None else body["top_p"]))
+        raise BadRequest(f"this model's maximum context length is {state.max_model_len} tokens; the prompt "
+                         f"({len(prompt)} tokens) plus max_tokens ({max_tokens}) ask for {len(prompt) + max_tokens}")
+    params = _sampling(body)
     if chat:
         logprobs, top = bool(body.get("logprobs")), int(body.get("top_logprobs") or 0)
     else:
@@ -210,24 +377,45 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
                bool(body.get("ignore_eos")), chat)
 
 
-def _steps(state: ServerState, job: Job, stats: SpecStats):
-    engine = state.ref.engine
-    if job.seed is not None:
-        engine.seed(int(job.seed))
-    stop = () if job.ignore_eos else state.ref.stop_ids
-    return engine.stream(job.prompt, job.max_tokens, job.params, stop, job.top_logprobs, stats)
+def _sampling(body: dict) -> SamplingParams:
+    """The request's sampling parameters, checked as vLLM checks them (BadRequest: 400)."""
+    def number(name: str, default: float) -> float:
+        value = body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadRequest(f"'{name}' must be a number, not {value!r}")
+        return float(value)
+
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise BadRequest(f"'top_k' must be an integer, not {top_k!r}")
+    params = SamplingParams(number("temperature", 1.0), 0 if top_k in (None, -1) else top_k,
+                            number("top_p", 1.0))
+    check = getattr(params, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except SpecadaptError as err:
+            raise BadRequest(str(err)) from None
+    return params
 
 
-def _record(state: ServerState, stats: SpecStats) -> None:
-    state.metrics.record(stats)
-    state.totals.add(stats)
-
-
-def _run_all(state: ServerState, job: Job) -> tuple[list[Step], SpecStats]:
-    stats = SpecStats(k=state.ref.engine.k)
-    steps = list(_steps(state, job, stats))
-    _record(state, stats)
-    return steps, stats
+async def _run(state: ServerState, job: Job):
+    """The job's Steps as the engine produces them; the row leaves the batch however this
+    generator ends (finished, client gone, error)."""
+    ticket = Ticket(job, asyncio.get_running_loop())
+    state.scheduler.submit(ticket)
+    try:
+        while True:
+            item = await ticket.events.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        state.scheduler.cancel(ticket)  # a no-op for a finished row
 
 
 async def _stream(state: ServerState, job: Job, rid: str):
@@ -240,35 +428,28 @@ async def _stream(state: ServerState, job: Job, rid: str):
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    async with state.lock:
-        stats = SpecStats(k=state.ref.engine.k)
-        it = _steps(state, job, stats)
-        tokens: list[int] = []
-        sent_text = ""
-        if job.chat:
-            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}], _usage(len(job.prompt), 0) if job.continuous_usage else None)
-        try:
-            while True:
-                step = await asyncio.to_thread(next, it, _SENTINEL)
-                if step is _SENTINEL:
-                    break
-                tokens.extend(step.tokens)
-                text = state.ref.decode(tokens)
-                if text.endswith("\ufffd"):  # an unfinished multi-byte character: wait
-                    text = sent_text
-                delta, sent_text = text[len(sent_text):], text
-                choice = _choice(state, job, [step], delta, None, final=False)
-                usage = _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None
-                yield chunk([choice], usage)
-        finally:
-            _record(state, stats)
-        text = state.ref.decode(tokens)
-        last = _choice(state, job, [], text[len(sent_text):], _finish(state, job, tokens), final=False)
-        yield chunk([last], _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None)
-        if job.include_usage:
-            yield chunk([], _usage(len(job.prompt), len(tokens)))
-        yield "data: [DONE]\n\n"
+    detok = IncrementalDetokenizer(state.ref.tokenizer)
+    tokens: list[int] = []
+    if job.chat:
+        yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}], _usage(len(job.prompt), 0) if job.continuous_usage else None)
+    steps = _run(state, job)
+    try:
+        async for step in steps:
+            tokens.extend(step.tokens)
+            choice = _choice(state, job, [step], detok.add(step.tokens), None, final=False)
+            usage = _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None
+            yield chunk([choice], usage)
+    except Exception as err:  # the engine failed mid-stream: say so in the stream, as vLLM does
+        yield f"data: {json.dumps({'error': {'message': f'the reference engine failed: {err}', 'code': 500}})}\n\n"
+        return
+    finally:
+        await steps.aclose()
+    last = _choice(state, job, [], detok.flush(), _finish(state, job, tokens), final=False)
+    yield chunk([last], _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None)
+    if job.include_usage:
+        yield chunk([], _usage(len(job.prompt), len(tokens)))
+    yield "data: [DONE]\n\n"
 
 
 def _finish(state: ServerState, job: Job, tokens: list[int]) -> str:
@@ -306,7 +487,8 @@ def _logprobs(state: ServerState, job: Job, toks: list) -> dict:
             "text_offset": []}
 
 
-def run_server(ref: Reference, host: str, port: int, model_name: str | None = None) -> None:
+def run_server(ref: Reference, host: str, port: int, model_name: str | None = None,
+               max_num_seqs: int = 16) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(ref, model_name), host=host, port=port, log_level="warning")
+    uvicorn.run(build_app(ref, model_name, max_num_seqs), host=host, port=port, log_level="warning")

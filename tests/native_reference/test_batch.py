@@ -12,6 +12,7 @@ from specadapt.errors import UsageError
 from specadapt.native_reference.engine import SpecEngine, parse_schedule
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 from specadapt.native_reference.sampling import SamplingParams
+from specadapt.records.schedule import k_for_batch
 
 # different lengths, and repetition so that n-gram lookup finds something
 PROMPTS = [
@@ -146,7 +147,7 @@ def test_stop_token_inside_a_batch(tiny_target, truth):
 
 def test_schedule_sets_k_by_batch_size(tiny_target, tiny_draft, truth):
     engine = make("draft", tiny_target, tiny_draft, 4, schedule=[[1, 1, 4], [2, 2, 2], [3, 8, 0]])
-    assert [engine.k_for(b) for b in (1, 2, 3, 9)] == [4, 2, 0, 4]
+    assert [engine.k_for(b) for b in (1, 2, 3, 9)] == [4, 2, 0, 0]  # past the last range: its k (vLLM)
     lengths = [N, N // 2, N // 4]  # rows leave one by one: batch sizes 3, 2, 1
     rows = [engine.add(p, n)[0] for p, n in zip(PROMPTS, lengths)]
     proposed = []
@@ -161,16 +162,25 @@ def test_schedule_sets_k_by_batch_size(tiny_target, tiny_draft, truth):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ([[0, 4, 2]], "starts below 1"),
-    ([[5, 4, 2]], "empty"),
-    ([[1, 4, 9]], "outside 0..4"),
-    ([[1, 4, 2], [4, 8, 1]], "overlap"),
+    ([[0, 4, 2]], "must be positive"),
+    ([[5, 4, 2]], "start <= end"),
+    ([[2, 4, 2]], "must start at 1"),
+    ([[1, 4, 9]], "between 0 and k=4"),
+    ([[1, 4, 2], [4, 8, 1]], "overlaps"),
     ([[1, 4]], "three integers"),
     ([[1.5, 4, 2]], "three integers"),
 ])
 def test_bad_schedule_refused(bad, message):
     with pytest.raises(UsageError, match=message):
         parse_schedule(bad, 4)
+
+
+def test_gaps_and_tail_carry_the_previous_k_forward():
+    """vLLM's lookup: [(1, 16, 3), (32, 128, 2)] gives 17..31 k = 3, and 129+ k = 2."""
+    schedule = parse_schedule([[32, 128, 2], [1, 16, 3]], 4)
+    engine_k = [k_for_batch(schedule, b, 4) for b in (1, 16, 17, 31, 32, 128, 129, 1000)]
+    assert engine_k == [3, 3, 3, 3, 2, 2, 2, 2]
+    assert k_for_batch([], 7, 4) == 4 and k_for_batch([[1, 8, 6]], 3, 4) == 4
 
 
 def test_drafts_never_pass_the_model_length(tiny_target):

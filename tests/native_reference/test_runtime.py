@@ -55,6 +55,14 @@ def test_no_generation_config_file(saved, tmp_path):
     assert stop_ids(saved, tmp_path, None) == (TOKENIZER_EOS,)
 
 
+def test_without_generation_config_the_model_configs_eos_counts(saved, tmp_path):
+    """vLLM builds the generation config from config.json when there is none."""
+    dest = model_dir(saved, tmp_path, None)
+    config = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, "eos_token_id": [13, 14]}))
+    assert open_reference(dest, dtype="float64").stop_ids == (TOKENIZER_EOS, 13, 14)
+
+
 @pytest.mark.parametrize("config", [{}, {"eos_token_id": None}, {"bos_token_id": 1, "pad_token_id": 7}])
 def test_generation_config_without_eos(saved, tmp_path, config):
     assert stop_ids(saved, tmp_path, config) == (TOKENIZER_EOS,)

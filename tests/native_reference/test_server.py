@@ -18,8 +18,11 @@ PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 MAX = 24
 
 
+APPS: dict = {}  # base URL -> the app serving it (tests read its scheduler)
+
+
 @contextmanager
-def serving(ref):
+def serving(ref, **app_options):
     import uvicorn
 
     from specadapt.native_reference.server import build_app
@@ -27,7 +30,9 @@ def serving(ref):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(ref), host="127.0.0.1", port=port, log_level="warning"))
+    app = build_app(ref, **app_options)
+    APPS[f"http://127.0.0.1:{port}"] = app
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
