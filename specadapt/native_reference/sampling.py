@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Deliberate bugs inside the rejection sampler (test aids, never on by default); see
+# rejection_verify.
+SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -63,21 +67,40 @@ def greedy_verify(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, i
 
 
 def rejection_verify(p: torch.Tensor, q: torch.Tensor | None, draft: list[int],
-                     generator: torch.Generator | None) -> tuple[int, int]:
+                     generator: torch.Generator | None, fault: str | None = None) -> tuple[int, int]:
     """Modified rejection sampling over ``draft``.
 
     ``p`` ``[k+1, V]``: target distributions; ``q`` ``[k, V]``: draft distributions the
     tokens were drawn from, or None for deterministic proposals (q one-hot).
     Returns (accepted count m, next token: the replacement or the bonus).
+
+    ``fault`` (a test aid, None by default) plants one of three realistic sampler bugs,
+    each of which breaks exactness:
+
+    - ``residual-p``: the replacement after a rejection is drawn from p itself instead
+      of norm(max(p - q, 0));
+    - ``bonus-previous``: when all k drafts are accepted the bonus is drawn from the
+      previous row p[k-1] instead of p[k] (an off-by-one);
+    - ``accept-later``: only draft position 0 is checked; positions >= 1 are always
+      accepted.
     """
+    if fault is not None and fault not in SAMPLER_FAULTS:
+        raise ValueError(f"unknown sampler fault {fault!r}: use one of {', '.join(SAMPLER_FAULTS)}")
     u = torch.rand(len(draft), generator=generator, dtype=torch.float64, device=p.device)
     for i, x in enumerate(draft):
+        if fault == "accept-later" and i >= 1:
+            continue  # the bug: later positions are never compared with the target
         q_i = q[i] if q is not None else torch.nn.functional.one_hot(
             torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
         # accept with probability min(1, p/q)
         if u[i] * q_i[x] < p[i, x]:
             continue
+        if fault == "residual-p":
+            return i, sample(p[i], generator)  # the bug: the rejected mass is not removed
         residual = torch.clamp(p[i] - q_i, min=0.0)  # norm(max(p - q, 0))
         total = residual.sum()
         return i, sample(residual / total if total > 0 else p[i], generator)
-    return len(draft), sample(p[len(draft)], generator)  # bonus token from p
+    row = len(draft)
+    if fault == "bonus-previous" and draft:
+        row -= 1  # the bug: the row of the last draft position, not the one after it
+    return len(draft), sample(p[row], generator)  # bonus token from p

@@ -49,6 +49,39 @@ def test_top_k_top_p():
     assert probs(x, SamplingParams(1.0, top_p=0.85))[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
 
 
+def test_unknown_sampler_fault_refused():
+    p = torch.full((2, 3), 1 / 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="unknown sampler fault 'accept-always'"):
+        rejection_verify(p, None, [0], None, fault="accept-always")  # an engine fault, not a sampler one
+    with pytest.raises(ValueError, match="unknown sampler fault"):
+        rejection_verify(p, None, [], None, fault="bogus")  # refused even with nothing to verify
+
+
+def test_fault_residual_p_draws_the_replacement_from_p():
+    """p = (1/2, 1/2), draft token 0 one-hot: after a rejection only token 1 is right."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)
+    good = {rejection_verify(p, None, [0], gen) for _ in range(200)}
+    bad = {rejection_verify(p, None, [0], gen, fault="residual-p") for _ in range(200)}
+    assert good == {(1, 0), (1, 1), (0, 1)}
+    assert bad == {(1, 0), (1, 1), (0, 1), (0, 0)}
+
+
+def test_fault_bonus_previous_takes_the_last_draft_row():
+    p = torch.eye(3, dtype=torch.float64)  # row i: token i surely
+    assert rejection_verify(p, None, [0, 1], None) == (2, 2)
+    assert rejection_verify(p, None, [0, 1], None, fault="bonus-previous") == (2, 1)
+    assert rejection_verify(p, None, [], None, fault="bonus-previous") == (0, 0)  # no previous row
+    assert rejection_verify(p, None, [2], None, fault="bonus-previous") == (0, 0)  # rejection: unaffected
+
+
+def test_fault_accept_later_checks_position_zero_only():
+    p = torch.eye(3, dtype=torch.float64)
+    assert rejection_verify(p, None, [0, 2], None) == (1, 1)
+    assert rejection_verify(p, None, [0, 2], None, fault="accept-later") == (2, 2)
+    assert rejection_verify(p, None, [1, 2], None, fault="accept-later") == (0, 0)  # position 0 still checked
+
+
 @pytest.mark.parametrize("one_hot", [False, True])
 def test_rejection_single_position_is_exact(one_hot):
     """One draft position: the emitted token must follow p whatever q is."""
