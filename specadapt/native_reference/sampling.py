@@ -10,9 +10,13 @@ deterministic, so their q is one-hot.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+from specadapt.errors import UsageError
 
 # Deliberate bugs inside the rejection sampler (test aids, never on by default); see
 # rejection_verify.
@@ -21,11 +25,41 @@ SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """What the request asks for; applied identically to target (p) and draft (q)."""
+    """What the request asks for; applied identically to target (p) and draft (q).
+
+    Checked on construction (``validate``), so a value that cannot be sampled from never
+    reaches ``probs``; the server answers such a request with HTTP 400, as vLLM does.
+    """
 
     temperature: float = 0.0
-    top_k: int = 0  # 0: off
+    top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0  # 1.0: off
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise UsageError (one line naming the parameter) for a value vLLM refuses.
+
+        The rules are those of vLLM's ``SamplingParams._verify_args``
+        (vllm/sampling_params.py): temperature a finite number >= 0; top_p in (0, 1];
+        top_k an integer >= -1, where 0 and -1 both mean off. NaN and infinities fail
+        these checks. Not copied: recent vLLM versions also cap temperature at 2 (the
+        OpenAI API's range); the reference engine samples at any finite temperature.
+        """
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
+            raise UsageError(f"temperature must be a finite number, got {t!r}")
+        if t < 0:
+            raise UsageError(f"temperature must be non-negative, got {t!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 < p <= 1.0:
+            raise UsageError(f"top_p must be in (0, 1], got {p!r}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+            raise UsageError(f"top_k must be an integer, got {k!r}")
+        if k < -1:
+            raise UsageError(f"top_k must be 0 or -1 (off) or at least 1, got {k!r}")
 
     @property
     def greedy(self) -> bool:
@@ -33,7 +67,11 @@ class SamplingParams:
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Processed distributions ``[S, V]`` (float64): temperature, then top-k, then top-p."""
+    """Processed distributions ``[S, V]`` (float64): temperature, then top-k, then top-p.
+
+    Raises ValueError instead of returning NaN when a row has no token left to sample
+    (NaN or +inf logits, or every token masked).
+    """
     x = logits.to(torch.float64) / params.temperature  # [S, V]
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [S, 1]
@@ -45,6 +83,13 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted = mass_before >= params.top_p  # keep the smallest set reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
+    # softmax is NaN on a row with a NaN or +inf, or with every entry -inf (nothing left)
+    bad = (x.isnan() | (x == float("inf"))).any(-1) | (x == float("-inf")).all(-1)  # [S]
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"no distribution to sample from at row {row}: the logits hold NaN/inf "
+            f"(a {logits.dtype} overflow?) or {params} masks every token")
     return torch.softmax(x, dim=-1)
 
 

@@ -1,11 +1,15 @@
-"""Verification rules on fixed distributions, and the distribution of the first two
-generated tokens through the whole engine against the target's exact distribution."""
+"""Verification rules on fixed distributions, validation of the sampling parameters,
+and the distribution of the first two generated tokens through the whole engine against
+the target's exact distribution."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
+from specadapt.errors import UsageError
 from specadapt.native_reference.engine import Fault, SpecEngine
 from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
@@ -47,6 +51,55 @@ def test_top_k_top_p():
     assert probs(x, SamplingParams(1.0, top_k=2))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
     assert probs(x, SamplingParams(1.0, top_p=0.7))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
     assert probs(x, SamplingParams(1.0, top_p=0.85))[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=math.nan), "temperature"),
+    (dict(temperature=math.inf), "temperature"),
+    (dict(temperature="hot"), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=-0.1), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_p=math.nan), "top_p"),
+    (dict(top_p=math.inf), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_k=2.0), "top_k"),
+    (dict(top_k=math.inf), "top_k"),
+    (dict(top_k=math.nan), "top_k"),
+    (dict(top_k=True), "top_k"),
+])
+def test_bad_sampling_params_refused(kw, name):
+    """vLLM's rules (the server answers 400): one line that names the parameter."""
+    with pytest.raises(UsageError, match=f"^{name} must ") as err:
+        SamplingParams(**{"temperature": 1.0, **kw})
+    assert "\n" not in str(err.value)
+
+
+def test_good_sampling_params_accepted():
+    assert SamplingParams().greedy  # the defaults
+    for kw in (dict(top_k=-1), dict(top_k=0), dict(top_k=1), dict(top_p=1.0), dict(top_p=1e-9),
+               dict(temperature=0.0), dict(temperature=5.0)):
+        SamplingParams(**{"temperature": 1.0, **kw})
+    x = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    assert probs(x, SamplingParams(1.0, top_k=-1)).tolist() == probs(x, SamplingParams(1.0)).tolist()
+
+
+def test_tiny_top_p_keeps_exactly_the_top_token():
+    x = torch.tensor([[0.1, 2.0, 1.999, -3.0], [5.0, 5.0 - 1e-9, 0.0, 0.0]], dtype=torch.float64)
+    out = probs(x, SamplingParams(1.0, top_p=1e-9))
+    assert out.tolist() == [[0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+
+
+def test_probs_refuses_rows_without_a_distribution():
+    ok = SamplingParams(1.0)
+    for bad in ([[0.0, math.nan, 1.0]], [[0.0, math.inf, 1.0]], [[-math.inf] * 3]):
+        with pytest.raises(ValueError, match="no distribution to sample from at row 0"):
+            probs(torch.tensor(bad, dtype=torch.float64), ok)
+    with pytest.raises(ValueError, match="at row 1"):  # every token masked by top_k on row 1
+        probs(torch.tensor([[0.0, 1.0, 2.0], [-math.inf, -math.inf, -math.inf]]), SamplingParams(1.0, top_k=2))
+    # the guard must not trip on masked entries when something is left
+    assert probs(torch.tensor([[-math.inf, 0.0, 0.0]]), ok).tolist() == [[0.0, 0.5, 0.5]]
 
 
 def test_unknown_sampler_fault_refused():
