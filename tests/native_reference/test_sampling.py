@@ -26,12 +26,18 @@ V = 6
 
 
 def chi_square_p(counts: dict, expected: dict, n: int) -> float:
-    """Pearson chi-square p-value; cells with expected count < 5 are pooled."""
+    """Pearson chi-square p-value; cells with expected count < 5 are pooled, and so is
+    any observed outcome missing from ``expected``. An outcome of probability 0 that was
+    observed gives p = 0."""
+    assert sum(counts.values()) == n
     big = [c for c in expected if expected[c] * n >= 5]
     small = [c for c in expected if expected[c] * n < 5]
-    obs = [counts.get(c, 0) for c in big] + [sum(counts.get(c, 0) for c in small)]
+    obs = [counts.get(c, 0) for c in big]
+    obs.append(n - sum(obs))  # everything else, impossible outcomes included
     exp = [expected[c] * n for c in big] + [sum(expected[c] for c in small) * n]
     if exp[-1] == 0:
+        if obs[-1] > 0:
+            return 0.0
         obs, exp = obs[:-1], exp[:-1]
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp))
     df = len(obs) - 1
@@ -51,6 +57,12 @@ def test_top_k_top_p():
     assert probs(x, SamplingParams(1.0, top_k=2))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
     assert probs(x, SamplingParams(1.0, top_p=0.7))[0].tolist() == pytest.approx([0.625, 0.375, 0, 0])
     assert probs(x, SamplingParams(1.0, top_p=0.85))[0].tolist() == pytest.approx([0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+
+
+def test_chi_square_counts_impossible_outcomes():
+    assert chi_square_p({0: 50, 1: 50}, {0: 0.5, 1: 0.5}, 100) > 0.9
+    assert chi_square_p({0: 50, 1: 49, 2: 1}, {0: 0.5, 1: 0.5}, 100) == 0.0  # 2 not expected at all
+    assert chi_square_p({0: 50, 1: 49, 2: 1}, {0: 0.5, 1: 0.5, 2: 0.0}, 100) == 0.0
 
 
 @pytest.mark.parametrize("kw, name", [
