@@ -1,6 +1,7 @@
 """Verification rules on fixed distributions, validation of the sampling parameters,
 and the distribution of the first two generated tokens through the whole engine against
-the target's exact distribution."""
+the target's exact distribution (tests/native_reference/test_distribution.py goes to
+three tokens, where later draft positions and the bonus token are checked)."""
 
 from __future__ import annotations
 
