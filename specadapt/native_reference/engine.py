@@ -250,7 +250,7 @@ class SpecEngine:
     # -- the batch ---------------------------------------------------------------------------
 
     def add(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-            stop_ids: tuple[int, ...] = (), logprobs: bool = True, top_logprobs: int = 0,
+            stop_ids: tuple[int, ...] = (), logprobs: bool = False, top_logprobs: int = 0,
             seed: int | None = None, stats: SpecStats | None = None, tag: object = None) -> tuple[Row, Step]:
         """Prefill ``prompt`` (alone) and join the batch; returns the row and its first Step.
         A row that is finished after its first token (stop or length) does not join."""

@@ -56,3 +56,24 @@ def test_divergence_report_shows_the_margin(smol):
     msg = divergence(target, prompt, base, fake)
     assert msg.startswith(f"first difference at generated token 5: target alone {base[5]}, speculative {base[5] + 1}")
     assert float(msg.split("margin ")[1].split()[0]) > 0
+
+
+def test_target_alone_equals_transformers_generate(smol):
+    """The engine's own loop against an implementation that shares no cache code with it."""
+    target, _, prompt, base = smol
+    ids = torch.tensor([prompt])
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N, min_new_tokens=N,
+                          do_sample=False, pad_token_id=0)
+    assert out[0, len(prompt):].tolist() == base
+
+
+def test_batched_rows_equal_rows_alone_smollm2(smol, embedded_dir):
+    """Three prompts of different lengths in one batch (n-gram k=4, rows accepting different
+    numbers of tokens per pass): each row equals the prompt decoded alone."""
+    target, _, prompt, base = smol
+    tok = load_tokenizer(embedded_dir)
+    others = [tok("List three colours:\n1. red\n2.")["input_ids"], tok("x = [1, 2, 3]\ny = [1, 2,")["input_ids"]]
+    alone = [base] + [SpecEngine(target).generate(p, N).tokens for p in others]
+    gens = SpecEngine(target, NgramProposer(1, 4), 4).generate_batch([prompt] + others, N)
+    for g, a, p in zip(gens, alone, [prompt] + others):
+        assert g.tokens == a, divergence(target, p, a, g.tokens)
