@@ -18,15 +18,14 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.records.schedule import k_for_batch, schedule_problems
 from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.proposers import Proposal, Proposer
-from specadapt.native_reference.sampling import (SamplingParams, greedy_verify, probs,
+from specadapt.native_reference.sampling import (SAMPLER_FAULTS, SamplingParams, greedy_verify, probs,
                                                  rejection_verify)
+from specadapt.records.schedule import k_for_batch, schedule_problems
 
-FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "residual-p", "bonus-previous", "accept-later")
-# faults inside the rejection sampler itself (passed to sampling.rejection_verify)
-SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
+# engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
+FAULTS = ("accept-always", "drop-bonus", "perturb-logits") + SAMPLER_FAULTS
 
 
 @dataclass(frozen=True)

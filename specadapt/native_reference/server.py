@@ -390,15 +390,11 @@ def _sampling(body: dict) -> SamplingParams:
     top_k = body.get("top_k")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
         raise BadRequest(f"'top_k' must be an integer, not {top_k!r}")
-    params = SamplingParams(number("temperature", 1.0), 0 if top_k in (None, -1) else top_k,
-                            number("top_p", 1.0))
-    check = getattr(params, "validate", None)
-    if check is not None:
-        try:
-            check()
-        except SpecadaptError as err:
-            raise BadRequest(str(err)) from None
-    return params
+    try:  # SamplingParams checks its values as vLLM does
+        return SamplingParams(number("temperature", 1.0), 0 if top_k in (None, -1) else top_k,
+                              number("top_p", 1.0))
+    except SpecadaptError as err:
+        raise BadRequest(str(err)) from None
 
 
 async def _run(state: ServerState, job: Job):
