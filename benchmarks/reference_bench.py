@@ -11,7 +11,7 @@ transformers' 1..2), ours with two drafts (the
 target built here in memory), transformers' plain greedy, transformers with
 prompt_lookup_num_tokens=, and transformers with assistant_model= for both drafts.
 Methods are interleaved and repeated; the fastest run of each counts. Every output is
-asserted identical to ours-target-alone. Target forward passes are counted for every method
+asserted identical to ours-target-alone. Target and draft forward passes (prefills included) are counted for every method
 (a hook on the target), which compares the methods without the machine's timing noise.
 Prints a markdown table.
 """
@@ -55,6 +55,28 @@ def hf_generate(model, ids, max_tokens, eos, **kw):
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens, do_sample=False,
                          eos_token_id=eos, pad_token_id=eos, **kw)
     return out[0, len(ids):].tolist()
+
+
+def pass_cost(model, prefix, sizes=(2, 5, 9), repeats=5):
+    """Time of one forward of n new tokens over a cached ``prefix``, relative to n = 1: the
+    v of the theory, measured on this machine without any speculation code."""
+    import torch
+    from transformers import DynamicCache
+
+    def best(n):
+        times = []
+        for _ in range(repeats):
+            cache = DynamicCache()
+            with torch.inference_mode():
+                model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+                ids = torch.tensor([prefix[-1:] * n])
+                t0 = time.perf_counter()
+                model(input_ids=ids, past_key_values=cache, use_cache=True)
+                times.append(time.perf_counter() - t0)
+        return min(times)
+
+    one = best(1)
+    return {n: best(n) / one for n in sizes}
 
 
 def int8_copy(model):
@@ -121,13 +143,16 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
 
     # Target forward passes of every method, transformers' included: a count that no noise of
     # the machine touches (registered after the int8 copy, which would otherwise copy the hook).
-    passes = [0]
+    # Draft forward passes too (both drafts; transformers' assistant included).
+    passes = [0, 0]
     target.register_forward_pre_hook(lambda module, args: passes.__setitem__(0, passes[0] + 1))
+    for model in [draft] + ([q8] if int8_k else []):
+        model.register_forward_pre_hook(lambda module, args: passes.__setitem__(1, passes[1] + 1))
 
     def counted(fn):
-        passes[0] = 0
+        passes[0] = passes[1] = 0
         out, secs = timed(fn)
-        return out, secs, passes[0]
+        return out, secs, (passes[0], passes[1])
 
     # warm-up (allocator, first-call overheads): one short run of each path, not measured
     warm = encode("Hello")
@@ -145,7 +170,7 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
                 gen, secs, n_pass = counted(lambda: make().generate(ids, max_tokens, stop_ids=(eos,)))
                 ref = reference.setdefault(pname, gen.tokens)
                 assert gen.tokens == ref, f"{name} differs from the target alone on {pname!r}"
-                assert n_pass == gen.stats.target_forwards, (name, n_pass, gen.stats.target_forwards)
+                assert n_pass[0] == gen.stats.target_forwards, (name, n_pass, gen.stats.target_forwards)
                 runs.setdefault((pname, name), []).append((gen.tokens, secs, gen.stats, n_pass))
             for name, kw in peers.items():
                 out, secs, n_pass = counted(lambda: hf_generate(target, ids, max_tokens, eos, **kw))
@@ -165,18 +190,22 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
           f"greedy, max {max_tokens} new tokens, chat template, best of {repeats} interleaved runs. "
           f"Target {target_dir.name}. One 1-token target pass: {t_pass * 1000:.1f} ms. "
           f"Load average at the end: {os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[2]:.1f} (15 min).\n")
-    print("| prompt | method | tokens | target passes | tokens/s | speedup | decode speedup | acceptance "
-          "| mean acc. len | c | v | theory (v=1) | measured/theory | theory (measured v) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    cost = pass_cost(target, encode(list(prompts.values())[0]))
+    print("Cost of one target pass of n tokens / one of 1 token (after the first prompt, best of 5): "
+          + ", ".join(f"n={n}: {r:.2f}" for n, r in cost.items()) + ".\n")
+    print("| prompt | method | tokens | target passes | draft passes | tokens/s | speedup | decode speedup "
+          "| acceptance | mean acc. len | c | v | theory (v=1) | measured/theory | theory (measured v) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     base = {p: len(t) / s for p, m, t, s, _, _ in rows if m == "ours: target alone"}
     base_dec = {p: len(t) / (st.time_total - st.time_prefill) for p, m, t, s, st, _ in rows
                 if m == "ours: target alone"}
     for pname, name, toks, secs, st, n_pass in rows:
         n = len(toks)
-        cells = [f"{n}", f"{n_pass}", f"{n / secs:.1f}", f"{n / secs / base[pname]:.2f}"] + [""] * 8
+        cells = [f"{n}", f"{n_pass[0]}", f"{n_pass[1]}", f"{n / secs:.1f}", f"{n / secs / base[pname]:.2f}"] \
+            + [""] * 8
         if st is not None:
             dec = n / (st.time_total - st.time_prefill) / base_dec[pname]
-            cells[4] = f"{dec:.2f}"
+            cells[5] = f"{dec:.2f}"
         if st is not None and st.draft_tokens:
             passes = st.target_forwards - 1  # verify passes (the prefill is not one)
             c = (st.time_draft / st.draft_forwards / t_pass) if st.draft_forwards else 0.0
@@ -185,7 +214,7 @@ def main(draft_dir, k, draft_k, int8_k, int8_min_confidence, max_tokens, threads
             # with the draft work actually spent per pass
             pred = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c)
             pred_v = theory.predicted_speedup_from_counts(st.accepted_per_pos, passes, st.draft_forwards, c, v)
-            cells[5:] = [f"{st.acceptance_rate:.2f}", f"{st.mean_acceptance_length:.2f}", f"{c:.2f}",
+            cells[6:] = [f"{st.acceptance_rate:.2f}", f"{st.mean_acceptance_length:.2f}", f"{c:.2f}",
                          f"{v:.2f}", f"{pred:.2f}", f"{dec / pred:.2f}", f"{pred_v:.2f}"]
         print(f"| {pname} | {name} | " + " | ".join(cells) + " |")
     print("\nAll outputs identical to ours-target-alone: yes (asserted).")

@@ -32,7 +32,8 @@ class ReferenceLaunch(LaunchOptions):
 
     dtype: str | None = Field(None, description="auto, float64, float32, bfloat16, float16.")
     seed: int | None = 0
-    fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS.")
+    fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS, "
+                                                "residual-p, bonus-previous, accept-later.")
     threads: int = 1
 
 
