@@ -139,6 +139,7 @@ class Row:
     logprobs: bool
     top_logprobs: int
     generator: torch.Generator
+    noise: torch.Generator  # the perturb-logits fault's own draws, per row
     stats: SpecStats
     tag: object = None  # the caller's handle (the server's request)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
@@ -181,13 +182,11 @@ class SpecEngine:
         self.max_model_len = int(max_model_len or cfg_len or 2 ** 31)
         self.device = self.target.device
         self.generator = torch.Generator(device="cpu").manual_seed(seed)  # seeds of rows without one
-        self.noise = torch.Generator(device=self.device).manual_seed(seed + 1)
         self.rows: list[Row] = []
         self.totals = SpecStats(k=k)  # every pass counted once, whatever the batch size
 
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
-        self.noise.manual_seed(seed + 1)
 
     def k_for(self, batch_size: int) -> int:
         """Draft tokens per row at this batch size (the schedule as vLLM reads it, else k)."""
@@ -257,8 +256,9 @@ class SpecEngine:
         if seed is None:
             seed = int(torch.randint(2 ** 62, (1,), generator=self.generator))
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        noise = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
         row = Row(list(prompt), max_new_tokens, params, tuple(stop_ids), logprobs or top_logprobs > 0,
-                  top_logprobs, gen, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt))
+                  top_logprobs, gen, noise, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt))
         t0 = time.perf_counter()
         logits = self.target.add(row.tokens)  # [1, V]
         m, nxt = self._verify(logits, Proposal(), params, gen)
@@ -314,7 +314,7 @@ class SpecEngine:
         for b, (row, prop) in enumerate(zip(rows, proposals)):
             lg = logits[b, :len(prop.tokens) + 1]  # [len(draft)+1, V]
             if prop.tokens and self.fault and self.fault.kind == "perturb-logits":
-                noise = torch.randn(lg.shape, generator=self.noise, dtype=torch.float32, device=lg.device)
+                noise = torch.randn(lg.shape, generator=row.noise, dtype=torch.float32, device=lg.device)
                 lg = lg + (self.fault.eps * noise).to(lg.dtype)
             m, nxt = self._verify(lg, prop, row.params, row.generator)
             step = self._emit(row, prop, lg, m, nxt)
