@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -198,22 +198,6 @@ class SpecEngine:
                  stop_ids: tuple[int, ...] = (), top_logprobs: int = 0, seed: int | None = None) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, params, stop_ids, top_logprobs,
                                    seeds=None if seed is None else [seed])[0]
-
-    def stream(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-               stop_ids: tuple[int, ...] = (), top_logprobs: int = 0,
-               stats: SpecStats | None = None, seed: int | None = None) -> Iterator[Step]:
-        """Yield one Step per target pass of one sequence; ``stats`` (if given) is updated."""
-        _check_prompt(prompt)
-        self._idle()
-        row, first = self.add(prompt, max_new_tokens, params, stop_ids, top_logprobs=top_logprobs, seed=seed,
-                              stats=stats)
-        try:
-            yield first
-            while self.rows:
-                for _, step in self.step():
-                    yield step
-        finally:
-            self.remove(row)
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
                        params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),

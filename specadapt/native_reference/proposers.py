@@ -15,6 +15,7 @@ import torch
 
 from specadapt.errors import UsageError
 from specadapt.native_reference.models import SlotCache
+from specadapt.native_reference.ngram import NgramIndex
 from specadapt.native_reference.sampling import SamplingParams, probs, sample
 
 
@@ -141,15 +142,8 @@ class NgramProposer:
         self.indexes: list = []
         self.seen: list[int] = []  # per row: tokens already in its index
 
-    def _index(self):
-        try:
-            from specadapt.native_reference.ngram import NgramIndex
-        except ImportError:  # pragma: no cover - until the index lands
-            return _ScanIndex(self.min_n, self.max_n)
-        return NgramIndex(self.min_n, self.max_n)
-
     def add(self, tokens: list[int]) -> None:
-        index = self._index()
+        index = NgramIndex(self.min_n, self.max_n)
         index.extend(list(tokens))
         self.indexes.append(index)
         self.seen.append(len(tokens))
@@ -165,19 +159,6 @@ class NgramProposer:
             self.seen[b] = len(seq)
             out.append(Proposal(index.propose(k) if k > 0 else []))
         return out
-
-
-class _ScanIndex:
-    """ngram_lookup over the whole sequence each time (the plain definition)."""
-
-    def __init__(self, min_n: int, max_n: int):
-        self.min_n, self.max_n, self.tokens = min_n, max_n, []
-
-    def extend(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-
-    def propose(self, k: int) -> list[int]:
-        return ngram_lookup(self.tokens, k, self.min_n, self.max_n)
 
 
 def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
