@@ -317,7 +317,7 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     except Exception as err:  # the engine failed on this batch
         return _error(f"the reference engine failed: {err}", 500)
     tokens = [t for s in steps for t in s.tokens]
-    choice = _choice(state, job, steps, state.ref.decode(tokens), _finish(state, job, tokens), final=True)
+    choice = _choice(state, job, steps, state.ref.decode(tokens), _finish(steps[-1]), final=True)
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": state.model_name, "choices": [choice],
                          "usage": _usage(len(job.prompt), len(tokens))})
@@ -441,16 +441,16 @@ async def _stream(state: ServerState, job: Job, rid: str):
         return
     finally:
         await steps.aclose()
-    last = _choice(state, job, [], detok.flush(), _finish(state, job, tokens), final=False)
+    last = _choice(state, job, [], detok.flush(), _finish(step), final=False)
     yield chunk([last], _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None)
     if job.include_usage:
         yield chunk([], _usage(len(job.prompt), len(tokens)))
     yield "data: [DONE]\n\n"
 
 
-def _finish(state: ServerState, job: Job, tokens: list[int]) -> str:
-    stop = () if job.ignore_eos else state.ref.stop_ids
-    return "stop" if tokens and tokens[-1] in stop else "length"
+def _finish(last: Step) -> str:
+    """The finish reason the engine gave the request's last step."""
+    return last.finish_reason or "length"
 
 
 def _usage(prompt: int, completion: int) -> dict:
