@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -108,10 +109,36 @@ def test_disconnect_mid_stream_leaves_the_next_answer_exact(ref, truth, trial):
     assert not scheduler.running and running == 0
 
 
+class held:
+    """The target's ``nth`` forward (1: the prefill) waits until ``release()``: the stream is
+    then certainly unfinished while the test looks at the server, however loaded the machine."""
+
+    def __init__(self, ref, nth):
+        self.model, self.nth, self.count = ref.engine.model, nth, 0
+        self.gate = threading.Event()
+
+    def _hook(self, *_):
+        self.count += 1
+        if self.count == self.nth:
+            assert self.gate.wait(60), "the test never released the engine"
+
+    def release(self):
+        self.gate.set()
+
+    def __enter__(self):
+        self.handle = self.model.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.gate.set()
+        self.handle.remove()
+
+
 def test_metrics_move_during_a_stream(ref):
     """Counters are updated every step, as vLLM's are: a scrape during a long stream sees
-    the tokens generated so far, not zero."""
-    with slowed(ref, 0.05), serving(ref) as base:
+    the tokens generated so far, not zero. The engine is held at its 4th forward (after the
+    prefill and two steps: at least 3 tokens, at most 9 of the 20) while the test scrapes."""
+    with held(ref, 4) as hold, serving(ref) as base:
         start = counter(counters(base), "vllm:generation_tokens_total")
         mid = None
         with httpx.stream("POST", f"{base}/v1/completions", json={**body(PROMPTS[3]), "stream": True},
@@ -123,6 +150,7 @@ def test_metrics_move_during_a_stream(ref):
                     if mid is None and seen >= 3:
                         mid = counter(counters(base), "vllm:generation_tokens_total") - start
                         running = counter(counters(base), "vllm:num_requests_running")
+                        hold.release()
         end = counter(counters(base), "vllm:generation_tokens_total") - start
     assert 3 <= mid < MAX == end
     assert running == 1
