@@ -8,6 +8,7 @@ from specadapt.probes.equivalence import (
     default_threshold,
     first_divergence,
     identity_report,
+    readable_tokens,
     server_triage,
     token_id,
 )
@@ -119,3 +120,433 @@ def test_identity_report_reports_an_origin_once_and_takes_the_worst_verdict():
     assert ident.verdict == "near-tie" and ident.divergence.token_index == 1
     assert ident.same_origin_pairs == 1
     assert calls == [1]  # triaged once, at the origin
+
+
+# --- thresholds and token ids ------------------------------------------------------------
+
+def documented_thresholds() -> dict[str, float]:
+    """The defaults as docs/compare.md states them ("bfloat16 0.75, float16 0.12, ...")."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).parents[2] / "docs" / "compare.md").read_text().split())
+    sentence = re.search(r"The threshold defaults by `--dtype`: (.*?) nats \(unknown dtype: ([0-9.]+)\)", text)
+    assert sentence, "docs/compare.md no longer states the default thresholds"
+    out = {name: float(v) for name, v in re.findall(r"(\w+) ([0-9.]+)", sentence.group(1))}
+    out["unknown"] = float(sentence.group(2))
+    return out
+
+
+def test_default_thresholds_are_the_documented_ones():
+    doc = documented_thresholds()
+    assert set(doc) == {"bfloat16", "float16", "float32", "unknown"}
+    for dtype in ("bfloat16", "float16", "float32"):
+        assert default_threshold(dtype) == doc[dtype]
+    assert default_threshold("int8") == default_threshold(None) == doc["unknown"]
+    assert 0 < default_threshold("float64") < default_threshold("float32")
+
+
+@pytest.mark.parametrize("alias, dtype", [
+    ("bf16", "bfloat16"), ("fp16", "float16"), ("half", "float16"), ("fp32", "float32"), ("float", "float32"),
+    ("fp64", "float64"), ("double", "float64"), ("BF16", "bfloat16"), ("Float16", "float16"),
+    ("FLOAT64", "float64"),
+])
+def test_dtype_aliases_and_case(alias, dtype):
+    assert default_threshold(alias) == default_threshold(dtype)
+    assert len({default_threshold(d) for d in ("bfloat16", "float16", "float32", "float64")}) == 4  # all differ
+
+
+@pytest.mark.parametrize("token", ["token_id:", "token_id:4x", "xtoken_id:4", "token_id:-4", "token_id: 4",
+                                   "token_id:4\nfoo"])
+def test_token_id_needs_the_whole_string(token):
+    assert token_id(token) is None
+
+
+def test_token_id_reads_the_number():
+    assert token_id("token_id:0") == 0 and token_id("token_id:151643") == 151643
+
+
+# --- first divergence ----------------------------------------------------------------------
+
+def test_same_tokens_different_text_diverges_after_the_last_token():
+    d = first_divergence(rec("off", ["a", "b"], text="ab"), rec("on", ["a", "b"], text="ab!"))
+    assert (d.kind, d.token_index, d.off_token, d.on_token, d.char_index) == ("token", 2, None, None, 2)
+
+
+def test_length_divergence_either_side_and_a_token_difference_in_unequal_lengths():
+    d = first_divergence(rec("off", ["a"]), rec("on", ["a", "b", "c"]))
+    assert (d.kind, d.token_index, d.off_token, d.on_token) == ("length", 1, None, "b")
+    assert (d.off_tokens, d.on_tokens) == (1, 3)
+    d = first_divergence(rec("off", ["a", "x", "c"]), rec("on", ["a", "b"]))
+    assert (d.kind, d.token_index, d.off_token, d.on_token) == ("token", 1, "x", "b")
+    d = first_divergence(rec("off", ["x"]), rec("on", ["a", "b"]))
+    assert (d.kind, d.token_index, d.off_token, d.on_token) == ("token", 0, "x", "a")
+
+
+def test_without_tokens_the_texts_decide_and_counts_come_from_usage():
+    off = rec("off", [], text="hello world", concurrency=4, repeat=2, replica=1)
+    off.output_tokens = 3
+    on = rec("on", [], text="hello there")
+    on.output_tokens = 5
+    d = first_divergence(off, on)
+    assert (d.kind, d.token_index, d.off_token, d.on_token, d.char_index) == ("token", -1, None, None, 6)
+    assert (d.off_tokens, d.on_tokens) == (3, 5)
+    assert (d.prompt_id, d.category, d.concurrency, d.repeat, d.replica) == ("p", "open", 4, 2, 1)
+    assert first_divergence(rec("off", [], text="same"), rec("on", [], text="same")) is None
+    # tokens on one side only: still the texts
+    assert first_divergence(rec("off", ["same"]), rec("on", [], text="same")) is None
+    assert first_divergence(rec("off", ["same"]), rec("on", [], text="sane")).token_index == -1
+
+
+def test_context_is_forty_characters_either_side():
+    before, after_off, after_on = "x" * 100, "A" + "o" * 100, "B" + "n" * 100
+    d = first_divergence(rec("off", [before, after_off]), rec("on", [before, after_on]))
+    assert d.char_index == 100
+    assert d.off_context == "x" * 40 + after_off[:40]
+    assert d.on_context == "x" * 40 + after_on[:40]
+    d = first_divergence(rec("off", ["x" * 41, "a"]), rec("on", ["x" * 41, "b"]))
+    assert d.off_context == "x" * 40 + "a" and d.on_context == "x" * 40 + "b"
+    d = first_divergence(rec("off", ["x" * 39, "a"]), rec("on", ["x" * 39, "b"]))
+    assert d.off_context == "x" * 39 + "a"
+
+
+# --- the triage request and the server's answer ----------------------------------------------
+
+C = Prompt(id="c", category="open", prompt="def reverse(s):")
+
+
+def completions_scripted(monkeypatch, fake, token_logprobs=True):
+    """The completions API's logprobs layout: tokens, token_logprobs, top_logprobs (dicts)."""
+    def post(url, json=None, headers=None, timeout=None, verify=None):
+        fake.bodies.append(json)
+        n = json["max_tokens"]
+        toks = fake.tokens[:n]
+        lp = {"tokens": toks, "top_logprobs": [fake.tops[i] for i in range(len(toks))]}
+        if token_logprobs:
+            lp["token_logprobs"] = [fake.tops[i].get(t) for i, t in enumerate(toks)]
+        return httpx.Response(200, json={"choices": [{"logprobs": lp}]}, request=httpx.Request("POST", url))
+    monkeypatch.setattr(httpx, "post", post)
+
+
+def triage_at(monkeypatch, tops, off_tok="(input", on_tok="(s", threshold=0.5, tokens=None, api="chat"):
+    """Triage of a divergence at token 1 (off "def" + off_tok, on "def" + on_tok)."""
+    tokens = tokens or ["def", off_tok]
+    fake = FakeOff(tokens, [{tokens[0]: -0.01}, tops])
+    (scripted if api == "chat" else completions_scripted)(monkeypatch, fake)
+    off, on = rec("off", ["def", off_tok]), rec("on", ["def", on_tok])
+    d = first_divergence(off, on)
+    return server_triage(fake, P if api == "chat" else C, RequestSettings(), d, off.tokens, threshold=threshold)
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_a_margin_exactly_at_the_threshold_is_suspect_and_just_below_a_near_tie(monkeypatch, api):
+    t = triage_at(monkeypatch, {"(input": -0.25, "(s": -0.75}, api=api)  # 0.5 exactly (binary fractions)
+    assert (t.verdict, t.margin, t.server_margin, t.margin_is_lower_bound) == ("suspect", 0.5, 0.5, False)
+    assert (t.source, t.threshold, t.note) == ("server-logprobs", 0.5, "")
+    assert t.top_logprobs == {"(input": -0.25, "(s": -0.75}
+    t = triage_at(monkeypatch, {"(input": -0.25, "(s": -0.625}, api=api)  # 0.375
+    assert (t.verdict, t.margin) == ("near-tie", 0.375)
+
+
+def test_a_negative_margin_is_judged_by_its_size(monkeypatch):
+    """The spec-on token is the likelier one: the off server flipped; |margin| decides."""
+    t = triage_at(monkeypatch, {"(input": -0.75, "(s": -0.25})
+    assert (t.verdict, t.margin) == ("suspect", -0.5)
+    t = triage_at(monkeypatch, {"(input": -0.625, "(s": -0.25})
+    assert (t.verdict, t.margin) == ("near-tie", -0.375)
+
+
+def test_a_lower_bound_below_the_threshold_is_unknown(monkeypatch):
+    """On token outside the top 5, and the least of the top 5 is close: the true margin
+    may be anything from there up, so neither near-tie nor suspect can be said."""
+    t = triage_at(monkeypatch, {"(input": -0.25, "(x": -0.5, "(y": -0.625}, on_tok="(s")
+    assert (t.verdict, t.margin, t.margin_is_lower_bound) == ("unknown", 0.375, True)
+    assert t.source == "server-logprobs"
+    assert t.note == "the spec-on token is not in the top 5, margin only known to be >= 0.375"
+
+
+def test_a_lower_bound_at_the_threshold_is_suspect(monkeypatch):
+    t = triage_at(monkeypatch, {"(input": -0.25, "(x": -0.5, "(y": -0.75}, on_tok="(s")
+    assert (t.verdict, t.margin, t.margin_is_lower_bound, t.note) == ("suspect", 0.5, True, "")
+
+
+def test_the_off_token_missing_from_the_answer_falls_back_to_the_servers_own_token(monkeypatch):
+    """The off record's token is not in the top logprobs (the server answered differently
+    this time): its own token at i is used and the changed prefix is noted."""
+    t = triage_at(monkeypatch, {"(inp": -0.25, "(s": -1.0}, tokens=["dex", "(inp"])
+    assert (t.verdict, t.margin) == ("suspect", 0.75)
+    assert t.note == "the spec-off server's output changed between runs before this position"
+
+
+def test_completions_without_token_logprobs_use_the_top_one_for_the_off_token(monkeypatch):
+    fake = FakeOff(["def", "(input"], [{"def": -0.01}, {"(a": -0.25, "(s": -0.5, "(b": -2.0}])
+    completions_scripted(monkeypatch, fake, token_logprobs=False)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    d = first_divergence(off, on)
+    t = server_triage(fake, C, RequestSettings(), d, off.tokens, threshold=0.5)
+    assert (t.verdict, t.margin, t.margin_is_lower_bound) == ("near-tie", 0.25, False)
+
+
+def test_completions_request_asks_for_top_logprobs_without_streaming(monkeypatch):
+    fake = FakeOff(["def", "(input"], [{"def": -0.01}, {"(input": -0.25, "(s": -2.0}])
+    completions_scripted(monkeypatch, fake)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    d = first_divergence(off, on)
+    settings = RequestSettings(logprobs=False, top_logprobs=0, max_tokens=500)
+    assert server_triage(fake, C, settings, d, off.tokens, threshold=0.5).verdict == "suspect"
+    (body,) = fake.bodies
+    assert (body["logprobs"], body["max_tokens"], body["stream"], body["prompt"]) == (5, 2, False, C.prompt)
+    assert "stream_options" not in body
+
+
+def test_chat_request_asks_for_top_logprobs_without_streaming(monkeypatch):
+    fake = FakeOff(["def", "(input"], [{"def": -0.01}, {"(input": -0.25, "(s": -2.0}])
+    scripted(monkeypatch, fake)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    d = first_divergence(off, on)
+    server_triage(fake, P, RequestSettings(logprobs=False, top_logprobs=0), d, off.tokens, threshold=0.5)
+    (body,) = fake.bodies
+    assert (body["logprobs"], body["top_logprobs"], body["stream"]) == (True, 5, False)
+    assert "stream_options" not in body and body["model"] == "m"
+
+
+def test_chat_own_token_missing_from_its_top_list_is_added():
+    from specadapt.probes.equivalence import _top_at
+
+    choice = {"logprobs": {"content": [
+        {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "a", "logprob": -0.1}]},
+        {"token": "b", "logprob": -3.0, "top_logprobs": [{"token": "c", "logprob": -0.2}]},
+    ]}}
+    assert _top_at(choice, "chat", 1) == (["a", "b"], {"c": -0.2, "b": -3.0})
+    assert _top_at(choice, "chat", 2) == (["a", "b"], {})  # past the end: nothing
+    assert _top_at({"logprobs": None}, "chat", 0) == ([], {})
+    # a listed token keeps its listed value
+    choice["logprobs"]["content"][1]["top_logprobs"].append({"token": "b", "logprob": -2.5})
+    assert _top_at(choice, "chat", 1)[1] == {"c": -0.2, "b": -2.5}
+
+
+def test_completions_top_at():
+    from specadapt.probes.equivalence import _top_at
+
+    choice = {"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -3.0],
+                           "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
+    assert _top_at(choice, "completions", 1) == (["a", "b"], {"c": -0.2, "b": -3.0})
+    assert _top_at(choice, "completions", 2) == (["a", "b"], {})
+    choice["logprobs"]["top_logprobs"] = [{"a": -0.1}, None]
+    assert _top_at(choice, "completions", 1) == (["a", "b"], {"b": -3.0})
+    choice["logprobs"]["token_logprobs"] = [-0.1]
+    assert _top_at(choice, "completions", 1) == (["a", "b"], {})
+    assert _top_at({}, "completions", 0) == ([], {})
+
+
+def test_no_token_position_is_unknown_without_asking(monkeypatch):
+    fake = FakeOff([], [])
+    scripted(monkeypatch, fake)
+    d = first_divergence(rec("off", [], text="a"), rec("on", [], text="b"))
+    t = server_triage(fake, P, RequestSettings(), d, [], threshold=0.5)
+    assert (t.verdict, t.source, t.threshold, t.margin) == ("unknown", "none", 0.5, None)
+    assert t.note == "the servers returned no tokens (no logprobs), so no position to triage"
+    assert fake.bodies == []
+
+
+@pytest.mark.parametrize("answer, name", [
+    (httpx.ConnectError("refused"), "ConnectError"),
+    (httpx.Response(200, content=b"not json"), "JSONDecodeError"),
+    (httpx.Response(200, json={"error": "x"}), "KeyError"),
+    (httpx.Response(200, json={"choices": []}), "IndexError"),
+])
+def test_a_server_that_cannot_answer_gives_unknown_with_the_reason(monkeypatch, answer, name):
+    def post(url, **kw):
+        if isinstance(answer, Exception):
+            raise answer
+        answer.request = httpx.Request("POST", url)
+        return answer
+    monkeypatch.setattr(httpx, "post", post)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    t = server_triage(FakeOff([], []), P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
+    assert (t.verdict, t.source, t.threshold) == ("unknown", "none", 0.5)
+    assert t.note == f"could not get logprobs from the spec-off server: {name}"
+
+
+def test_no_logprobs_at_the_position_is_unknown(monkeypatch):
+    def post(url, **kw):
+        content = [{"token": "def", "logprob": -0.1, "top_logprobs": []}]
+        return httpx.Response(200, json={"choices": [{"logprobs": {"content": content}}]},
+                              request=httpx.Request("POST", url))
+    monkeypatch.setattr(httpx, "post", post)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    t = server_triage(FakeOff([], []), P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
+    assert (t.verdict, t.source, t.top_logprobs) == ("unknown", "none", {})
+    assert t.note == "the spec-off server gave no logprobs at this position"
+
+
+def test_an_output_that_ended_is_unknown(monkeypatch):
+    """Length divergence: the on side stopped where the off side went on."""
+    fake = FakeOff(["def", "(input"], [{"def": -0.01}, {"(input": -0.25, "(s": -2.0}])
+    scripted(monkeypatch, fake)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def"])
+    t = server_triage(fake, P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
+    assert (t.verdict, t.source, t.margin) == ("unknown", "server-logprobs", None)
+    assert t.top_logprobs == {"(input": -0.25, "(s": -2.0}
+    assert t.note == "one output ended here (end of sequence): its token's logprob is not known"
+
+
+def test_notes_are_joined_when_the_prefix_changed_and_the_margin_is_a_bound(monkeypatch):
+    t = triage_at(monkeypatch, {"(input": -0.25, "(y": -0.5}, tokens=["dex", "(input"])
+    assert t.verdict == "unknown"
+    assert t.note == ("the spec-off server's output changed between runs before this position; "
+                      "the spec-on token is not in the top 5, margin only known to be >= 0.250")
+
+
+# --- readable tokens -----------------------------------------------------------------------
+
+def test_token_ids_are_made_readable_through_detokenize(monkeypatch):
+    seen = []
+
+    def post(url, json=None, headers=None, timeout=None, verify=None):
+        seen.append((url, json, headers, timeout, verify))
+        tid = json["tokens"][0]
+        if tid == 7:
+            return httpx.Response(404, json={"prompt": "nope"}, request=httpx.Request("POST", url))
+        if tid == 8:
+            raise httpx.ReadTimeout("slow")
+        if tid == 9:
+            return httpx.Response(200, json={"prompt": None}, request=httpx.Request("POST", url))
+        return httpx.Response(200, json={"prompt": f"<{tid}>"}, request=httpx.Request("POST", url))
+    monkeypatch.setattr(httpx, "post", post)
+
+    class Srv(FakeOff):
+        verify = False
+
+        def headers(self):
+            return {"Authorization": "Bearer k"}
+
+    srv = Srv([], [])
+    d1 = first_divergence(rec("off", ["token_id:1", "token_id:5"]), rec("on", ["token_id:1", "token_id:6"]))
+    d2 = first_divergence(rec("off", ["token_id:7", "x"]), rec("on", ["token_id:8"]))
+    d3 = first_divergence(rec("off", ["token_id:9"]), rec("on", ["plain"]))
+    readable_tokens(srv, [d1, d2, d3])
+    assert (d1.off_token, d1.on_token) == ("<5> (id 5)", "<6> (id 6)")
+    assert (d2.off_token, d2.on_token) == ("token_id:7", "token_id:8")
+    assert (d3.off_token, d3.on_token) == ("token_id:9", "plain")
+    assert seen[0] == ("http://off.test/detokenize", {"model": "m", "tokens": [5]}, {"Authorization": "Bearer k"},
+                       10, False)
+    assert len(seen) == 5  # "plain" is not asked about
+
+
+def test_an_empty_detokenized_text_is_still_text(monkeypatch):
+    monkeypatch.setattr(httpx, "post", lambda url, **kw: httpx.Response(200, json={"prompt": ""},
+                                                                         request=httpx.Request("POST", url)))
+    d = first_divergence(rec("off", ["token_id:3"]), rec("on", ["token_id:4"]))
+    readable_tokens(FakeOff([], []), [d])
+    assert (d.off_token, d.on_token) == (" (id 3)", " (id 4)")
+
+
+def test_post_json_sends_auth_tls_and_timeout(monkeypatch):
+    from specadapt.probes.equivalence import post_json
+
+    seen = {}
+
+    def post(url, **kw):
+        seen.update(kw, url=url)
+        return httpx.Response(200, json={}, request=httpx.Request("POST", url))
+    monkeypatch.setattr(httpx, "post", post)
+
+    class Srv(FakeOff):
+        verify = "/ca.pem"
+
+        def headers(self):
+            return {"Authorization": "Bearer k"}
+
+    post_json(Srv([], []), "/tokenize", {"a": 1}, 12.5)
+    assert seen == {"url": "http://off.test/tokenize", "json": {"a": 1}, "headers": {"Authorization": "Bearer k"},
+                    "timeout": 12.5, "verify": "/ca.pem"}
+
+
+# --- identity per prompt -----------------------------------------------------------------------
+
+def verdict_by_token(verdicts):
+    """A triage that answers by the divergence's token index, recording its calls."""
+    from specadapt.records import Triage
+
+    calls = []
+
+    def triage(prompt, div, off_rec):
+        calls.append((prompt.id, div.token_index, div.concurrency, off_rec.concurrency))
+        v = verdicts[div.token_index]
+        return None if v is None else Triage(verdict=v, source="server-logprobs", threshold=0.5)
+    return triage, calls
+
+
+@pytest.mark.parametrize("order", [("near-tie", "suspect"), ("suspect", "near-tie"), ("near-tie", "unknown"),
+                                   ("unknown", "suspect")])
+def test_the_worst_verdict_over_a_prompts_origins_wins(order):
+    """Two pairs diverge at different tokens (two origins): the prompt takes the worse
+    verdict and that origin's divergence, whichever comes first."""
+    recs = [rec("off", ["a", "b", "c"], repeat=0), rec("on", ["a", "X", "c"], repeat=0),
+            rec("off", ["a", "b", "c"], repeat=1), rec("on", ["a", "b", "Y"], repeat=1),
+            rec("off", ["a", "b", "c"], repeat=2), rec("on", ["a", "b", "Y"], repeat=2)]
+    triage, calls = verdict_by_token({1: order[0], 2: order[1]})
+    (ident,) = identity_report(recs, [P], triage)
+    rank = ["near-tie", "unknown", "suspect"]
+    worst = max(order, key=rank.index)
+    where = 1 if worst == order[0] else 2
+    assert (ident.verdict, ident.divergence.token_index) == (worst, where)
+    assert ident.divergence.triage.verdict == worst
+    assert ident.same_origin_pairs == (0 if where == 1 else 1)
+    assert [c[1] for c in calls] == [1, 2]
+
+
+def test_equal_verdicts_keep_the_earliest_origin():
+    recs = [rec("off", ["a", "b", "c"], repeat=0), rec("on", ["a", "b", "Y"], repeat=0),
+            rec("off", ["a", "b", "c"], repeat=1), rec("on", ["a", "X", "c"], repeat=1)]
+    triage, _ = verdict_by_token({1: "suspect", 2: "suspect"})
+    (ident,) = identity_report(recs, [P], triage)
+    assert (ident.verdict, ident.divergence.token_index, ident.divergence.repeat) == ("suspect", 1, 1)
+
+
+def test_no_triage_is_unknown_and_an_untriaged_origin_counts_as_unknown():
+    recs = [rec("off", ["a", "b"]), rec("on", ["a", "X"])]
+    (ident,) = identity_report(recs, [P], None)
+    assert (ident.verdict, ident.divergence.triage) == ("unknown", None)
+    triage, _ = verdict_by_token({1: None})
+    (ident,) = identity_report(recs, [P], triage)
+    assert ident.verdict == "unknown"
+    recs += [rec("off", ["a", "b", "c"], repeat=1), rec("on", ["a", "b", "Z"], repeat=1)]
+    triage, _ = verdict_by_token({1: None, 2: "near-tie"})
+    (ident,) = identity_report(recs, [P], triage)
+    assert (ident.verdict, ident.divergence.token_index) == ("unknown", 1)
+
+
+def test_pairs_are_matched_by_concurrency_repeat_and_replica_and_the_origin_is_the_first_such_pair():
+    recs = []
+    for conc, repeat, replica in [(4, 0, 0), (1, 1, 0), (1, 0, 1), (1, 0, 0)]:
+        recs.append(rec("off", ["a", "b"], concurrency=conc, repeat=repeat, replica=replica))
+        recs.append(rec("on", ["a", "X"] if (conc, replica) != (1, 0) or repeat else ["a", "b"],
+                        concurrency=conc, repeat=repeat, replica=replica))
+    triage, calls = verdict_by_token({1: "near-tie"})
+    (ident,) = identity_report(recs, [P], triage)
+    assert (ident.pairs, ident.identical_pairs, ident.same_origin_pairs) == (4, 1, 2)
+    d = ident.divergence
+    assert (d.concurrency, d.repeat, d.replica) == (1, 0, 1)
+    assert calls == [("p", 1, 1, 1)]  # the origin's own off record goes to the triage
+
+
+def test_warmups_failures_and_one_sided_pairs_are_left_out():
+    q = Prompt(id="q", category="grounded", prompt="x")
+    r = Prompt(id="r", category="open", prompt="y")
+    failed_off, failed_on = rec("off", ["a"], repeat=2), rec("on", ["Z"], repeat=3)
+    failed_off.ok = failed_on.ok = False
+    recs = [rec("off", ["a"]), rec("on", ["a"]),
+            rec("off", ["a"], repeat=1), rec("on", ["Z"], repeat=1, warmup=True),
+            failed_off, rec("on", ["Z"], repeat=2),
+            rec("off", ["a"], repeat=3), failed_on]
+    for side in ("off", "on"):
+        recs.append(RequestRecord(prompt_id="q", category="grounded", api="completions", side=side, ok=True,
+                                  tokens=["t"], text="t", output_tokens=1))
+    recs.append(RequestRecord(prompt_id="r", category="open", api="completions", side="off", ok=True,
+                              tokens=["t"], text="t", output_tokens=1))
+    out = identity_report(recs, [q, r, P], None)
+    assert [(i.prompt_id, i.category, i.pairs, i.identical_pairs, i.verdict) for i in out] == [
+        ("q", "grounded", 1, 1, "identical"), ("p", "open", 1, 1, "identical")]
+    assert out[0].divergence is None and out[0].same_origin_pairs == 0
