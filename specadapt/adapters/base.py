@@ -31,14 +31,15 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from specadapt.adapters.managed import launched_many as start_and_connect
-from specadapt.adapters.plan import REDACTED, SECRET_ENV, SECRET_FLAGS, LaunchPlan, redact_argv
+from specadapt.adapters.plan import REDACTED, SECRET_ENV, SECRET_FLAGS, LaunchPlan, launch_record, redact_argv
 from specadapt.adapters.process import ManagedProcess
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.models import resolve_model_dir
 from specadapt.records import CounterSnapshot, ServerInfo
+from specadapt.records.server import LaunchRecord
 
-__all__ = ["Backend", "Capabilities", "CAPABILITIES", "CounterSnapshot", "LaunchOptions", "LaunchPlan",
+__all__ = ["Backend", "Capabilities", "CAPABILITIES", "CounterSnapshot", "LaunchOptions", "LaunchPlan", "LaunchRecord",
            "OnPlan", "OnWait", "REDACTED", "SECRET_ENV", "SECRET_FLAGS", "Server", "ServerBase", "ServerInfo",
            "Verify", "redact_argv"]
 
@@ -60,6 +61,8 @@ class Server(Protocol):
     """TLS verification for every client that talks to this server."""
     process: ManagedProcess | None
     """The process specadapt started for this server; None when it was given by URL."""
+    launch: LaunchRecord | None
+    """What specadapt started it with (set with ``process``); ``describe()`` puts it in ServerInfo."""
 
     @property
     def base_url(self) -> str: ...
@@ -90,6 +93,7 @@ class ServerBase:
     identity_extras: dict[str, Any] = {}  # never mutated: callers merge it into a new dict
     verify: Verify = True
     process: ManagedProcess | None = None
+    launch: LaunchRecord | None = None
 
     def start_run(self) -> None:
         pass
@@ -184,6 +188,11 @@ class Backend(ABC):
         """The Server for a process started from ``opts`` (it may know what the server cannot say)."""
         return self.connect(url)
 
+    def launched_version(self, opts: LaunchOptions) -> str | None:
+        """The package version of the server software ``opts.python`` runs: ``version()`` when that
+        is this interpreter (or none is named), else None (unknown without asking it)."""
+        return self.version() if opts.python in (None, sys.executable) else None
+
     @contextmanager
     def launched(self, opts: LaunchOptions, startup_timeout_s: float | None = None, on_wait: OnWait | None = None,
                  on_plan: OnPlan | None = None) -> Iterator[Server]:
@@ -208,6 +217,8 @@ class Backend(ABC):
         connects = [partial(self.connect_launched, opts) for opts in opts_list]
         with start_and_connect(plans, connects, startup_timeout_s or self.startup_timeout_s,
                                on_wait, on_plan) as servers:
+            for server, plan, opts in zip(servers, plans, opts_list, strict=True):
+                server.launch = launch_record(plan, python=opts.python, package_version=self.launched_version(opts))
             yield servers
 
     def _cannot_launch(self) -> str:

@@ -8,6 +8,7 @@ import httpx
 
 from specadapt.adapters.base import ServerBase, Verify
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
+from specadapt.records import ServerInfo
 
 
 def check_url(url: str) -> str:
@@ -104,6 +105,10 @@ class OpenAIServer(ServerBase):
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    def _server_info(self, **fields: Any) -> ServerInfo:
+        """A ServerInfo for this server (backend, base URL and, when specadapt started it, the launch)."""
+        return ServerInfo(backend=self.backend, base_url=self._base_url, launch=self.launch, **fields)
 
     @property
     def model_id(self) -> str:

@@ -66,8 +66,7 @@ class LlamaCppServer(OpenAIServer):
     def describe(self) -> ServerInfo:
         models = self._http.models()
         self._model_id = str(models[0]["id"])
-        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=self.version,
-                          model_id=self._model_id)
+        info = self._server_info(version=self.version, model_id=self._model_id)
         info.notes.append(f"{NO_COUNTERS}: acceptance rate and length cannot be read")
         if self.launched:
             info.spec_enabled = self.num_pred_tokens is not None
@@ -106,7 +105,8 @@ def launch_plan(opts: LlamaCppLaunch) -> LaunchPlan:
         notes.append(f"--dtype {opts.dtype} ignored: the GGUF file fixes its own types")
     notes.append(NO_COUNTERS + ": acceptance will be reported as unknown")
     return LaunchPlan(backend="llamacpp", argv=argv + list(opts.extra_args), host=opts.host, port=port,
-                      health_path="/v1/models", spec_enabled=bool(flags), model=opts.model, notes=notes)
+                      health_path="/v1/models", spec_enabled=bool(flags), model=opts.model, notes=notes,
+                      spec_args=flags)
 
 
 def interpreter_version(python: str) -> str:
@@ -142,6 +142,9 @@ class LlamaCppBackend(Backend):
 
     def launch_plan(self, opts: LlamaCppLaunch) -> LaunchPlan:
         return launch_plan(opts)
+
+    def launched_version(self, opts: LlamaCppLaunch) -> str | None:
+        return self._versions.get(opts.python)  # what check_launch read from that interpreter
 
     def connect_launched(self, opts: LlamaCppLaunch, url: str) -> LlamaCppServer:
         spec = opts.spec_config

@@ -1,16 +1,31 @@
 """A launch plan: the argv, environment and port of one server process, with secrets redacted
-for display. Backends make them; ManagedProcess runs them."""
+for display, and the record of it that goes into reports (``launch_record``). Backends make
+plans; ManagedProcess runs them."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, Field
+
+from specadapt.records.server import LaunchRecord
 
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
 REDACTED = "REDACTED"
+# In records a name is secret when KEY, TOKEN, SECRET or PASSWORD ends a word of it (HF_TOKEN,
+# OPENAI_API_KEY, --api-key, APIKEY), not when more letters follow (--max-num-batched-tokens,
+# TOKENIZERS_PARALLELISM): those values stay visible, so a difference in them is still seen.
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)(?![A-Za-z])", re.I)
+RECORD_REDACTED = "***"
+# Inherited variables recorded with a launch: the ones that change how fast a server runs.
+SPEED_ENV = re.compile(r"^(LD_PRELOAD|LD_LIBRARY_PATH|(OMP|KMP|GOMP|MKL|CUDA|NCCL|VLLM|TRTLLM|TLLM|SGLANG|PYTORCH|"
+                       r"TORCHINDUCTOR)_\w+)$")
+HOST_PORT_FLAGS = ("--host", "--port")
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -40,6 +55,15 @@ class LaunchPlan(BaseModel):
     spec_enabled: bool
     model: str = Field(description="Model path or id the server is started with.")
     notes: list[str] = Field(default_factory=list, description="What the plan changed or added, for the user.")
+    spec_args: list[str] = Field(default_factory=list, description="The run of argv entries that carries the "
+                                                                   "speculative config, exactly as in argv.")
+    per_server_flags: list[str] = Field(default_factory=lambda: list(HOST_PORT_FLAGS), description=(
+        "Flags whose values name this one server (host, port, a config file written for it): the only "
+        "arguments besides spec_args allowed to differ between the two sides of a comparison."))
+    config: dict[str, Any] = Field(default_factory=dict, description="Settings the server reads from a file "
+                                                                     "specadapt writes, speculation left out.")
+    spec_settings: dict[str, Any] = Field(default_factory=dict, description="Settings in that file that carry "
+                                                                            "the speculation.")
 
     @property
     def base_url(self) -> str:
@@ -61,3 +85,51 @@ class LaunchPlan(BaseModel):
                        for k, v in sorted(self.env.items()))
         cmd = " ".join(shlex.quote(a) for a in redact_argv(self.argv))
         return f"{env} {cmd}".strip()
+
+
+def is_secret_flag(flag: str) -> bool:
+    """``--api-key``, ``--hf-token``, ``--ssl-keyfile-password``...: a flag whose value is a secret."""
+    return flag in SECRET_FLAGS or bool(SECRET_NAME.search(flag.lstrip("-")))
+
+
+def record_argv(argv: list[str]) -> list[str]:
+    """argv as reports record it: the values of secret flags (``--api-key X``, ``--api-key=X``) are ***."""
+    out, hide_next = [], False
+    for arg in argv:
+        flag, eq, _ = arg.partition("=")
+        if hide_next:
+            out.append(RECORD_REDACTED)
+        elif eq and flag.startswith("-") and is_secret_flag(flag):
+            out.append(f"{flag}={RECORD_REDACTED}")
+        else:
+            out.append(arg)
+        hide_next = not eq and arg.startswith("-") and is_secret_flag(arg)
+    return out
+
+
+def record_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables as reports record them: secret ones (by name) are ***."""
+    return {k: RECORD_REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items())}
+
+
+def record_settings(value: Any) -> Any:
+    """A settings mapping as reports record it: values under secret keys are ***, at any depth."""
+    if isinstance(value, Mapping):
+        return {str(k): RECORD_REDACTED if SECRET_NAME.search(str(k)) and v not in (None, "")
+                else record_settings(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [record_settings(v) for v in value]
+    return value
+
+
+def launch_record(plan: LaunchPlan, python: str | None = None, package_version: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> LaunchRecord:
+    """What ``plan`` starts, for the report: argv, the variables specadapt sets, the speed-relevant
+    ones inherited from ``environ`` (default: this process's environment), secrets as ***."""
+    environ = os.environ if environ is None else environ
+    inherited = {k: v for k, v in environ.items() if SPEED_ENV.match(k) and k not in plan.env}
+    return LaunchRecord(backend=plan.backend, argv=record_argv(plan.argv), spec_args=record_argv(plan.spec_args),
+                        per_server_flags=list(plan.per_server_flags), env=record_env(plan.env),
+                        inherited_env=record_env(inherited), config=record_settings(plan.config),
+                        spec_settings=record_settings(plan.spec_settings), python=python,
+                        package_version=package_version)

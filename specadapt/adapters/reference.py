@@ -25,6 +25,14 @@ from specadapt.errors import UsageError
 class ReferenceServer(VLLMServer):
     backend = "reference"
 
+    def _settings(self, version: dict[str, Any], server_info: Any) -> tuple[str | None, dict[str, Any]]:
+        """No /server_info: the engine's settings on /version, speculation left out (no dtype there)."""
+        return None, {k: v for k, v in version.items() if k not in VERSION_NOT_FLAGS and "speculative" not in k}
+
+
+# /version keys that are not engine settings (the version itself, max_model_len is on /v1/models)
+VERSION_NOT_FLAGS = ("version", "max_model_len")
+
 
 class ReferenceLaunch(LaunchOptions):
     """How to start ``specadapt reference serve`` (max_model_len is accepted and unused: the
@@ -67,8 +75,9 @@ def _described(spec: SpecConfig | None) -> dict[str, Any] | None:
 
 def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:
     port = opts.port or free_port(opts.host)
+    spec_args = _spec_flags(opts.spec_config)
     argv = [opts.python, "-m", "specadapt", "reference", "serve", f"--target={opts.model}", f"--host={opts.host}",
-            f"--port={port}", f"--threads={opts.threads}", *_spec_flags(opts.spec_config)]
+            f"--port={port}", f"--threads={opts.threads}", *spec_args]
     if opts.dtype:
         argv.append(f"--dtype={opts.dtype}")
     if opts.seed is not None:
@@ -77,7 +86,7 @@ def launch_plan(opts: ReferenceLaunch) -> LaunchPlan:
         argv.append(f"--inject-fault={opts.fault}")
     argv += opts.extra_args
     return LaunchPlan(backend="reference", argv=argv, host=opts.host, port=port, health_path="/v1/models",
-                      spec_enabled=bool(_spec_flags(opts.spec_config)), model=opts.model,
+                      spec_enabled=bool(spec_args), model=opts.model, spec_args=spec_args,
                       env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
 

@@ -31,6 +31,17 @@ from specadapt.records import CounterSnapshot, ServerInfo
 G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
 GENERATION, PROMPT = "sglang:generation_tokens_total", "sglang:prompt_tokens_total"
 INFO_ROUTES = ("/server_info", "/get_server_info")
+# ServerArgs fields on /server_info that change speed or output (python/sglang/srt/server_args.py);
+# the speculative_* ones are left out.
+SERVER_FLAGS = ("dtype", "kv_cache_dtype", "quantization", "tp_size", "dp_size", "pp_size", "mem_fraction_static",
+                "chunked_prefill_size", "max_prefill_tokens", "schedule_policy", "attention_backend",
+                "sampling_backend", "disable_radix_cache", "disable_cuda_graph", "enable_torch_compile",
+                "random_seed")
+
+
+def server_flags(server_info: dict[str, Any]) -> dict[str, Any]:
+    """The SERVER_FLAGS present on ``/server_info``, as given."""
+    return {key: server_info[key] for key in SERVER_FLAGS if key in server_info}
 
 
 def accept_lengths(server_info: Any) -> list[float]:
@@ -76,9 +87,9 @@ class SGLangServer(OpenAIServer):
         if si is None:
             raise NotAServer(f"{self._base_url} is an OpenAI-compatible server but not SGLang "
                              "(no /server_info or /get_server_info); pick the matching --backend")
-        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=si.get("version"),
-                          model_id=self._model_id, model_root=si.get("model_path"),
-                          max_model_len=si.get("context_length"))
+        info = self._server_info(version=si.get("version"), model_id=self._model_id, model_root=si.get("model_path"),
+                                 max_model_len=si.get("context_length"), dtype=si.get("dtype"),
+                                 server_flags=server_flags(si))
         algo = si.get("speculative_algorithm")
         info.spec_signal = "speculative_algorithm on /server_info"
         info.spec_enabled = bool(algo) and algo != "NONE"
@@ -132,7 +143,8 @@ def launch_plan(opts: SGLangLaunch) -> LaunchPlan:
     if spec and (spec.ngram_min or spec.ngram_max):
         notes.append("the n-gram window is not written: SGLang's NGRAM window flags differ between releases")
     return LaunchPlan(backend="sglang", argv=argv + flags + list(opts.extra_args), host=opts.host, port=port,
-                      health_path="/health", spec_enabled=bool(flags), model=opts.model, notes=notes)
+                      health_path="/health", spec_enabled=bool(flags), model=opts.model, notes=notes,
+                      spec_args=flags)
 
 
 class SGLangBackend(Backend):

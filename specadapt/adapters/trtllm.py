@@ -219,8 +219,8 @@ class TRTLLMServer(OpenAIServer):
         if not isinstance(version, dict) or "version" not in version:
             raise NotAServer(f"{self._base_url} is an OpenAI-compatible server but not trtllm-serve "
                              "(no GET /version); pick the matching --backend")
-        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=str(version["version"]),
-                          model_id=self._model_id, model_root=models[0].get("root"))
+        info = self._server_info(version=str(version["version"]), model_id=self._model_id,
+                                 model_root=models[0].get("root"))
         if not (self._from_prometheus(info) or self._from_iter_stats(info) or self._from_response(info)):
             info.notes.append("cannot tell whether speculative decoding is on: no trtllm_speculative_config_info, "
                               "no iteration stats on /metrics (start with enable_iter_perf_stats: true) and no "
@@ -347,8 +347,28 @@ def launch_plan(opts: TRTLLMLaunch) -> LaunchPlan:
     argv = cfg.render_trtllm_argv(spec, str(path), opts.version, opts.engine, host=opts.host, port=port)
     argv[0] = _program(opts.python)
     notes = [ITER_STATS_NOTE, f"trtllm-serve config written to {path}"]
+    spec_keys = spec_settings_keys(doc)
+    if "disable_overlap_scheduler" in spec_keys:
+        notes.append("disable_overlap_scheduler: true goes with this speculative_config (as in TensorRT-LLM's "
+                     "examples for it): it is recorded as part of the speculation, so the spec-off server keeps "
+                     "the overlap scheduler")
     return LaunchPlan(backend="trtllm", argv=argv + list(opts.extra_args), host=opts.host, port=port,
-                      health_path=cfg.HEALTH_ROUTE, spec_enabled=spec.enabled, model=opts.model, notes=notes)
+                      health_path=cfg.HEALTH_ROUTE, spec_enabled=spec.enabled, model=opts.model, notes=notes,
+                      per_server_flags=[cfg.F_HOST, cfg.F_PORT, cfg.config_flag(opts.version)],
+                      config={k: v for k, v in doc.items() if k not in spec_keys},
+                      spec_settings={k: v for k, v in doc.items() if k in spec_keys})
+
+
+def spec_settings_keys(doc: dict[str, Any]) -> set[str]:
+    """The keys of a trtllm-serve config that carry speculation: speculative_config, and the
+    disable_overlap_scheduler the renderer adds with it for the decoding types that need it."""
+    sc = doc.get("speculative_config")
+    if not isinstance(sc, dict):
+        return set()
+    keys = {"speculative_config"}
+    if sc.get("decoding_type") in cfg.NO_OVERLAP_TYPES and doc.get("disable_overlap_scheduler") is True:
+        keys.add("disable_overlap_scheduler")
+    return keys
 
 
 class TRTLLMBackend(Backend):

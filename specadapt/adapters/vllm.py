@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -17,9 +18,10 @@ from pydantic import Field
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import by_label, parse_samples, total
+from specadapt.adapters.plan import record_settings
 from specadapt.adapters.process import free_port
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.vllm import validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
+from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
 
@@ -79,13 +81,18 @@ class VLLMServer(OpenAIServer):
             raise NotAServer(
                 f"{self._base_url} is an OpenAI-compatible server but not vLLM (no GET /version); "
                 "pick the matching --backend")
-        info = ServerInfo(backend=self.backend, base_url=self._base_url, version=str(version["version"]),
-                          model_id=self._model_id, model_root=first.get("root"),
-                          max_model_len=first.get("max_model_len"))
-        self._fill_spec_state(info)
+        info = self._server_info(version=str(version["version"]), model_id=self._model_id,
+                                 model_root=first.get("root"), max_model_len=first.get("max_model_len"))
+        server_info = self._http.get_json(SERVER_INFO)  # only with VLLM_SERVER_DEV_MODE=1
+        info.dtype, info.server_flags = self._settings(version, server_info)
+        self._fill_spec_state(info, server_info)
         return info
 
-    def _fill_spec_state(self, info: ServerInfo) -> None:
+    def _settings(self, version: dict[str, Any], server_info: Any) -> tuple[str | None, dict[str, Any]]:
+        """(dtype, flags) the server exposes, speculation left out."""
+        return server_settings(server_info)
+
+    def _fill_spec_state(self, info: ServerInfo, server_info: Any) -> None:
         text = self.metrics_text()
         try:
             samples = parse_samples(text) if text is not None else {}
@@ -105,7 +112,6 @@ class VLLMServer(OpenAIServer):
             info.notes.append(
                 "cannot tell whether speculative decoding is on: /metrics has no vLLM stats "
                 "(server started with --disable-log-stats, or /metrics unreachable)")
-        server_info = self._http.get_json("/server_info")  # only with VLLM_SERVER_DEV_MODE=1
         spec = self.spec_config
         if spec is None and isinstance(server_info, dict):
             spec = _find_key(server_info, "speculative_config")
@@ -120,6 +126,64 @@ class VLLMServer(OpenAIServer):
         elif info.spec_enabled:
             info.notes.append("the speculative method is not exposed (start vLLM with VLLM_SERVER_DEV_MODE=1 "
                               "to expose /server_info); k is read from the per-position counters")
+
+
+# /server_info answers only when vLLM runs with VLLM_SERVER_DEV_MODE=1; config_format=json gives
+# vllm_config as a mapping (vllm/entrypoints/serve/dev/server_info/api_router.py, vLLM 0.32.0);
+# an older server ignores the parameter and gives str(vllm_config), "key=value, ..." text.
+SERVER_INFO = "/server_info?config_format=json"
+# Settings in vllm_config that change speed or output, by section; speculative_config is left out.
+SERVER_FLAGS: tuple[tuple[str, str], ...] = (
+    ("model_config", "dtype"), ("model_config", "max_model_len"), ("model_config", "seed"),
+    ("model_config", "enforce_eager"), ("model_config", "quantization"), ("cache_config", "cache_dtype"),
+    ("cache_config", "block_size"), ("cache_config", "enable_prefix_caching"),
+    ("cache_config", "gpu_memory_utilization"), ("scheduler_config", "max_num_seqs"),
+    ("scheduler_config", "max_num_batched_tokens"), ("scheduler_config", "enable_chunked_prefill"),
+    ("scheduler_config", "async_scheduling"), ("parallel_config", "tensor_parallel_size"),
+    ("parallel_config", "pipeline_parallel_size"), ("parallel_config", "data_parallel_size"),
+    ("compilation_config", "mode"), ("compilation_config", "cudagraph_mode"), ("", "optimization_level"),
+    ("", "performance_mode"))
+# The same settings in the text form (VllmConfig.__str__ names some of them differently).
+TEXT_FLAGS = ("dtype", "max_seq_len", "seed", "enforce_eager", "quantization", "kv_cache_dtype",
+              "enable_prefix_caching", "enable_chunked_prefill", "tensor_parallel_size", "pipeline_parallel_size")
+
+
+def _scalar(value: Any) -> Any:
+    """A setting as reports record it: JSON scalars as they are, anything else as compact JSON text."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _dtype(value: Any) -> str | None:
+    return str(value).removeprefix("torch.") if value is not None else None
+
+
+def server_settings(server_info: Any) -> tuple[str | None, dict[str, Any]]:
+    """(dtype, flags) from vLLM's ``/server_info`` answer: the SERVER_FLAGS of ``vllm_config``
+    (as ``section.key``; ``vllm_config.key`` from the text form) and every ``vllm_env`` variable
+    (as ``env.NAME``), secret names as ***; (None, {}) when the server did not answer."""
+    if not isinstance(server_info, dict):
+        return None, {}
+    config = server_info.get("vllm_config")
+    flags: dict[str, Any] = {}
+    dtype = None
+    if isinstance(config, dict):
+        for section, key in SERVER_FLAGS:
+            holder = config.get(section) if section else config
+            if isinstance(holder, dict) and key in holder:
+                flags[f"{section}.{key}" if section else key] = _scalar(holder[key])
+        dtype = _dtype(flags.get("model_config.dtype"))
+    elif isinstance(config, str):
+        for key in TEXT_FLAGS:
+            found = re.search(rf"(?:^|, ){key}=([^,]*)", config)
+            if found:
+                flags[f"vllm_config.{key}"] = found.group(1)
+        dtype = _dtype(flags.get("vllm_config.dtype"))
+    env = server_info.get("vllm_env")
+    if isinstance(env, dict):
+        flags.update({f"env.{name}": _scalar(value) for name, value in sorted(env.items())})
+    return dtype, record_settings(flags)
 
 
 def _find_key(obj: Any, key: str) -> Any:
@@ -162,11 +226,24 @@ def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     argv = vllm_server_argv(opts.python, opts.model, opts.host, port, spec, opts.dtype,
                             opts.max_model_len, opts.seed, opts.extra_args)
     env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.kv_cache_gib))}
-    iomp = Path(opts.python).parent.parent / "lib" / "libiomp5.so"
-    if spec and iomp.is_file() and "LD_PRELOAD" not in os.environ:
-        env["LD_PRELOAD"] = str(iomp)  # vLLM's CPU backend wants Intel OpenMP for spec decoding
+    notes = []
+    iomp = intel_openmp(opts.python)
+    if iomp is not None:
+        env["LD_PRELOAD"] = iomp
+        notes.append(f"LD_PRELOAD={iomp}: Intel OpenMP, as vLLM's CPU worker asks for; every server specadapt "
+                     "starts gets it, spec on or off")
+    spec_args = [a for a in argv if a.startswith(f"{F_SPEC}=")]  # check_extra_args keeps it out of extra_args
     return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
-                      health_path="/v1/models", spec_enabled=spec is not None, model=opts.model)
+                      health_path="/v1/models", spec_enabled=spec is not None, model=opts.model, notes=notes,
+                      spec_args=spec_args)
+
+
+def intel_openmp(python: str) -> str | None:
+    """The Intel OpenMP library to preload into a vLLM server run by ``python``: ``lib/libiomp5.so``
+    of that environment, when it exists and the user's environment has no LD_PRELOAD of its own
+    (theirs is inherited unchanged). The same for every server, whatever its speculation."""
+    iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
+    return str(iomp) if iomp.is_file() and "LD_PRELOAD" not in os.environ else None
 
 
 def spec_json(spec: SpecConfig | None) -> dict[str, Any] | None:

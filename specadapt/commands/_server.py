@@ -18,7 +18,7 @@ import os
 import ssl
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,13 @@ import click
 from pydantic import ValidationError
 
 from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
+from specadapt.adapters.plan import launch_record
 from specadapt.adapters.registry import get_backend
 from specadapt.commands._console import say, stderr
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import load_spec_config
 from specadapt.errors import UsageError
+from specadapt.probes.sides import launch_differences
 
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
 
@@ -159,6 +161,8 @@ class ServerPlan:
     api_key: str | None
     verify: bool | ssl.SSLContext
     startup_timeout_s: float
+    started: dict[str, LaunchPlan] = field(default_factory=dict, compare=False)
+    """The launch plans of the sides started so far, by label (shared with the plans ``only()`` makes)."""
 
     def only(self, label: str) -> ServerPlan:
         """The plan of one side alone (to start the servers one after the other)."""
@@ -221,6 +225,14 @@ def open_servers(plan: ServerPlan) -> Iterator[list[Server]]:
         yield servers
 
 
+def plan_differences(started: dict[str, LaunchPlan]) -> list[str]:
+    """Once both the spec-off and the spec-on plan are known: what they differ in besides
+    speculation (one line each; [] when speculation is all, or a side is not started yet)."""
+    if "spec-off" not in started or "spec-on" not in started:
+        return []
+    return launch_differences(launch_record(started["spec-off"]), launch_record(started["spec-on"]))
+
+
 @contextlib.contextmanager
 def _started(plan: ServerPlan, indices: list[int]) -> Iterator[list[Server]]:
     """Start the sides at ``indices`` together, saying what runs where; a spinner until they answer."""
@@ -232,6 +244,10 @@ def _started(plan: ServerPlan, indices: list[int]) -> Iterator[list[Server]]:
         say(f"server log: {log_path}")
         for note in launch_plan.notes:
             say(f"note: {note}")
+        if label is not None:
+            plan.started[label] = launch_plan
+            for line in plan_differences(plan.started):
+                say(f"warning: the two servers differ in more than speculation: {line}")
 
     what = "server" if len(indices) == 1 else "servers"
     with contextlib.ExitStack() as stack:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
+
+PER_SERVER = "<per-server>"
 
 
 class CounterSnapshot(BaseModel):
@@ -24,6 +28,52 @@ class CounterSnapshot(BaseModel):
         return self.drafts is not None and self.draft_tokens is not None and self.accepted_tokens is not None
 
 
+class LaunchRecord(BaseModel):
+    """What specadapt started one server with (secrets already replaced by ``***``)."""
+
+    backend: str
+    argv: list[str] = Field(description="Program and arguments as run.")
+    spec_args: list[str] = Field(default_factory=list, description="The run of argv entries that carries the "
+                                                                   "speculative config (absent when off).")
+    per_server_flags: list[str] = Field(default_factory=list, description="Flags whose values name this one "
+                                                                          "server (host, port, its config file).")
+    env: dict[str, str] = Field(default_factory=dict, description="Variables specadapt set for the server.")
+    inherited_env: dict[str, str] = Field(default_factory=dict, description=(
+        "Variables that affect speed (LD_PRELOAD, OMP_*, KMP_*, MKL_*, CUDA_*, VLLM_*, ...) the server inherited "
+        "from specadapt's environment, where specadapt did not set them."))
+    config: dict[str, Any] = Field(default_factory=dict, description="Settings the server read from a file "
+                                                                     "specadapt wrote, speculation left out.")
+    spec_settings: dict[str, Any] = Field(default_factory=dict, description="Settings in that file that carry "
+                                                                            "the speculation.")
+    python: str | None = Field(None, description="Interpreter that ran the server (None: a program on PATH).")
+    package_version: str | None = Field(None, description="The backend's package version for that interpreter "
+                                                          "(None when it is another interpreter or unknown).")
+
+    def comparable_argv(self) -> list[str]:
+        """argv without the speculative block, with per-server flag values as a placeholder: two
+        servers that differ in speculation only have equal comparable argv."""
+        argv, block = list(self.argv), self.spec_args
+        starts = [i for i in range(len(argv) - len(block) + 1) if block and argv[i:i + len(block)] == block]
+        if starts:
+            del argv[starts[0]:starts[0] + len(block)]
+        out: list[str] = []
+        hide_next = False
+        for arg in argv:
+            flag, eq, _ = arg.partition("=")
+            if hide_next:
+                out.append(PER_SERVER)
+            elif eq and flag in self.per_server_flags:
+                out.append(f"{flag}={PER_SERVER}")
+            else:
+                out.append(arg)
+            hide_next = arg in self.per_server_flags
+        return out
+
+    def effective_env(self) -> dict[str, str]:
+        """The recorded variables as the server saw them (what specadapt set wins)."""
+        return {**self.inherited_env, **self.env}
+
+
 class ServerInfo(BaseModel):
     """What a running server says about itself; ``spec_enabled`` is None when it cannot tell."""
 
@@ -39,4 +89,9 @@ class ServerInfo(BaseModel):
     spec_counters: list[str] = Field(default_factory=list, description="Spec-decode counter names found.")
     spec_signal: str | None = Field(None, description="Which server signal told whether speculation is on.")
     metrics_available: bool = False
+    dtype: str | None = Field(None, description="Weights/activation dtype as the server reports it.")
+    server_flags: dict[str, Any] = Field(default_factory=dict, description=(
+        "Settings the server exposes about itself (vLLM: /server_info with VLLM_SERVER_DEV_MODE=1), "
+        "speculation left out; secrets as ***."))
+    launch: LaunchRecord | None = Field(None, description="What specadapt started it with; None when given by URL.")
     notes: list[str] = Field(default_factory=list, description="Plain statements of what could not be told and why.")

@@ -111,7 +111,8 @@ class StubBackend:
         for i, opts in enumerate(opts_list):
             self.launched.append(opts)
             plan = LaunchPlan(backend="stub", argv=["stub-serve", f"--spec={bool(opts.spec_config)}"], port=9000 + i,
-                              spec_enabled=bool(opts.spec_config), model=opts.model, notes=[f"note {i}"])
+                              spec_enabled=bool(opts.spec_config), model=opts.model, notes=[f"note {i}"],
+                              spec_args=[f"--spec={bool(opts.spec_config)}"])
             on_plan(plan, Path(f"/logs/{i}.log"))
         raise UsageError("the stub starts nothing")
         yield  # pragma: no cover

@@ -1,8 +1,12 @@
 import json
 import sys
 
+import pytest
+
+from specadapt.adapters.plan import launch_record
 from specadapt.adapters.vllm import VLLMLaunch, launch_plan
 from specadapt.configs.spec import SpecConfig
+from specadapt.probes.sides import launch_differences
 
 
 def test_spec_off_plan_has_no_speculative_config():
@@ -10,7 +14,7 @@ def test_spec_off_plan_has_no_speculative_config():
     assert plan.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     assert "--model=/m" in plan.argv and "--port=8000" in plan.argv
     assert not any(a.startswith("--speculative-config") for a in plan.argv)
-    assert not plan.spec_enabled and "LD_PRELOAD" not in plan.env
+    assert not plan.spec_enabled and plan.spec_args == []
 
 
 def test_spec_on_plan_renders_the_spec_as_vllm_json():
@@ -43,8 +47,6 @@ def test_interpreter_is_configurable():
 
 
 def test_a_spec_vllm_refuses_is_one_line_naming_the_problem():
-    import pytest
-
     from specadapt.adapters.vllm import VLLMBackend
     from specadapt.errors import UsageError
 
@@ -53,3 +55,61 @@ def test_a_spec_vllm_refuses_is_one_line_naming_the_problem():
                                          "settings"):
         with VLLMBackend().launched(opts):
             pass
+
+
+# --- both sides of a comparison: the same argv and environment apart from speculation -------------------
+
+NGRAM = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
+
+
+def fake_python(tmp_path, with_iomp: bool) -> str:
+    """An interpreter path in a fake environment; lib/libiomp5.so there when ``with_iomp``."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()
+    if with_iomp:
+        (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    return str(tmp_path / "bin" / "python")
+
+
+def vllm_pair(python: str, **kw):
+    off = launch_plan(VLLMLaunch(model="/m", port=8001, python=python, **kw))
+    on = launch_plan(VLLMLaunch(model="/m", port=8002, python=python, spec_config=NGRAM, **kw))
+    return off, on
+
+
+def without_spec(plan) -> list[str]:
+    """argv with the speculative flag and the port value taken out, by hand."""
+    return [a for a in plan.argv if not a.startswith(("--speculative-config=", "--port="))]
+
+
+@pytest.mark.parametrize("with_iomp", [True, False])
+def test_vllm_pair_has_equal_env_and_argv_apart_from_the_spec_flag(tmp_path, monkeypatch, with_iomp):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    off, on = vllm_pair(fake_python(tmp_path, with_iomp), dtype="bfloat16", extra_args=["--enforce-eager"])
+    assert off.env == on.env
+    assert without_spec(off) == without_spec(on) and len(on.argv) == len(off.argv) + 1
+    iomp = str(tmp_path / "lib" / "libiomp5.so")
+    assert off.env.get("LD_PRELOAD") == (iomp if with_iomp else None)
+    assert any(iomp in n for n in off.notes) == with_iomp
+    # the record of each says which argv entries carry the speculation; the rest compares equal
+    assert off.spec_args == [] and on.spec_args == [a for a in on.argv if a.startswith("--speculative-config=")]
+    assert launch_record(off).comparable_argv() == launch_record(on).comparable_argv()
+    assert launch_differences(launch_record(off), launch_record(on)) == []
+
+
+def test_a_user_ld_preload_is_respected_the_same_way_on_both_sides(tmp_path, monkeypatch):
+    monkeypatch.setenv("LD_PRELOAD", "/opt/mine/libtcmalloc.so")
+    off, on = vllm_pair(fake_python(tmp_path, with_iomp=True))
+    assert "LD_PRELOAD" not in off.env and "LD_PRELOAD" not in on.env  # theirs is inherited as it is
+    records = launch_record(off), launch_record(on)
+    assert [r.inherited_env.get("LD_PRELOAD") for r in records] == ["/opt/mine/libtcmalloc.so"] * 2
+    assert launch_differences(*records) == []
+
+
+def test_the_old_spec_only_preload_would_be_flagged(tmp_path, monkeypatch):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    off, on = vllm_pair(fake_python(tmp_path, with_iomp=True))
+    off.env.pop("LD_PRELOAD")  # what specadapt used to do: preload on the spec-on side only
+    lines = launch_differences(launch_record(off), launch_record(on))
+    assert len(lines) == 1 and lines[0].startswith("environment LD_PRELOAD: unset on the spec-off side, ")
+    assert str(tmp_path / "lib" / "libiomp5.so") in lines[0]
