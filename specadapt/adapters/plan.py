@@ -12,16 +12,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from specadapt.records.server import LaunchRecord
+from specadapt.records.server import SECRET_NAME, STARS, LaunchRecord, redact_settings
 
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
 REDACTED = "REDACTED"
-# In records a name is secret when KEY, TOKEN, SECRET or PASSWORD ends a word of it (HF_TOKEN,
-# OPENAI_API_KEY, --api-key, APIKEY), not when more letters follow (--max-num-batched-tokens,
-# TOKENIZERS_PARALLELISM): those values stay visible, so a difference in them is still seen.
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)(?![A-Za-z])", re.I)
-RECORD_REDACTED = "***"
+RECORD_REDACTED = STARS  # how records (reports) hide a secret; SECRET_NAME says which names are secret
+record_settings = redact_settings
 # Inherited variables recorded with a launch: the ones that change how fast a server runs.
 SPEED_ENV = re.compile(r"^(LD_PRELOAD|LD_LIBRARY_PATH|(OMP|KMP|GOMP|MKL|CUDA|NCCL|VLLM|TRTLLM|TLLM|SGLANG|PYTORCH|"
                        r"TORCHINDUCTOR)_\w+)$")
@@ -110,16 +107,6 @@ def record_argv(argv: list[str]) -> list[str]:
 def record_env(env: Mapping[str, str]) -> dict[str, str]:
     """Variables as reports record them: secret ones (by name) are ***."""
     return {k: RECORD_REDACTED if SECRET_NAME.search(k) else v for k, v in sorted(env.items())}
-
-
-def record_settings(value: Any) -> Any:
-    """A settings mapping as reports record it: values under secret keys are ***, at any depth."""
-    if isinstance(value, Mapping):
-        return {str(k): RECORD_REDACTED if SECRET_NAME.search(str(k)) and v not in (None, "")
-                else record_settings(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [record_settings(v) for v in value]
-    return value
 
 
 def launch_record(plan: LaunchPlan, python: str | None = None, package_version: str | None = None,

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 PER_SERVER = "<per-server>"
+# A name is secret when KEY, TOKEN, SECRET or PASSWORD ends a word of it (HF_TOKEN, OPENAI_API_KEY,
+# --api-key, APIKEY), not when more letters follow (--max-num-batched-tokens, TOKENIZERS_PARALLELISM):
+# those values stay visible, so a difference in them is still seen.
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)(?![A-Za-z])", re.I)
+STARS = "***"
+
+
+def redact_settings(value: Any) -> Any:
+    """Settings as records keep them: values under secret names are ***, at any depth."""
+    if isinstance(value, Mapping):
+        return {str(k): STARS if SECRET_NAME.search(str(k)) and v not in (None, "") else redact_settings(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_settings(v) for v in value]
+    return value
 
 
 class CounterSnapshot(BaseModel):
@@ -95,3 +112,8 @@ class ServerInfo(BaseModel):
         "speculation left out; secrets as ***."))
     launch: LaunchRecord | None = Field(None, description="What specadapt started it with; None when given by URL.")
     notes: list[str] = Field(default_factory=list, description="Plain statements of what could not be told and why.")
+
+    @field_validator("server_flags")
+    @classmethod
+    def _no_secrets(cls, flags: dict[str, Any]) -> dict[str, Any]:
+        return redact_settings(flags)
