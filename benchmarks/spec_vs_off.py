@@ -54,7 +54,7 @@ def main() -> None:
         pairs = pair_records(report.requests, 1)
         for cat in [*dict.fromkeys(p.category for p in prompts), "all"]:
             sel = [(a, b) for a, b in pairs if cat in ("all", a.category)]
-            r = speed_ratios(sel, 2000, 0)
+            r = speed_ratios(sel)
             rate = lambda recs: sum(x.output_tokens for x in recs) / (sum(x.e2e_ns for x in recs) / 1e9)  # noqa: E731
             lines.append(f"| {dtype} | {cat} | {rate([a for a, _ in sel]):.1f} | {rate([b for _, b in sel]):.1f} | "
                          f"{ci(r.throughput)} | {ci(r.tpot)} |")

@@ -1,12 +1,18 @@
 """A/B: the same prompts against a spec-off and a spec-on server, interleaved.
 
 Interleaving. At concurrency 1 every (prompt, repeat) goes to both servers back to back,
-the order alternating (off-on, on-off, ...), so slow drift of the machine hits both
-sides alike. At concurrency N > 1 a block of at least 2N requests (the prompt set,
-copied as often as needed) runs against one server at a time, and the blocks alternate
-off/on, on/off with the repeats. Warm-up requests go to both servers first and are
-discarded. The spec-on server's counters are read before and after each concurrency
-level, so acceptance is known per level.
+the order alternating from one prompt to the next and, for each prompt, from one repeat
+to the next (off-on, on-off, ...), so slow drift of the machine and any advantage of
+going first or second hit both sides alike. At concurrency N > 1 a block of at least 2N
+requests (the prompt set, copied as often as needed) runs against one server at a time,
+and the blocks alternate off/on, on/off with the repeats. Warm-up requests go to both
+servers first and are discarded. The spec-on server's counters are read before and after
+each concurrency level, so acceptance is known per level.
+
+Analysis (formulas in probes/stats.py). The unit of independence at concurrency 1 is one
+off/on pair; at concurrency N > 1 it is one repeat's off block + on block, whose requests
+share the machine's state (never the single request pairs inside it). Per prompt the
+units are its pairs at concurrency 1 and its copies in each repeat's blocks at N > 1.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from specadapt.probes.equivalence import default_threshold, identity_report, rea
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.reference_check import ReferenceScorer
 from specadapt.probes.runner import counting, server_client, settle_counters
-from specadapt.probes.stats import find_crossover, latency_speedup, throughput_ratio
+from specadapt.probes.stats import find_crossover, log_latency_ratio, log_rate_ratio, ratio_ci
 from specadapt.records import (
     CompareReport,
     CompareSettings,
@@ -113,11 +119,9 @@ class ABRunner:
         s = self.settings
         out: list[RequestRecord] = []
         if level == 1:
-            k = 0
             for r in range(s.repeat):
-                for p in self.prompts:
-                    order = ("off", "on") if k % 2 == 0 else ("on", "off")
-                    k += 1
+                for i, p in enumerate(self.prompts):
+                    order = ("off", "on") if (r + i) % 2 == 0 else ("on", "off")
                     for side in (x for x in order if x in self._sides):
                         out.append(await self._send(clients[side], side, p, t0, 1, r, 0))
             return out
@@ -135,7 +139,10 @@ class ABRunner:
         return out
 
 
-def pair_records(records: list[RequestRecord], level: int) -> list[tuple[RequestRecord, RequestRecord]]:
+Pair = tuple[RequestRecord, RequestRecord]
+
+
+def pair_records(records: list[RequestRecord], level: int) -> list[Pair]:
     """(off, on) pairs of the same prompt, repeat and copy at one level; both must have succeeded."""
     keyed: dict[tuple, dict[str, RequestRecord]] = {}
     for r in records:
@@ -144,16 +151,82 @@ def pair_records(records: list[RequestRecord], level: int) -> list[tuple[Request
     return [(v["off"], v["on"]) for v in keyed.values() if "off" in v and "on" in v and v["off"].ok and v["on"].ok]
 
 
-def speed_ratios(pairs: list[tuple[RequestRecord, RequestRecord]], n_boot: int, seed: int) -> SpeedRatios:
-    tp = [(tpot_ns(a), tpot_ns(b)) for a, b in pairs]
-    tp = [(a, b) for a, b in tp if a is not None and b is not None]
-    return SpeedRatios(
-        tpot=latency_speedup([a for a, _ in tp], [b for _, b in tp], n_boot=n_boot, seed=seed),
-        e2e=latency_speedup([a.e2e_ns for a, _ in pairs], [b.e2e_ns for _, b in pairs], n_boot=n_boot, seed=seed),
-        throughput=throughput_ratio([a.output_tokens for a, _ in pairs], [a.e2e_ns for a, _ in pairs],
-                                    [b.output_tokens for _, b in pairs], [b.e2e_ns for _, b in pairs],
-                                    n_boot=n_boot, seed=seed),
-    )
+def _latency_logs(units: list[list[Pair]]) -> tuple[list[float | None], list[float | None]]:
+    """Per unit: log(mean TPOT off / mean TPOT on) over the pairs with a TPOT on both sides,
+    and log(mean E2E off / mean E2E on)."""
+    tpot, e2e = [], []
+    for unit in units:
+        tp = [(a, b) for a, b in ((tpot_ns(x), tpot_ns(y)) for x, y in unit) if a is not None and b is not None]
+        tpot.append(log_latency_ratio([a for a, _ in tp], [b for _, b in tp]))
+        e2e.append(log_latency_ratio([x.e2e_ns for x, _ in unit], [y.e2e_ns for _, y in unit]))
+    return tpot, e2e
+
+
+def _request_rate_log(unit: list[Pair]) -> float | None:
+    """log(rate_on / rate_off), each side's rate = its output tokens / the sum of its E2E."""
+    return log_rate_ratio(sum(x.output_tokens for x, _ in unit), sum(x.e2e_ns for x, _ in unit),
+                          sum(y.output_tokens for _, y in unit), sum(y.e2e_ns for _, y in unit))
+
+
+def block_rate(records: list[RequestRecord]) -> tuple[int, int]:
+    """(output tokens, wall ns) of one block: its succeeded requests' tokens over the time from
+    the first request sent to the last request finished."""
+    ok = [r for r in records if r.ok and r.e2e_ns is not None]
+    if not ok:
+        return 0, 0
+    return sum(r.output_tokens for r in ok), max(r.sent_at_ns + r.e2e_ns for r in ok) - min(r.sent_at_ns for r in ok)
+
+
+def speed_ratios(pairs: list[Pair]) -> SpeedRatios:
+    """Ratios with each pair one unit (concurrency 1: the pairs are sent back to back, one at a time)."""
+    units = [[p] for p in pairs]
+    tpot, e2e = _latency_logs(units)
+    return SpeedRatios(tpot=ratio_ci(tpot, "pairs"), e2e=ratio_ci(e2e, "pairs"),
+                       throughput=ratio_ci([_request_rate_log(u) for u in units], "pairs"))
+
+
+def block_units(pairs: list[Pair]) -> list[list[Pair]]:
+    """The pairs of one concurrency level N > 1 grouped by repeat: one group per off block + on block."""
+    groups: dict[int, list[Pair]] = {}
+    for a, b in pairs:
+        groups.setdefault(a.repeat, []).append((a, b))
+    return [groups[r] for r in sorted(groups)]
+
+
+def block_speed_ratios(records: list[RequestRecord], level: int, pairs: list[Pair],
+                       whole_blocks: bool = True) -> SpeedRatios:
+    """Ratios with each repeat's off block + on block one unit (concurrency N > 1).
+
+    TPOT and E2E: the block's mean over its pairs. Throughput with ``whole_blocks``: each
+    block's output tokens over its wall time (every succeeded request of the block, pairs or
+    not); without (one prompt's share of the blocks): its requests' tokens over their E2E."""
+    units = block_units(pairs)
+    tpot, e2e = _latency_logs(units)
+    if whole_blocks:
+        thr = []
+        for unit in units:
+            r = unit[0][0].repeat
+            (tok_off, t_off), (tok_on, t_on) = (
+                block_rate([x for x in records if x.concurrency == level and not x.warmup and x.repeat == r
+                            and x.side == side]) for side in ("off", "on"))
+            thr.append(log_rate_ratio(tok_off, t_off, tok_on, t_on))
+    else:
+        thr = [_request_rate_log(u) for u in units]
+    return SpeedRatios(tpot=ratio_ci(tpot, "blocks"), e2e=ratio_ci(e2e, "blocks"), throughput=ratio_ci(thr, "blocks"))
+
+
+def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair]) -> tuple[SpeedRatios, list[PromptSpeed]]:
+    """The level's ratios and each prompt's, on the level's unit of independence."""
+    if level == 1:
+        speed = speed_ratios(pairs)
+    else:
+        speed = block_speed_ratios(records, level, pairs)
+    by_prompt = []
+    for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
+        pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
+        ratios = speed_ratios(pp) if level == 1 else block_speed_ratios(records, level, pp, whole_blocks=False)
+        by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category, ratios=ratios))
+    return speed, by_prompt
 
 
 def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: float | None,
@@ -189,12 +262,7 @@ def analyse(report: CompareReport) -> None:
     report.levels = []
     for level in s.concurrency:
         pairs = pair_records(report.requests, level)
-        speed = speed_ratios(pairs, s.bootstrap, s.seed)
-        by_prompt = []
-        for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
-            pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
-            by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category,
-                                         ratios=speed_ratios(pp, s.bootstrap, s.seed)))
+        speed, by_prompt = level_speed(report.requests, level, pairs)
         recs = [r for r in report.requests if r.concurrency == level and not r.warmup]
         off_lat = latency_summary([r for r in recs if r.side == "off"])
         on_lat = latency_summary([r for r in recs if r.side == "on"])
@@ -205,7 +273,7 @@ def analyse(report: CompareReport) -> None:
         lr.theory = theory_check(lr, off_lat.tpot_ms.mean, on_lat.tpot_ms.mean, s.draft_cost)
         report.levels.append(lr)
     report.crossover = find_crossover([lv.concurrency for lv in report.levels],
-                                      [lv.speed.throughput.point for lv in report.levels])
+                                      [lv.speed.throughput for lv in report.levels], report.on_server.spec_enabled)
 
 
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,

@@ -1,88 +1,139 @@
-"""Statistics for A/B comparisons: paired bootstrap intervals and the crossover load.
+"""Statistics for A/B comparisons: per-unit log ratios, t intervals, verdicts, the crossover load.
 
-Formulas:
-- ratio of means, paired: R = mean(x_off) / mean(x_on) for latencies (TPOT, E2E: > 1 means
-  spec on is faster), R = rate_on / rate_off for output tokens/s where
-  rate = sum(tokens) / sum(E2E) over the same pairs.
-- 95% interval: percentile bootstrap over pairs (resample pair indices with replacement,
-  B times, seeded), the 2.5th and 97.5th percentiles of R.
-- crossover: the lowest tested concurrency whose ratio's point estimate is below 1;
-  its estimate interpolates the point ratios linearly in log2(concurrency) between the last
-  level at or above 1 and that level.
+Unit of independence. Requests that share the machine's state are not independent, so
+the interval is computed over *units* whose noise is independent of each other's:
+- concurrency 1: one off/on pair of the same (prompt, repeat), sent back to back;
+- concurrency N > 1: one repeat's off block + on block (the blocks alternate off/on,
+  on/off with the repeats); the requests inside a block share the block's state.
+
+Per unit a log ratio d (> 0: spec on is faster):
+- TPOT, E2E: d = log(mean off / mean on) over the unit's requests;
+- output tokens/s: d = log(rate_on / rate_off), rate = output tokens / time; at
+  concurrency 1 time is the request's E2E, for a block it is the block's wall time (first
+  request sent to last request finished: what ``vllm bench serve`` calls output token
+  throughput).
+
+Point: exp(mean d). 95% interval: exp(mean d +- t_{n-1, 0.975} * sd(d) / sqrt(n)).
+Below MIN_UNITS units only the point is given: with 2 to 4 units the t interval's coverage
+collapses when the units' noise has two states (a unit lands in a quiet or a busy moment
+of the machine) -- 0.50 to 0.88 in simulation -- and reaches 0.93 or more from 5 units
+(figures in docs/compare.md and tests/unit/test_stats.py).
+
+Verdict of a ratio: faster when the interval's low end is above 1, slower when its high
+end is below 1, otherwise (also without an interval) no clear difference.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
+from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls)
 
 from specadapt.records import Crossover, RatioCI
 
-DEFAULT_BOOTSTRAP = 2000
+LEVEL = 0.95
+MIN_UNITS = 5
+METHOD = "t"
 
 
-def paired_bootstrap(stat: Callable[[np.ndarray], float], columns: Sequence[Sequence[float]],
-                     n_boot: int = DEFAULT_BOOTSTRAP, seed: int = 0, level: float = 0.95) -> RatioCI:
-    """``stat`` on the paired data (rows = pairs, given as columns), with a percentile interval."""
-    data = np.asarray(columns, dtype=float).T  # [n_pairs, n_columns]
-    n = data.shape[0]
+def t_bounds(logs, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, mean, high) of the t interval for the mean, over the last axis (the units);
+    vectorised, so a simulation can pass many data sets at once. Needs >= 2 units."""
+    x = np.asarray(logs, dtype=float)
+    n = x.shape[-1]
+    mean = x.mean(axis=-1)
+    half = stdtrit(n - 1, 0.5 + level / 2) * x.std(axis=-1, ddof=1) / math.sqrt(n)
+    return mean - half, mean, mean + half
+
+
+def ratio_ci(log_ratios: Sequence[float | None], unit: str = "pairs", level: float = LEVEL,
+             min_units: int = MIN_UNITS) -> RatioCI:
+    """The ratio exp(mean d) over the units' log ratios d (None or non-finite ones left out),
+    with its t interval from ``min_units`` units on."""
+    x = np.array([v for v in log_ratios if v is not None and math.isfinite(v)], dtype=float)
+    n = int(x.size)
+    common = dict(n=n, unit=unit, method=METHOD, level=level, min_n=min_units, too_few=n < min_units)
     if n == 0:
-        return RatioCI(point=None, n=0)
-    point = stat(data)
-    if n < 2:
-        return RatioCI(point=point, n=n)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    boots = np.array([stat(data[row]) for row in idx])
-    boots = boots[np.isfinite(boots)]
-    alpha = (1 - level) / 2
-    low, high = np.quantile(boots, [alpha, 1 - alpha]) if boots.size else (None, None)
-    return RatioCI(point=float(point), low=float(low), high=float(high), n=n)
+        return RatioCI(point=None, **common)
+    if n < min_units:
+        return RatioCI(point=math.exp(x.mean()), **common)
+    low, mean, high = t_bounds(x, level)
+    return RatioCI(point=math.exp(mean), low=math.exp(low), high=math.exp(high), **common)
 
 
-def _mean_ratio(data: np.ndarray) -> float:
-    """mean(col 0) / mean(col 1)."""
-    den = data[:, 1].mean()
-    return float(data[:, 0].mean() / den) if den else math.nan
+def log_latency_ratio(off: Sequence[float], on: Sequence[float]) -> float | None:
+    """log(mean(off) / mean(on)): > 0 when spec on has the lower latency. None without data."""
+    if not len(off) or not len(on):
+        return None
+    m_off, m_on = float(np.mean(off)), float(np.mean(on))
+    if m_off <= 0 or m_on <= 0:
+        return None
+    return math.log(m_off / m_on)
 
 
-def latency_speedup(off: Sequence[float], on: Sequence[float], **kw) -> RatioCI:
-    """mean(off) / mean(on) over pairs: > 1 means spec on has lower latency."""
-    return paired_bootstrap(_mean_ratio, [off, on], **kw)
+def log_rate_ratio(tokens_off: float, time_off: float, tokens_on: float, time_on: float) -> float | None:
+    """log((tokens_on / time_on) / (tokens_off / time_off)): > 0 when spec on has the higher rate."""
+    if min(tokens_off, time_off, tokens_on, time_on) <= 0:
+        return None
+    return math.log((tokens_on / time_on) / (tokens_off / time_off))
 
 
-def _rate_ratio(data: np.ndarray) -> float:
-    """(sum tok_on / sum t_on) / (sum tok_off / sum t_off); columns tok_off, t_off, tok_on, t_on."""
-    tok_off, t_off, tok_on, t_on = (data[:, i].sum() for i in range(4))
-    if not (t_off and t_on and tok_off):
-        return math.nan
-    return float((tok_on / t_on) / (tok_off / t_off))
+def _levels_text(levels: Sequence[int]) -> str:
+    return ", ".join(str(c) for c in levels)
 
 
-def throughput_ratio(tokens_off: Sequence[float], time_off: Sequence[float], tokens_on: Sequence[float],
-                     time_on: Sequence[float], **kw) -> RatioCI:
-    """Output tokens/s on / off over pairs (each side's tokens over its time)."""
-    return paired_bootstrap(_rate_ratio, [tokens_off, time_off, tokens_on, time_on], **kw)
+def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation: bool | None = True) -> Crossover:
+    """Per-level verdicts of the throughput ratio and where spec on stops being faster.
 
-
-def find_crossover(levels: Sequence[int], ratios: Sequence[float | None]) -> Crossover:
-    pts = [(c, r) for c, r in sorted(zip(levels, ratios)) if r is not None]
+    ``speculation``: whether the spec-on server showed speculation counters; unless True no
+    level gets a speed verdict (the ratio would compare two servers that do not speculate,
+    as far as can be seen)."""
+    pts = sorted((c, r) for c, r in zip(levels, ratios) if r.point is not None)
     if not pts:
         return Crossover(status="unknown", text="no ratios measured")
-    if all(r >= 1 for _, r in pts):
-        return Crossover(status="faster-everywhere", last_faster=pts[-1][0],
-                         text=f"spec on is faster at every tested concurrency (up to {pts[-1][0]})")
-    if pts[0][1] < 1:
-        return Crossover(status="never-faster", first_slower=pts[0][0],
-                         text=f"spec on is slower already at concurrency {pts[0][0]}")
-    for (c0, r0), (c1, r1) in zip(pts, pts[1:]):
-        if r0 >= 1 > r1:
-            x0, x1 = math.log2(c0), math.log2(c1)
-            x = x0 + (r0 - 1) / (r0 - r1) * (x1 - x0)
-            est = 2 ** x
-            return Crossover(status="crosses", last_faster=c0, first_slower=c1, estimate=est,
-                             text=f"spec on is faster up to concurrency {c0} and slower from {c1} "
-                                  f"(crossover near {est:.1f})")
-    raise AssertionError("unreachable: a ratio below 1 follows one at or above 1")
+    if speculation is not True:
+        why = ("has no speculation counters (speculation looks off there)" if speculation is False
+               else "shows no speculation counters (speculation could not be confirmed)")
+        return Crossover(status="no-speculation", verdicts={c: "no speculation" for c, _ in pts},
+                         text=f"no speed verdict: the spec-on server {why}, so a ratio would not measure "
+                              "speculative decoding")
+    verdicts = {c: r.verdict for c, r in pts}
+    faster = [c for c, v in verdicts.items() if v == "faster"]
+    slower = [c for c, v in verdicts.items() if v == "slower"]
+    unclear = [c for c, v in verdicts.items() if v == "no clear difference"]
+    few = "; ".join(f"{c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few)
+    few = f" (no interval at {few})" if few else ""
+    tail = f"; no clear difference at {_levels_text(unclear)}{few}" if unclear else ""
+    if len(faster) == len(pts):
+        return Crossover(status="faster-everywhere", last_faster=faster[-1], verdicts=verdicts,
+                         text=f"spec on is faster at every tested concurrency ({_levels_text(faster)})")
+    if not faster and not slower:
+        return Crossover(status="no-clear-difference", verdicts=verdicts,
+                         text=f"no clear difference at any tested concurrency ({_levels_text(unclear)}): "
+                              f"every interval includes 1.0x{few}")
+    if not faster:
+        return Crossover(status="never-faster", first_slower=slower[0], verdicts=verdicts,
+                         text=f"spec on is slower at {_levels_text(slower)} and faster at none" + tail)
+    later_slower = [c for c in slower if c > faster[0]]
+    if later_slower:
+        first_slower = later_slower[0]
+        last_faster = max(c for c in faster if c < first_slower)
+        span = [(c, r.point) for c, r in pts if last_faster <= c <= first_slower]
+        est = None
+        for (c0, r0), (c1, r1) in zip(span, span[1:]):
+            if r0 >= 1 > r1:
+                x0, x1 = math.log2(c0), math.log2(c1)
+                est = 2 ** (x0 + (r0 - 1) / (r0 - r1) * (x1 - x0))
+                break
+        return Crossover(status="crosses", last_faster=last_faster, first_slower=first_slower, estimate=est,
+                         verdicts=verdicts,
+                         text=f"spec on is faster at {_levels_text(faster)} and slower at {_levels_text(slower)} "
+                              f"(crossover near {est:.1f})" + tail)
+    if slower:
+        return Crossover(status="mixed", last_faster=faster[-1], first_slower=slower[0], verdicts=verdicts,
+                         text=f"spec on is slower at {_levels_text(slower)} but faster at the higher "
+                              f"{_levels_text(faster)}" + tail)
+    return Crossover(status="faster-at-some", last_faster=faster[-1], verdicts=verdicts,
+                     text=f"spec on is faster at {_levels_text(faster)}" + tail)

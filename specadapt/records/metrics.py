@@ -6,7 +6,9 @@ probes.stats); these are the results as every layer above sees them.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, computed_field
 
 
 class Distribution(BaseModel):
@@ -48,13 +50,26 @@ class AcceptanceSummary(BaseModel):
     generation_tokens: float | None = Field(None, description="Server-counted generated tokens over the run.")
 
 
+Verdict = Literal["faster", "slower", "no clear difference"]
+
+
 class RatioCI(BaseModel):
-    """A ratio with its 95% bootstrap interval; ``n`` pairs behind it."""
+    """A ratio (> 1: spec on is faster) with its interval over ``n`` independent units.
+
+    ``too_few``: fewer units than ``min_n``, the least at which the method's coverage holds;
+    then only the point is given (``low``/``high`` None)."""
 
     point: float | None
     low: float | None = None
     high: float | None = None
-    n: int = 0
+    n: int = Field(0, description="Independent units behind the ratio (pairs or blocks).")
+    unit: Literal["pairs", "blocks"] = Field("pairs", description="pairs: one off/on pair of requests sent back "
+                                                                  "to back; blocks: one off block + one on block.")
+    method: str = Field("percentile-bootstrap", description="t: exp(mean +- t_{n-1} sd / sqrt(n)) of the units' log "
+                                                            "ratios; percentile-bootstrap: reports written before.")
+    level: float = Field(0.95, description="Stated coverage of the interval.")
+    min_n: int | None = Field(None, description="Fewest units for which the interval is given.")
+    too_few: bool = Field(False, description="Fewer than min_n units: point only, no interval.")
 
     @property
     def significant_faster(self) -> bool:
@@ -64,12 +79,28 @@ class RatioCI(BaseModel):
     def significant_slower(self) -> bool:
         return self.high is not None and self.high < 1.0
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict(self) -> Verdict:
+        """faster: the interval lies above 1; slower: below 1; otherwise (also without an
+        interval) no clear difference."""
+        if self.significant_faster:
+            return "faster"
+        if self.significant_slower:
+            return "slower"
+        return "no clear difference"
+
 
 class Crossover(BaseModel):
-    """Where spec on stops being faster, from ratios (on/off throughput) per concurrency."""
+    """Where spec on stops being faster, from the throughput interval (on/off) at each concurrency."""
 
-    status: str  # "faster-everywhere" | "never-faster" | "crosses"
+    status: str = Field(description="faster-everywhere | crosses | faster-at-some | never-faster | "
+                                    "no-clear-difference | mixed | no-speculation | unknown")
     last_faster: int | None = None
     first_slower: int | None = None
-    estimate: float | None = None
+    estimate: float | None = Field(None, description="Concurrency where the point ratios cross 1 (log2 "
+                                                     "interpolation), only when a faster level is followed by a "
+                                                     "slower one.")
+    verdicts: dict[int, str] = Field(default_factory=dict, description="Per concurrency: faster, slower, no clear "
+                                                                       "difference, or no speculation.")
     text: str

@@ -7,15 +7,28 @@ from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
-from specadapt.records import CompareReport, PromptIdentity, RatioCI
+from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
+
+INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
+                 "off/on pairs at concurrency 1, off+on blocks above")
 
 
 def ci(r: RatioCI) -> str:
+    """``1.23x [1.10, 1.38]``; with too few units the point and why there is no interval."""
     if r.point is None:
         return "-"
+    if r.too_few:
+        return f"{r.point:.2f}x (too few {r.unit}, n = {r.n} < {r.min_n})"
     if r.low is None:
         return f"{r.point:.2f}x"
     return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def level_verdict(report: CompareReport, lv: LevelResult) -> str:
+    """The level's speed verdict as the crossover decided it (faster only with speculation seen)."""
+    if report.crossover and lv.concurrency in report.crossover.verdicts:
+        return report.crossover.verdicts[lv.concurrency]
+    return "-"
 
 
 def _pct(v: float | None) -> str:
@@ -40,11 +53,13 @@ def render_console(report: CompareReport, console: Console) -> None:
                   f"{'on' if off.spec_enabled else 'off'}) vs on {on.base_url} (spec "
                   f"{'ON' if on.spec_enabled else 'off?'}{', k=' + str(on.num_speculative_tokens) if on.num_speculative_tokens else ''})"
                   f"; model {on.model_id}")
-    table = Table(title="speed, spec on vs off (> 1x: on is faster; 95% bootstrap interval)")
-    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "acceptance", "mean len"):
+    table = Table(title=f"speed, spec on vs off ({INTERVAL_NOTE})")
+    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "verdict", "acceptance",
+                "mean len"):
         table.add_column(col, justify="right")
     for lv in report.levels:
         table.add_row(str(lv.concurrency), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
+                      level_verdict(report, lv),
                       _pct(lv.acceptance.acceptance_rate),
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
@@ -94,12 +109,13 @@ def to_markdown(report: CompareReport) -> str:
     on = report.on_server
     out += [f"Model `{on.model_id}`, {on.backend} {on.version or '?'}, k={on.num_speculative_tokens or '?'}; "
             f"{len(report.identity)} prompts, repeat {report.settings.repeat}.", "",
-            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | acceptance | mean length |",
-            "| --- | --- | --- | --- | --- | --- |"]
+            f"Speed ({INTERVAL_NOTE}):", "",
+            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | verdict | acceptance | mean length |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for lv in report.levels:
         a = lv.acceptance
         out.append(f"| {lv.concurrency} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
-                   f"{_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
+                   f"{level_verdict(report, lv)} | {_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
     if report.crossover:
         out += ["", f"Load: {report.crossover.text}."]
     c = report.counts

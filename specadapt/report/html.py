@@ -9,7 +9,7 @@ from markupsafe import Markup
 
 from specadapt.probes.latency import tpot_ns
 from specadapt.records import CompareReport
-from specadapt.report.compare_render import ci, identity_line
+from specadapt.report.compare_render import INTERVAL_NOTE, ci, identity_line, level_verdict
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -31,10 +31,12 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 {% if r.gate %}<p>Gate: <span class="{{ 'pass' if r.gate.passed else 'fail' }}">{{ 'PASS' if r.gate.passed else 'FAIL' }}</span>
 {% for reason in r.gate.reasons %}<br>{{ reason }}{% endfor %}</p>{% endif %}
 <h2>Speed</h2>
+<p>{{ interval_note }}.</p>
 <table><tr><th>concurrency</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
-<th>acceptance</th><th>mean length</th></tr>
+<th>verdict</th><th>acceptance</th><th>mean length</th></tr>
 {% for lv in r.levels %}<tr><td class="num">{{ lv.concurrency }}</td><td class="num">{{ lv.pairs }}</td>
 <td class="num">{{ ci(lv.speed.throughput) }}</td><td class="num">{{ ci(lv.speed.tpot) }}</td><td class="num">{{ ci(lv.speed.e2e) }}</td>
+<td>{{ level_verdict(r, lv) }}</td>
 <td class="num">{{ pct(lv.acceptance.acceptance_rate) }}</td><td class="num">{{ num(lv.acceptance.mean_acceptance_length) }}</td></tr>{% endfor %}
 </table>
 {% if r.crossover %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
@@ -82,7 +84,8 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
         ys = [lv.speed.throughput.point for lv in levels]
         lo = [y - (lv.speed.throughput.low if lv.speed.throughput.low is not None else y) for y, lv in zip(ys, levels)]
         hi = [(lv.speed.throughput.high if lv.speed.throughput.high is not None else y) - y for y, lv in zip(ys, levels)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4, label="tokens/s on / off (95% CI)")
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=4,
+                    label="tokens/s on / off (95% CI; no bar: too few units)")
         if len(xs) > 1:
             ax.set_xscale("log", base=2)
         ax.set_xticks(xs, [str(x) for x in xs])
@@ -131,7 +134,7 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
 
 def to_html(report: CompareReport) -> str:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(ci=ci, identity_line=identity_line,
+    env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     theory = report.levels[0].theory if report.levels else None
