@@ -230,3 +230,85 @@ def test_target_and_draft_really_differ(small_vocab_pair):
     target, draft = small_vocab_pair
     p, q = exact_first_two(target, PROMPT), exact_first_two(draft, PROMPT)
     assert 0.5 * sum(abs(p[c] - q[c]) for c in p) > 0.2
+
+
+# --- exact rules at their boundaries (the uniform draws fixed, so each case is certain) -----------
+
+def fixed_uniforms(monkeypatch, values):
+    """torch.rand inside rejection_verify returns ``values`` (float64): the acceptance draws."""
+    def rand(n, generator=None, dtype=None, device=None):
+        assert n == len(values) and dtype == torch.float64
+        return torch.tensor(values, dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", rand)
+
+
+def test_acceptance_is_strictly_u_q_below_p(monkeypatch):
+    """Draft token 0 with q = 1/2, p = 1/4: accepted iff u < p/q = 1/2."""
+    p = torch.tensor([[0.25, 0.75], [1.0, 0.0]], dtype=torch.float64)  # bonus row: token 0 surely
+    q = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    fixed_uniforms(monkeypatch, [0.5])
+    assert rejection_verify(p, q, [0], None) == (0, 1)  # u = p/q: rejected; residual (0, 1/4) -> token 1
+    fixed_uniforms(monkeypatch, [0.4999999999999999])
+    assert rejection_verify(p, q, [0], None) == (1, 0)  # just below: accepted, then the bonus
+
+
+def test_a_token_the_target_cannot_produce_is_never_accepted(monkeypatch):
+    """p(x) = 0: rejected even at u = 0 (torch.rand can return 0)."""
+    p = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    fixed_uniforms(monkeypatch, [0.0])
+    assert rejection_verify(p, None, [0], None) == (0, 1)
+    assert rejection_verify(p, torch.tensor([[0.5, 0.5]], dtype=torch.float64), [0], None) == (0, 1)
+
+
+def test_acceptance_uses_each_positions_own_draw_and_distributions(monkeypatch):
+    """Position 1 is judged by u[1], q[1] and p[1], not by position 0's."""
+    p = torch.tensor([[1.0, 0.0], [0.25, 0.75], [0.0, 1.0]], dtype=torch.float64)
+    q = torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
+    fixed_uniforms(monkeypatch, [0.9, 0.25])
+    assert rejection_verify(p, q, [0, 0], None) == (2, 1)  # 0.25 * 0.5 < 0.25: accepted; bonus from p[2]
+    fixed_uniforms(monkeypatch, [0.25, 0.75])
+    assert rejection_verify(p, q, [0, 0], None) == (1, 1)  # 0.75 * 0.5 >= 0.25: rejected; residual -> 1
+
+
+def test_an_empty_residual_falls_back_to_p(monkeypatch):
+    """q exceeds p by a rounding error only, and the draw rejects: the residual max(p - q, 0)
+    is all zero, so the replacement comes from p rather than from 0/0."""
+    p = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 1.0000000000000002]], dtype=torch.float64)
+    fixed_uniforms(monkeypatch, [0.9999999999999999])  # the largest double below 1
+    assert rejection_verify(p, q, [1], None) == (0, 1)
+
+
+def test_temperature_divides_the_logits():
+    x = torch.tensor([[1.0, 0.5, -1.0, 0.0]], dtype=torch.float64)
+    for t in (0.5, 2.0):
+        assert probs(x, SamplingParams(t))[0].tolist() == pytest.approx(torch.softmax(x / t, -1)[0].tolist(), abs=1e-15)
+    assert not SamplingParams(1e-9).greedy and SamplingParams(0.0).greedy
+
+
+def test_top_p_one_is_off_even_for_a_vanishing_tail():
+    """With top_p = 1 nothing is cut, not even a token whose mass rounds away in the cumsum."""
+    x = torch.tensor([[0.0, -50.0, -60.0]], dtype=torch.float64)
+    out = probs(x, SamplingParams(1.0, top_p=1.0))
+    assert out.tolist() == torch.softmax(x, -1).tolist() and out[0, 2] > 0
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_it():
+    x = torch.zeros(1, 4, dtype=torch.float64)  # 1/4 each, exactly
+    kept = [int((probs(x, SamplingParams(1.0, top_p=tp)) > 0).sum()) for tp in (0.25, 0.5, 0.5000001, 0.75, 1.0)]
+    assert kept == [1, 2, 3, 3, 4]  # two tokens reach 0.5 exactly: the third is not needed
+
+
+def test_top_k_counts_from_one_and_the_whole_vocabulary_is_off():
+    x = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]], dtype=torch.float64))
+    assert probs(x, SamplingParams(1.0, top_k=1)).tolist() == [[1.0, 0.0, 0.0, 0.0]]
+    assert probs(x, SamplingParams(1.0, top_k=3))[0].tolist() == pytest.approx([4 / 9, 3 / 9, 2 / 9, 0.0])
+    assert probs(x, SamplingParams(1.0, top_k=4)).tolist() == probs(x, SamplingParams(1.0)).tolist()
+    assert probs(x, SamplingParams(1.0, top_k=9)).tolist() == probs(x, SamplingParams(1.0)).tolist()
+
+
+def test_a_refused_row_is_named_in_the_message():
+    with pytest.raises(ValueError) as err:
+        probs(torch.tensor([[0.0, 1.0], [0.0, 1.0], [math.nan, 0.0]], dtype=torch.float32), SamplingParams(1.0))
+    assert str(err.value).startswith("no distribution to sample from at row 2: the logits hold NaN/inf "
+                                     "(a torch.float32 overflow?) or SamplingParams(")
