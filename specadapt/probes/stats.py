@@ -67,7 +67,7 @@ def log_latency_ratio(off: Sequence[float], on: Sequence[float]) -> float | None
     """log(mean(off) / mean(on)): > 0 when spec on has the lower latency. None without data."""
     if not len(off) or not len(on):
         return None
-    m_off, m_on = float(np.mean(off)), float(np.mean(on))
+    m_off, m_on = math.fsum(off) / len(off), math.fsum(on) / len(on)
     if m_off <= 0 or m_on <= 0:
         return None
     return math.log(m_off / m_on)
@@ -110,9 +110,12 @@ def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation
         return Crossover(status="faster-everywhere", last_faster=faster[-1], verdicts=verdicts,
                          text=f"spec on is faster at every tested concurrency ({_levels_text(faster)})")
     if not faster and not slower:
+        covered = [c for c, r in pts if not r.too_few]
+        why = ([f"every interval includes 1.0x ({_levels_text(covered)})"] if covered else []) + [
+            f"no interval at {c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few]
         return Crossover(status="no-clear-difference", verdicts=verdicts,
                          text=f"no clear difference at any tested concurrency ({_levels_text(unclear)}): "
-                              f"every interval includes 1.0x{few}")
+                              + "; ".join(why))
     if not faster:
         return Crossover(status="never-faster", first_slower=slower[0], verdicts=verdicts,
                          text=f"spec on is slower at {_levels_text(slower)} and faster at none" + tail)

@@ -54,7 +54,7 @@ def render_console(report: CompareReport, console: Console) -> None:
                   f"{'ON' if on.spec_enabled else 'off?'}{', k=' + str(on.num_speculative_tokens) if on.num_speculative_tokens else ''})"
                   f"; model {on.model_id}")
     table = Table(title=f"speed, spec on vs off ({INTERVAL_NOTE})")
-    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "verdict", "acceptance",
+    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "tokens/s verdict", "acceptance",
                 "mean len"):
         table.add_column(col, justify="right")
     for lv in report.levels:
@@ -110,7 +110,7 @@ def to_markdown(report: CompareReport) -> str:
     out += [f"Model `{on.model_id}`, {on.backend} {on.version or '?'}, k={on.num_speculative_tokens or '?'}; "
             f"{len(report.identity)} prompts, repeat {report.settings.repeat}.", "",
             f"Speed ({INTERVAL_NOTE}):", "",
-            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | verdict | acceptance | mean length |",
+            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | tokens/s verdict | acceptance | mean length |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for lv in report.levels:
         a = lv.acceptance

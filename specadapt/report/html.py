@@ -33,7 +33,7 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 <h2>Speed</h2>
 <p>{{ interval_note }}.</p>
 <table><tr><th>concurrency</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
-<th>verdict</th><th>acceptance</th><th>mean length</th></tr>
+<th>tokens/s verdict</th><th>acceptance</th><th>mean length</th></tr>
 {% for lv in r.levels %}<tr><td class="num">{{ lv.concurrency }}</td><td class="num">{{ lv.pairs }}</td>
 <td class="num">{{ ci(lv.speed.throughput) }}</td><td class="num">{{ ci(lv.speed.tpot) }}</td><td class="num">{{ ci(lv.speed.e2e) }}</td>
 <td>{{ level_verdict(r, lv) }}</td>

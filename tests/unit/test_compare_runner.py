@@ -287,3 +287,56 @@ def test_a_whole_run_through_the_runner_pairs_every_copy(monkeypatch):
     e2e = {s: (20 + (n - 1) * 10.0 + 1) for s, n in (("off", 8), ("on", 16))}
     assert one.speed.throughput.point == pytest.approx((16 / e2e["on"]) / (8 / e2e["off"]))
     assert one.speed.tpot.point == pytest.approx((71 / 7) / (151 / 15))  # (E2E - TTFT) / (tokens - 1), off / on
+
+
+def test_every_output_says_too_few_and_the_verdict(tmp_path):
+    import io
+    import json
+    from html import unescape
+
+    from rich.console import Console
+
+    from specadapt.records import read_compare_report, write_report
+    from specadapt.report.compare_render import render_console, to_markdown
+    from specadapt.report.html import to_html
+
+    report = block_report(MIN_UNITS - 1)
+    say = f"(too few blocks, n = {MIN_UNITS - 1} < {MIN_UNITS})"
+    buf = io.StringIO()
+    render_console(report, Console(file=buf, width=400))
+    console = buf.getvalue()
+    md = to_markdown(report)
+    html = unescape(to_html(report))
+    for text in (console, md, html):
+        assert say in text and "no clear difference" in text
+        assert "95% t interval over independent units" in text
+    assert f"| 4 | {4 * (MIN_UNITS - 1) * 2} | " in md and "| no clear difference |" in md
+    path = tmp_path / "r.json"
+    write_report(report, path)
+    thr = json.loads(path.read_text())["levels"][0]["speed"]["throughput"]
+    assert (thr["too_few"], thr["unit"], thr["method"], thr["n"], thr["min_n"], thr["low"], thr["verdict"]) == (
+        True, "blocks", "t", MIN_UNITS - 1, MIN_UNITS, None, "no clear difference")
+    again = read_compare_report(path)  # the saved verdict is recomputed on load, not a field to validate
+    assert again.levels[0].speed.throughput == report.levels[0].speed.throughput
+    assert again.crossover == report.crossover
+
+
+def test_an_interval_and_its_verdict_in_the_outputs():
+    from specadapt.report.compare_render import ci, to_markdown
+
+    report = block_report(MIN_UNITS + 2)
+    (lv,) = report.levels
+    t = lv.speed.tpot
+    assert ci(t) == f"{t.point:.2f}x [{t.low:.2f}, {t.high:.2f}]" and t.verdict == "faster"
+    assert f"| {ci(lv.speed.throughput)} | {ci(t)} | {report.crossover.verdicts[4]} |" in to_markdown(report)
+    nospec = block_report(MIN_UNITS + 2, on_spec=False)
+    assert "| no speculation |" in to_markdown(nospec) and "no speed verdict" in to_markdown(nospec)
+
+
+def test_a_report_saved_before_the_method_was_recorded_still_reads():
+    old = {"point": 1.07, "low": 0.95, "high": 1.2, "n": 16}
+    r = RatioCI.model_validate(old)
+    assert (r.method, r.too_few, r.unit, r.verdict) == ("percentile-bootstrap", False, "pairs", "no clear difference")
+    from specadapt.report.compare_render import ci
+
+    assert ci(r) == "1.07x [0.95, 1.20]"

@@ -194,8 +194,10 @@ def test_point_above_1_with_an_interval_across_1_is_no_clear_difference():
 def test_too_few_units_is_no_clear_difference_and_says_why():
     x = find_crossover([1, 8], [ci(1.2, half=0.3), few(1.5)])
     assert x.status == "no-clear-difference" and x.verdicts == {1: "no clear difference", 8: "no clear difference"}
-    assert x.text == ("no clear difference at any tested concurrency (1, 8): every interval includes 1.0x "
-                      f"(no interval at 8: 3 blocks, fewer than {MIN_UNITS})")
+    assert x.text == ("no clear difference at any tested concurrency (1, 8): every interval includes 1.0x (1); "
+                      f"no interval at 8: 3 blocks, fewer than {MIN_UNITS}")
+    alone = find_crossover([8], [few(1.5)])
+    assert alone.text == f"no clear difference at any tested concurrency (8): no interval at 8: 3 blocks, fewer than {MIN_UNITS}"
 
 
 def test_never_faster_and_mixed():
