@@ -96,6 +96,7 @@ def test_concurrency_sweep_reports_acceptance_per_level(tmp_path, vllm_off, vllm
     assert levels[1]["pairs"] == 4 and levels[4]["pairs"] == 2 * 2 * 4
     for lv in levels.values():
         assert lv["acceptance"]["known"] and 0 <= lv["acceptance"]["acceptance_rate"] <= 1
-        assert lv["speed"]["throughput"]["low"] <= lv["speed"]["throughput"]["point"] <= lv["speed"]["throughput"]["high"]
-    assert report["crossover"]["status"] in ("faster-everywhere", "never-faster", "crosses")
+        thr = lv["speed"]["throughput"]  # 4 pairs at 1, 2 blocks at 4: fewer than the 5 units an interval needs
+        assert thr["too_few"] and thr["low"] is None and thr["point"] > 0
+    assert report["crossover"]["status"] == "no-clear-difference"
     assert "load:" in proc.stdout
