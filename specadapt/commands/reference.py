@@ -150,11 +150,13 @@ def _format_stats(result: dict) -> str:
 @click.option("--num-speculative-tokens-per-batch-size", "schedule", default=None, metavar="JSON",
               help="Draft length by running batch size, vLLM's form: [[1, 4, 4], [5, 16, 2], [17, 64, 0]] "
                    "(inline or a file).")
-@click.option("--inject-fault", "fault", default=None,
+@click.option("--max-logprobs", type=click.IntRange(min=-1), default=20, show_default=True,
+              help="Most logprobs / prompt_logprobs a request may ask for (-1: no cap), as vLLM's.")
+@click.option("--inject-fault", "--fault", "fault", default=None,
               help="TEST AID, off by default: accept-always, drop-bonus, perturb-logits=EPS, "
-                   "residual-p, bonus-previous or accept-later.")
+                   "draft-temperature=T (draft model only), residual-p, bonus-previous or accept-later.")
 def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
-          host, port, served_model_name, max_num_seqs, max_model_len, schedule, fault) -> None:
+          host, port, served_model_name, max_num_seqs, max_model_len, schedule, max_logprobs, fault) -> None:
     """Serve the reference engine as an OpenAI-compatible HTTP server (concurrent requests batched)."""
     for module in ("starlette", "uvicorn"):
         require(module, "reference", "specadapt reference serve")
@@ -166,4 +168,4 @@ def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
         click.echo(f"WARNING: fault injection '{fault}' is ON: this server is deliberately wrong", err=True)
     if host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"WARNING: serving on {host}, not loopback: anyone who can reach it can use it", err=True)
-    run_server(ref, host, port, served_model_name, max_num_seqs)
+    run_server(ref, host, port, served_model_name, max_num_seqs, max_logprobs)

@@ -11,6 +11,7 @@ is what speculative outputs are compared against.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
@@ -19,36 +20,57 @@ import torch
 
 from specadapt.errors import UsageError
 from specadapt.native_reference.models import SlotCache
-from specadapt.native_reference.proposers import Proposal, Proposer
+from specadapt.native_reference.proposers import DraftModelProposer, Proposal, Proposer
 from specadapt.native_reference.sampling import (SAMPLER_FAULTS, SamplingParams, greedy_verify, probs,
                                                  rejection_verify)
 from specadapt.records.schedule import k_for_batch, schedule_problems
 
 # engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
-FAULTS = ("accept-always", "drop-bonus", "perturb-logits") + SAMPLER_FAULTS
+FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS
 
 
 @dataclass(frozen=True)
 class Fault:
-    """A deliberate bug, for testing the tools that judge servers. Never on by default."""
+    """A deliberate bug, for testing the tools that judge servers. Never on by default.
+
+    ``eps``: the noise size of perturb-logits; ``factor``: the draft-temperature T (the
+    draft samples at the request's temperature times T)."""
 
     kind: str
     eps: float = 0.0
+    factor: float = 1.0
 
     @classmethod
     def parse(cls, text: str) -> "Fault":
         kind, _, value = text.partition("=")
         if kind not in FAULTS:
-            raise UsageError(f"unknown fault {text!r}: use one of {', '.join(FAULTS)} (perturb-logits=EPS)")
+            raise UsageError(f"unknown fault {text!r}: use one of {', '.join(FAULTS)} "
+                             "(perturb-logits=EPS, draft-temperature=T)")
         if kind == "perturb-logits":
             try:
                 eps = float(value)
             except ValueError:
                 raise UsageError("perturb-logits needs a size: perturb-logits=EPS (e.g. 0.5)") from None
             return cls(kind, eps)
+        if kind == "draft-temperature":
+            return cls(kind, factor=_draft_temperature_factor(value))
         if value:
             raise UsageError(f"fault {kind} takes no value")
         return cls(kind)
+
+
+def _draft_temperature_factor(value: str) -> float:
+    """T of draft-temperature=T: finite, > 0 and not 1 (T = 1 is the healthy sampler)."""
+    try:
+        factor = float(value)
+    except ValueError:
+        raise UsageError("draft-temperature needs a factor: draft-temperature=T (e.g. 0.5: the draft "
+                         "samples at half the request's temperature)") from None
+    if not math.isfinite(factor) or factor <= 0:
+        raise UsageError(f"draft-temperature={value}: T must be a finite number > 0 (e.g. 0.5)")
+    if factor == 1:
+        raise UsageError("draft-temperature=1 is the healthy sampler: pick T != 1 (e.g. 0.5 or 2)")
+    return factor
 
 
 @dataclass
@@ -117,6 +139,8 @@ class Step:
     logprobs: list[float]  # raw target logprob of each emitted token; empty if not asked
     top_logprobs: list[list[tuple[int, float]]]  # per token, best first; empty if not asked
     finish_reason: str | None = None  # "stop" or "length" on the row's last step
+    # on a row's first Step only, when asked: None, then one entry per prompt token (prompt_logprobs_of)
+    prompt_logprobs: list[list[tuple[int, float, int]] | None] | None = None
 
 
 @dataclass
@@ -178,6 +202,12 @@ class SpecEngine:
         self.k = k
         self.schedule = parse_schedule(schedule, k)
         self.fault = fault
+        if fault is not None and fault.kind == "draft-temperature":
+            if not isinstance(proposer, DraftModelProposer) or k == 0:
+                raise UsageError("the draft-temperature fault needs a draft model (--draft DIR, k >= 1): "
+                                 "n-gram proposals are not sampled (q is one-hot), so there is no draft "
+                                 "temperature to get wrong")
+            proposer.sample_temperature_factor = fault.factor
         cfg_len = getattr(target.config, "max_position_embeddings", None)
         self.max_model_len = int(max_model_len or cfg_len or 2 ** 31)
         self.device = self.target.device
@@ -233,9 +263,14 @@ class SpecEngine:
 
     def add(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
             stop_ids: tuple[int, ...] = (), logprobs: bool = False, top_logprobs: int = 0,
-            seed: int | None = None, stats: SpecStats | None = None, tag: object = None) -> tuple[Row, Step]:
+            seed: int | None = None, stats: SpecStats | None = None, tag: object = None,
+            prompt_logprobs: int | None = None) -> tuple[Row, Step]:
         """Prefill ``prompt`` (alone) and join the batch; returns the row and its first Step.
-        A row that is finished after its first token (stop or length) does not join."""
+        A row that is finished after its first token (stop or length) does not join.
+
+        ``prompt_logprobs`` K (None: not asked; -1: the whole vocabulary): the first Step
+        also carries the target's log-probabilities over the prompt, from the same prefill
+        pass (see ``prompt_logprobs_of``)."""
         _check_prompt(prompt)
         if seed is None:
             seed = int(torch.randint(2 ** 62, (1,), generator=self.generator))
@@ -244,9 +279,16 @@ class SpecEngine:
         row = Row(list(prompt), max_new_tokens, params, tuple(stop_ids), logprobs or top_logprobs > 0,
                   top_logprobs, gen, noise, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt))
         t0 = time.perf_counter()
-        logits = self.target.add(row.tokens)  # [1, V]
+        if prompt_logprobs is None:
+            logits = self.target.add(row.tokens)  # [1, V]
+        else:
+            every = self.target.add(row.tokens, keep=len(row.tokens))  # [n, V]
+            plp = prompt_logprobs_of(every[:-1], row.tokens[1:], prompt_logprobs)
+            logits = every[-1:]
         m, nxt = self._verify(logits, Proposal(), params, gen)
         step = self._emit(row, Proposal(), logits, m, nxt)
+        if prompt_logprobs is not None:
+            step.prompt_logprobs = [None] + plp
         for st in (row.stats, self.totals):
             st.prompt_tokens += len(prompt)
             st.target_forwards += 1
@@ -358,6 +400,40 @@ class SpecEngine:
             return greedy_verify(logits, proposal.tokens)
         kind = self.fault.kind if self.fault and self.fault.kind in SAMPLER_FAULTS else None
         return rejection_verify(probs(logits, params), proposal.q, proposal.tokens, generator, fault=kind)
+
+
+def prompt_logprobs_of(logits: torch.Tensor, tokens: list[int], k: int,
+                       chunk: int = 256) -> list[list[tuple[int, float, int]]]:
+    """Per position, the target's raw log-probabilities (log_softmax of the logits, no
+    temperature; float32, or the logits' dtype if wider) as vLLM's ``prompt_logprobs``.
+
+    ``logits`` ``[n, V]``: row i predicts ``tokens[i]``. Entry i is a list of
+    (token id, logprob, rank): first ``tokens[i]`` with its rank (the number of tokens
+    whose logprob is >= its own, vLLM's count: 1 for the best token, ties counted
+    against it), then the top ``k`` tokens, best first, ranks 1..k (``k`` = -1: the
+    whole vocabulary; 0: the prompt token only). Computed ``chunk`` positions at a time,
+    so a long prompt never holds two ``[n, V]`` copies."""
+    if len(tokens) != logits.shape[0]:
+        raise ValueError(f"{logits.shape[0]} rows of logits for {len(tokens)} tokens")
+    vocab = logits.shape[-1]
+    k = vocab if k == -1 else k
+    if not 0 <= k <= vocab:
+        raise ValueError(f"prompt logprobs k must be -1 or in 0..{vocab}, not {k}")
+    ids = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    out: list[list[tuple[int, float, int]]] = []
+    for start in range(0, len(tokens), chunk):
+        logp = torch.log_softmax(logits[start:start + chunk].to(dtype), dim=-1)  # [c, V]
+        own = logp.gather(-1, ids[start:start + chunk, None])  # [c, 1]
+        ranks = (logp >= own).sum(-1).tolist()  # [c]
+        if k:
+            vals, top = torch.topk(logp, k, dim=-1)  # [c, k], best first
+            tops = [list(zip(i, v)) for i, v in zip(top.tolist(), vals.tolist())]
+        else:
+            tops = [[] for _ in ranks]
+        for tid, lp, rank, best in zip(tokens[start:start + chunk], own[:, 0].tolist(), ranks, tops):
+            out.append([(tid, lp, rank)] + [(i, v, r) for r, (i, v) in enumerate(best, start=1)])
+    return out
 
 
 def _check_prompt(prompt) -> None:

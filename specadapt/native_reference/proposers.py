@@ -8,7 +8,7 @@ calls (a draft model keeps a KV cache); an EAGLE-style head would fit the same m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -61,6 +61,10 @@ class DraftModelProposer:
         rule looks at the draft only, so verification stays exact."""
         self.model = model
         self.min_confidence = min_confidence
+        # 1.0 when healthy. The draft-temperature fault (a test aid, set by the engine):
+        # tokens are drawn at the request's temperature times this factor, while the q
+        # returned for verification stays at the request's temperature.
+        self.sample_temperature_factor = 1.0
         self.cache = SlotCache(model)
         self.fed: list[list[int]] = []  # per row: the tokens the draft's cache holds
         self.confirmed: list[int] = []  # per row: fed[:confirmed] is known to equal the sequence
@@ -112,7 +116,7 @@ class DraftModelProposer:
                     q = torch.softmax(row[0].double(), -1) if self.min_confidence > 0 else None
                 else:
                     q = probs(row, params[b])[0]  # [V]
-                    x = sample(q, generators[b])
+                    x = sample(self._drawn_from(row, params[b], q), generators[b])
                     dists[b].append(q)
                 out[b].tokens.append(x)
                 if len(out[b].tokens) >= ks[b] or (self.min_confidence > 0 and float(q[x]) < self.min_confidence):
@@ -125,6 +129,14 @@ class DraftModelProposer:
             if dists[b]:
                 out[b].q = torch.stack(dists[b])
         return out
+
+    def _drawn_from(self, row: torch.Tensor, params: SamplingParams, q: torch.Tensor) -> torch.Tensor:
+        """The distribution a draft token is drawn from: q itself, unless the
+        draft-temperature fault rescales the temperature of the draw (not of q)."""
+        if self.sample_temperature_factor == 1.0:
+            return q
+        wrong = replace(params, temperature=params.temperature * self.sample_temperature_factor)
+        return probs(row, wrong)[0]
 
 
 class NgramProposer:

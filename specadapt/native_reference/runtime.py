@@ -61,13 +61,15 @@ class Reference:
             return self.encode_messages([{"role": "user", "content": text}])
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], add_generation_prompt: bool = True,
+                        continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+        """The chat template's text, tokenized (special tokens added on top of the
+        template's only with ``add_special_tokens``, as vLLM does)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise UsageError(f"the tokenizer of {self.target_dir} has no chat template: use plain completions")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  continue_final_message=continue_final_message, tokenize=False)
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

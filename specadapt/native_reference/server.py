@@ -1,7 +1,8 @@
 """The reference engine as an OpenAI-compatible HTTP server (starlette + uvicorn).
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions (streaming and not,
-greedy and sampling, logprobs), /version, /health and /metrics (Prometheus text with
+greedy and sampling, logprobs, vLLM's prompt_logprobs), /tokenize and /detokenize (vLLM's
+shapes), /version, /health and /metrics (Prometheus text with
 vLLM's spec-decode counter names, updated every engine step, so the same probes read
 both). Concurrent requests are batched: one worker thread owns the engine; requests join
 the batch and leave it between steps (continuous batching), up to ``max_num_seqs`` at a
@@ -33,6 +34,7 @@ from specadapt import __version__
 from specadapt.errors import SpecadaptError
 from specadapt.native_reference.detok import IncrementalDetokenizer
 from specadapt.native_reference.engine import Row, Step
+from specadapt.native_reference.models import vocab_size
 from specadapt.native_reference.runtime import Reference
 from specadapt.native_reference.sampling import SamplingParams
 
@@ -41,9 +43,17 @@ _DONE = object()
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
         super().__init__(message)
         self.status = status
+        self.param = param
+
+
+def _invalid(message: str, param: str, value: object = None) -> BadRequest:
+    """A 400 worded as vLLM words a VLLMValidationError: the message, then the parameter
+    (and the value, when there is one) in brackets; ``param`` set in the error body."""
+    extras = f"parameter={param}" + ("" if value is None else f", value={value}")
+    return BadRequest(f"{message} ({extras})", param=param)
 
 
 class Metrics:
@@ -191,7 +201,8 @@ class Scheduler:
             stop = () if job.ignore_eos else self.ref.stop_ids
             try:
                 row, step = self.engine.add(job.prompt, job.max_tokens, job.params, stop, logprobs=job.logprobs,
-                                            top_logprobs=job.top_logprobs, seed=job.seed, tag=ticket)
+                                            top_logprobs=job.top_logprobs, seed=job.seed, tag=ticket,
+                                            prompt_logprobs=job.prompt_logprobs)
             except Exception as exc:
                 log.exception("prefill failed")
                 ticket.put(exc)
@@ -227,6 +238,17 @@ class ServerState:
     metrics: Metrics
     scheduler: Scheduler
     max_model_len: int = 2048
+    max_logprobs: int = 20  # -1: no cap (vLLM's --max-logprobs)
+    vocab: int = 0  # the target's vocabulary size (what -1 means in logprobs)
+    _token_texts: list[str] | None = None
+
+    def token_text(self, tid: int) -> str:
+        """``decoded_token`` of a prompt logprob: the token decoded alone (one table for
+        the whole vocabulary, built on first use)."""
+        if self._token_texts is None:
+            tok = self.ref.tokenizer
+            self._token_texts = [tok.decode([i]) for i in range(self.vocab)]
+        return self._token_texts[tid] if 0 <= tid < self.vocab else ""
 
 
 @dataclass
@@ -245,13 +267,16 @@ class Job:
     seed: int | None
     ignore_eos: bool
     chat: bool
+    prompt_logprobs: int | None = None  # K, -1: the whole vocabulary; None: not asked
 
 
-def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16) -> Starlette:
+def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16,
+              max_logprobs: int = 20) -> Starlette:
     name = model_name or ref.model_name
     metrics = Metrics(name, ref.engine.k, ref.engine.proposer is not None)
     scheduler = Scheduler(ref, metrics, max_num_seqs)
-    state = ServerState(ref, name, metrics, scheduler, max_model_len=ref.engine.max_model_len)
+    state = ServerState(ref, name, metrics, scheduler, max_model_len=ref.engine.max_model_len,
+                        max_logprobs=max_logprobs, vocab=vocab_size(ref.engine.model))
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{
@@ -276,9 +301,16 @@ def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int =
     async def chat(request: Request) -> Response:
         return await _handle(state, request, chat=True)
 
+    async def tokenize(request: Request) -> Response:
+        return await _answer(request, lambda body: _tokenize(state, body))
+
+    async def detokenize(request: Request) -> Response:
+        return await _answer(request, lambda body: _detokenize(state, body))
+
     routes = [Route("/v1/models", models), Route("/version", version), Route("/health", health),
               Route("/metrics", metrics), Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat, methods=["POST"])]
+              Route("/v1/chat/completions", chat, methods=["POST"]),
+              Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
     @contextlib.asynccontextmanager
     async def lifespan(app):
         scheduler.start()
@@ -292,9 +324,80 @@ def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int =
     return app
 
 
-def _error(message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "code": status}},
+def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "BadRequestError", "param": param, "code": status}},
                         status_code=status)
+
+
+async def _answer(request: Request, work) -> Response:
+    """A small JSON endpoint: ``work(body)`` -> the answer, its refusals as 400s."""
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        return JSONResponse(work(body))
+    except json.JSONDecodeError:
+        return _error("the request body is not JSON", 400)
+    except BadRequest as err:
+        return _error(str(err), err.status, err.param)
+    except (SpecadaptError, TypeError, ValueError) as err:  # e.g. no chat template, a template error
+        return _error(f"bad request: {err}", 400)
+
+
+def _check_model(state: ServerState, body: dict) -> None:
+    model = body.get("model")
+    if model not in (None, state.model_name):
+        raise BadRequest(f"model {model!r} is not served here; this server serves {state.model_name!r}", 404)
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be true or false, not {value!r}", param=name)
+    return value
+
+
+def _tokenize(state: ServerState, body: dict) -> dict:
+    """vLLM's POST /tokenize: {"prompt": str} (add_special_tokens, default true) or
+    {"messages": [...]} through the chat template (add_generation_prompt, default true;
+    continue_final_message; add_special_tokens, default false)."""
+    _check_model(state, body)
+    tok = state.ref.tokenizer
+    if "prompt" in body:
+        prompt = body["prompt"]
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' must be a string (token ids need no tokenizing)", param="prompt")
+        ids = list(tok(prompt, add_special_tokens=_flag(body, "add_special_tokens", True))["input_ids"])
+    elif "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("'messages' must be a list of {\"role\": ..., \"content\": ...} objects",
+                             param="messages")
+        generation = _flag(body, "add_generation_prompt", True)
+        cont = _flag(body, "continue_final_message", False)
+        if generation and cont:
+            raise _invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           "add_generation_prompt")
+        ids = state.ref.encode_messages(messages, add_generation_prompt=generation, continue_final_message=cont,
+                                        add_special_tokens=_flag(body, "add_special_tokens", False))
+    else:
+        raise BadRequest("give 'prompt' (a string) or 'messages' (a list of chat messages)")
+    strs = tok.convert_ids_to_tokens(ids) if _flag(body, "return_token_strs", False) else None
+    return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def _detokenize(state: ServerState, body: dict) -> dict:
+    """vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": text} (special tokens kept)."""
+    _check_model(state, body)
+    ids = body.get("tokens")
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+    bad = [t for t in ids if not 0 <= t < state.vocab]
+    if bad:
+        raise BadRequest(f"token ids {bad[:5]} are outside the vocabulary (0..{state.vocab - 1})", param="tokens")
+    return {"prompt": state.ref.tokenizer.decode(ids)}
 
 
 async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
@@ -304,7 +407,7 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     except json.JSONDecodeError:
         return _error("the request body is not JSON", 400)
     except BadRequest as err:
-        return _error(str(err), err.status)
+        return _error(str(err), err.status, err.param)
     except (SpecadaptError, TypeError, ValueError) as err:  # e.g. no chat template, "temperature": "hot"
         return _error(f"bad request: {err}", 400)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -318,17 +421,20 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
         return _error(f"the reference engine failed: {err}", 500)
     tokens = [t for s in steps for t in s.tokens]
     choice = _choice(state, job, steps, state.ref.decode(tokens), _finish(steps[-1]), final=True)
-    return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                         "created": int(time.time()), "model": state.model_name, "choices": [choice],
-                         "usage": _usage(len(job.prompt), len(tokens))})
+    prompt_logprobs = _prompt_logprobs(state, steps[0].prompt_logprobs)
+    body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+            "model": state.model_name, "choices": [choice], "usage": _usage(len(job.prompt), len(tokens))}
+    if chat:  # vLLM: at the top of a chat response, in the choice of a completion
+        body["prompt_logprobs"] = prompt_logprobs
+    else:
+        choice["prompt_logprobs"] = prompt_logprobs
+    return JSONResponse(body)
 
 
 def _parse(state: ServerState, body: dict, chat: bool) -> Job:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    model = body.get("model")
-    if model not in (None, state.model_name):
-        raise BadRequest(f"model {model!r} is not served here; this server serves {state.model_name!r}", 404)
+    _check_model(state, body)
     if body.get("n", 1) != 1:
         raise BadRequest("only n = 1 is supported")
     ref = state.ref
@@ -366,15 +472,48 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
                          f"({len(prompt)} tokens) plus max_tokens ({max_tokens}) ask for {len(prompt) + max_tokens}")
     params = _sampling(body)
     if chat:
-        logprobs, top = bool(body.get("logprobs")), int(body.get("top_logprobs") or 0)
+        top = _logprob_count(body, "top_logprobs")
+        logprobs = bool(body.get("logprobs"))
+        top = top or 0
     else:
-        lp = body.get("logprobs")
-        logprobs, top = lp is not None, int(lp or 0)
+        top = _logprob_count(body, "logprobs")
+        logprobs = top is not None
+        top = top or 0
+    if logprobs and top:
+        _within_max(state, top, "sample", "top_logprobs" if chat else "logprobs")
+    top = state.vocab if top == -1 else top
+    prompt_k = _logprob_count(body, "prompt_logprobs")
+    stream = bool(body.get("stream"))
+    if prompt_k is not None:
+        if stream and prompt_k != 0:
+            raise _invalid("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        _within_max(state, prompt_k, "prompt", "prompt_logprobs")
     options = body.get("stream_options") or {}
-    return Job(prompt, max_tokens, params, bool(body.get("stream")), bool(options.get("include_usage")),
+    return Job(prompt, max_tokens, params, stream, bool(options.get("include_usage")),
                bool(options.get("continuous_usage_stats")), logprobs, top,
                bool(body.get("return_tokens_as_token_ids")), body.get("seed"),
-               bool(body.get("ignore_eos")), chat)
+               bool(body.get("ignore_eos")), chat, None if stream else prompt_k)
+
+
+def _logprob_count(body: dict, name: str) -> int | None:
+    """``logprobs`` / ``top_logprobs`` / ``prompt_logprobs``, checked as vLLM's request
+    validators check them: an integer, >= 0 or exactly -1 (the whole vocabulary)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(f"`{name}` must be an integer.", name, value)
+    if value < 0 and value != -1:
+        raise _invalid(f"`{name}` must be a positive value or -1.", name, value)
+    return value
+
+
+def _within_max(state: ServerState, k: int, kind: str, name: str) -> None:
+    """vLLM's cap: K (-1: the vocabulary size) at most --max-logprobs (-1: the vocabulary size)."""
+    k = state.vocab if k == -1 else k
+    cap = state.vocab if state.max_logprobs == -1 else state.max_logprobs
+    if k > cap:
+        raise _invalid(f"Requested {kind} logprobs of {k}, which is greater than max allowed: {cap}", name, k)
 
 
 def _sampling(body: dict) -> SamplingParams:
@@ -453,6 +592,23 @@ def _finish(last: Step) -> str:
     return last.finish_reason or "length"
 
 
+def _prompt_logprobs(state: ServerState, entries: list | None) -> list | None:
+    """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token
+    {"<token id>": {"logprob", "rank", "decoded_token"}}, the prompt token first, then
+    the top K (a prompt token among them keeps its first place and takes the top-K
+    entry's rank, as in vLLM's dict); -inf is sent as -9999.0, as vLLM clamps it."""
+    if entries is None:
+        return None
+    out: list = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        out.append({str(tid): {"logprob": -9999.0 if lp == float("-inf") else lp, "rank": rank,
+                               "decoded_token": state.token_text(tid)} for tid, lp, rank in entry})
+    return out
+
+
 def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -484,7 +640,7 @@ def _logprobs(state: ServerState, job: Job, toks: list) -> dict:
 
 
 def run_server(ref: Reference, host: str, port: int, model_name: str | None = None,
-               max_num_seqs: int = 16) -> None:
+               max_num_seqs: int = 16, max_logprobs: int = 20) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(ref, model_name, max_num_seqs), host=host, port=port, log_level="warning")
+    uvicorn.run(build_app(ref, model_name, max_num_seqs, max_logprobs), host=host, port=port, log_level="warning")

@@ -7,8 +7,8 @@ bonus token is ever looked at. Here the joint distribution of the first three to
 engine's samples, drawn as the rows of one batch (so rows that accept different numbers of
 drafts share each pass), and once one sequence at a time. With k = 1, t3 is the bonus
 token whenever t2's draft was accepted; with k = 2, t3 is draft position 1 whenever t2's
-draft was accepted. Each sampler fault is shown to fail the same test, so the healthy runs
-passing means something.
+draft was accepted. Each sampler fault (draft-temperature among them) is shown to fail
+the same test, so the healthy runs passing means something.
 
 Also: a stop token inside an accepted draft, and the draft model's cache after
 rejections in sampling mode.
@@ -104,7 +104,8 @@ def test_ngram_first_three_tokens_exact(pair):
 
 
 # fault, and the k that exposes it within three tokens
-FAULT_CASES = [("accept-always", 2), ("residual-p", 2), ("bonus-previous", 1), ("accept-later", 2)]
+FAULT_CASES = [("accept-always", 2), ("residual-p", 2), ("bonus-previous", 1), ("accept-later", 2),
+               ("draft-temperature=0.5", 2), ("draft-temperature=2", 1)]
 
 
 @pytest.mark.parametrize("fault, k", FAULT_CASES, ids=[c[0] for c in FAULT_CASES])
@@ -119,6 +120,9 @@ def test_fault_fails_the_same_test(pair, fault, k):
       drafts reach t4, past the window); it is then drawn from t2's distribution.
     - accept-later (k = 2): needs a draft position >= 1, which only k >= 2 has; t3 then
       follows the draft's q whenever t2's draft was accepted.
+    - draft-temperature=0.5 (k = 2) and =2 (k = 1): the draft samples at half (twice) the
+      request's temperature, while verification divides by q at the request's
+      temperature, which is not the distribution the tokens came from.
     """
     target, draft = pair
     p = p_value(target, DraftModelProposer(draft), k, PROMPT, seed=100 + k, fault=fault)
@@ -147,6 +151,32 @@ def test_stop_token_inside_an_accepted_draft(tiny_target):
     assert len(last.proposed) == k and last.accepted == k  # the stop was inside an accepted draft
     assert len(last.tokens) == (j - 1) % (k + 1) + 1 < k
     assert gen.stats.generated_tokens == len(gen.tokens)
+
+
+def test_draft_temperature_fault_draws_at_the_other_temperature(pair):
+    """Under draft-temperature=T the draft tokens come from the draft at temperature
+    (request temperature x T) and the q handed to verification is the one at the
+    request's temperature. With T tiny the draw is the draft's argmax, so every proposed
+    token is the argmax of its q (the q at temperature 1, where other tokens are likely:
+    asserted), and q equals a from-scratch recomputation at temperature 1."""
+    target, draft = pair
+    prop = DraftModelProposer(draft)
+    engine = SpecEngine(target, prop, 3, Fault.parse("draft-temperature=1e-4"), seed=4)
+    inner = prop.propose
+    seen = []
+
+    def propose(seqs, ks, params, generators):
+        proposals = inner(seqs, ks, params, generators)
+        for seq, par, proposal in zip(seqs, params, proposals):
+            fresh = CachedLM(draft).forward(list(seq) + proposal.tokens[:-1])[-len(proposal.tokens):]
+            torch.testing.assert_close(proposal.q, probs(fresh, par), rtol=0, atol=1e-12)
+            assert proposal.tokens == proposal.q.argmax(-1).tolist()
+            seen.append(float(proposal.q.max(-1).values.min()))
+        return proposals
+
+    prop.propose = propose
+    engine.generate_batch([PROMPT, [5, 0, 3, 3]], 30, HOT)
+    assert len(seen) > 10 and min(seen) < 0.9  # q itself would often have drawn another token
 
 
 ROLLBACK_PROMPTS = [PROMPT, [5, 0, 3, 3], [2, 2, 1, 0, 5, 4, 3]]

@@ -138,6 +138,46 @@ def test_bad_fault_refused(text):
         Fault.parse(text)
 
 
+@pytest.mark.parametrize("text, factor", [("draft-temperature=0.5", 0.5), ("draft-temperature=2", 2.0),
+                                          ("draft-temperature=1e-3", 1e-3)])
+def test_draft_temperature_fault_parsed(text, factor):
+    assert Fault.parse(text) == Fault("draft-temperature", factor=factor)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("draft-temperature", "needs a factor: draft-temperature=T"),
+    ("draft-temperature=hot", "needs a factor: draft-temperature=T"),
+    ("draft-temperature=0", "T must be a finite number > 0"),
+    ("draft-temperature=-0.5", "T must be a finite number > 0"),
+    ("draft-temperature=inf", "T must be a finite number > 0"),
+    ("draft-temperature=nan", "T must be a finite number > 0"),
+    ("draft-temperature=1", "draft-temperature=1 is the healthy sampler"),
+    ("draft-temp=0.5", "unknown fault 'draft-temp=0.5'.*draft-temperature=T"),
+])
+def test_bad_draft_temperature_refused(text, message):
+    with pytest.raises(UsageError, match=message):
+        Fault.parse(text)
+
+
+@pytest.mark.parametrize("kind, k", [("ngram", 3), ("none", 3), ("draft", 0)])
+def test_draft_temperature_needs_a_sampling_draft(tiny_target, tiny_draft, kind, k):
+    """n-gram proposals are deterministic (q one-hot): the fault would change nothing, so it
+    is refused; so are the target alone and a draft model with k = 0 (never asked)."""
+    prop = None if kind == "none" else proposer(kind, tiny_draft)
+    with pytest.raises(UsageError, match="draft-temperature fault needs a draft model"):
+        SpecEngine(tiny_target, prop, k, Fault.parse("draft-temperature=0.5"))
+
+
+def test_draft_temperature_sets_the_factor_of_the_draw_only(tiny_target, tiny_draft):
+    prop = DraftModelProposer(tiny_draft)
+    assert prop.sample_temperature_factor == 1.0
+    SpecEngine(tiny_target, prop, 3, Fault.parse("draft-temperature=0.25"))
+    assert prop.sample_temperature_factor == 0.25
+    healthy = DraftModelProposer(tiny_draft)
+    SpecEngine(tiny_target, healthy, 3, Fault.parse("perturb-logits=1"))
+    assert healthy.sample_temperature_factor == 1.0
+
+
 def test_batch_of_prompts_refused_with_reason(tiny_target):
     with pytest.raises(UsageError, match="generate_batch"):
         SpecEngine(tiny_target).generate([[1, 2], [3, 4]], 4)

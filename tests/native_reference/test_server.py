@@ -170,3 +170,34 @@ def test_faults_have_their_effect(tiny_dirs, fault):
             metrics, "vllm:spec_decode_num_draft_tokens_total")
     else:
         assert got != truth
+
+
+def test_serve_cli_fault_and_max_logprobs(tiny_dirs, monkeypatch):
+    """`reference serve --fault draft-temperature=0.5` (alias of --inject-fault) reaches the
+    draft's sampler, --max-logprobs the server; with --ngram the fault is refused in one
+    line (exit 2), as is a --max-logprobs below -1."""
+    from click.testing import CliRunner
+
+    from specadapt.cli import cli
+    from specadapt.native_reference import server
+
+    target, draft, _ = tiny_dirs
+    calls = []
+    monkeypatch.setattr(server, "run_server", lambda ref, *args: calls.append((ref, args)))
+
+    def serve(*args):
+        return CliRunner().invoke(cli, ["reference", "serve", "--target", str(target), *args],
+                                  catch_exceptions=False)
+
+    res = serve("--draft", str(draft), "--fault", "draft-temperature=0.5", "--max-logprobs", "7")
+    assert res.exit_code == 0, res.output
+    assert "fault injection 'draft-temperature=0.5' is ON" in res.output
+    (ref, args), = calls
+    assert ref.engine.fault.kind == "draft-temperature" and ref.engine.proposer.sample_temperature_factor == 0.5
+    assert args[-1] == 7
+    res = serve("--ngram", "--fault", "draft-temperature=0.5")
+    assert res.exit_code == 2 and "draft-temperature fault needs a draft model" in res.output
+    assert "Traceback" not in res.output
+    res = serve("--ngram", "--max-logprobs", "-2")
+    assert res.exit_code == 2 and "--max-logprobs" in res.output
+    assert len(calls) == 1
