@@ -550,3 +550,55 @@ def test_warmups_failures_and_one_sided_pairs_are_left_out():
     assert [(i.prompt_id, i.category, i.pairs, i.identical_pairs, i.verdict) for i in out] == [
         ("q", "grounded", 1, 1, "identical"), ("p", "open", 1, 1, "identical")]
     assert out[0].divergence is None and out[0].same_origin_pairs == 0
+
+
+def test_a_divergence_at_the_first_token_is_triaged(monkeypatch):
+    fake = FakeOff(["(input"], [{"(input": -0.25, "(s": -0.75}])
+    scripted(monkeypatch, fake)
+    off, on = rec("off", ["(input", "x"]), rec("on", ["(s", "x"])
+    d = first_divergence(off, on)
+    assert d.token_index == 0
+    t = server_triage(fake, P, RequestSettings(), d, off.tokens, threshold=0.5)
+    assert (t.verdict, t.margin, t.note) == ("suspect", 0.5, "")
+    assert fake.bodies[0]["max_tokens"] == 1
+
+
+def test_the_recorded_off_token_is_judged_even_when_the_server_now_answers_another(monkeypatch):
+    """The server's own token at i changed between runs; the recorded one is still in its top 5."""
+    t = triage_at(monkeypatch, {"(x": -0.125, "(input": -0.25, "(s": -0.75}, tokens=["def", "(x"])
+    assert (t.verdict, t.margin) == ("suspect", 0.5)
+
+
+def test_the_servers_own_token_is_used_when_the_recorded_one_is_not_in_its_top_5(monkeypatch):
+    t = triage_at(monkeypatch, {"(z": -0.25, "(inp": -0.5, "(s": -0.875}, tokens=["def", "(inp"])
+    assert (t.verdict, t.margin) == ("near-tie", 0.375)  # logp("(inp") - logp("(s"), not the top entry's
+
+
+def test_the_callers_timeout_reaches_the_request(monkeypatch):
+    seen = []
+
+    def post(url, json=None, headers=None, timeout=None, verify=None):
+        seen.append(timeout)
+        raise httpx.ReadTimeout("slow")
+    monkeypatch.setattr(httpx, "post", post)
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    d = first_divergence(off, on)
+    server_triage(FakeOff([], []), P, RequestSettings(), d, off.tokens, threshold=0.5, timeout_s=7.5)
+    server_triage(FakeOff([], []), P, RequestSettings(), d, off.tokens, threshold=0.5)
+    assert seen[0] == 7.5 and isinstance(seen[1], float) and seen[1] > 0  # never unbounded
+
+
+def test_a_completions_answer_with_fewer_tokens_than_logprobs(monkeypatch):
+    """A malformed answer (more top_logprobs / token_logprobs entries than tokens) is read
+    without an IndexError: no token of the server's own at i."""
+    from specadapt.probes.equivalence import _top_at
+
+    choice = {"logprobs": {"tokens": ["a"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
+    assert _top_at(choice, "completions", 1) == (["a"], {"c": -0.2})
+
+    def post(url, **kw):
+        return httpx.Response(200, json={"choices": [choice]}, request=httpx.Request("POST", url))
+    monkeypatch.setattr(httpx, "post", post)
+    off, on = rec("off", ["a"]), rec("on", ["a", "c"])  # the off side ended at 1
+    t = server_triage(FakeOff([], []), C, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
+    assert (t.verdict, t.source, t.top_logprobs) == ("unknown", "server-logprobs", {"c": -0.2})
