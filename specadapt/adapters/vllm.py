@@ -143,6 +143,9 @@ SERVER_FLAGS: tuple[tuple[str, str], ...] = (
     ("parallel_config", "pipeline_parallel_size"), ("parallel_config", "data_parallel_size"),
     ("compilation_config", "mode"), ("compilation_config", "cudagraph_mode"), ("", "optimization_level"),
     ("", "performance_mode"))
+# vllm_env variables whose value is made anew for each server (a uuid-based shared-memory name,
+# vllm/envs.py _generate_shm_name): they name the server, they do not configure it.
+PER_SERVER_ENV = ("VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME",)
 # The same settings in the text form (VllmConfig.__str__ names some of them differently).
 TEXT_FLAGS = ("dtype", "max_seq_len", "seed", "enforce_eager", "quantization", "kv_cache_dtype",
               "enable_prefix_caching", "enable_chunked_prefill", "tensor_parallel_size", "pipeline_parallel_size")
@@ -162,7 +165,8 @@ def _dtype(value: Any) -> str | None:
 def server_settings(server_info: Any) -> tuple[str | None, dict[str, Any]]:
     """(dtype, flags) from vLLM's ``/server_info`` answer: the SERVER_FLAGS of ``vllm_config``
     (as ``section.key``; ``vllm_config.key`` from the text form) and every ``vllm_env`` variable
-    (as ``env.NAME``), secret names as ***; (None, {}) when the server did not answer."""
+    but the PER_SERVER_ENV ones (as ``env.NAME``), secret names as ***; (None, {}) when the
+    server did not answer."""
     if not isinstance(server_info, dict):
         return None, {}
     config = server_info.get("vllm_config")
@@ -182,7 +186,8 @@ def server_settings(server_info: Any) -> tuple[str | None, dict[str, Any]]:
         dtype = _dtype(flags.get("vllm_config.dtype"))
     env = server_info.get("vllm_env")
     if isinstance(env, dict):
-        flags.update({f"env.{name}": _scalar(value) for name, value in sorted(env.items())})
+        flags.update({f"env.{name}": _scalar(value) for name, value in sorted(env.items())
+                      if name not in PER_SERVER_ENV})
     return dtype, record_settings(flags)
 
 

@@ -15,7 +15,8 @@ from specadapt.records import CompareReport
 pytestmark = pytest.mark.integration
 
 NGRAM_K4 = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
-PROMPT = {"id": "capital", "category": "open", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+PROMPT = {"id": "capital", "category": "open",
+          "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
 
 def test_compare_records_both_launches_identical_apart_from_speculation(tmp_path, embedded_model):
