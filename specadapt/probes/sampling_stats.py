@@ -75,13 +75,13 @@ def encode_draws(draws: Sequence[TokenDraw]) -> DrawArrays:
     """The draws as ``DrawArrays`` (sorted, normalised where ``full_vocab``)."""
     width = max((len(d.top) for d in draws), default=0)
     probs = np.zeros((len(draws), width))
-    rank = np.full(len(draws), -1, dtype=np.int64)
+    rank = np.full(len(draws), -1)
     zero = np.zeros(len(draws), dtype=bool)
     for i, d in enumerate(draws):
         for value in [*d.top.values(), *([d.logprob] if d.logprob is not None else [])]:
             _check_logprob(value, d)
-        ids = np.fromiter(d.top.keys(), dtype=np.int64, count=len(d.top))
-        p = np.exp(np.fromiter(d.top.values(), dtype=float, count=len(d.top)))
+        ids = np.array(list(d.top.keys()))
+        p = np.exp(np.array(list(d.top.values())))
         order = np.lexsort((ids, -p))  # probability descending, then token id ascending
         ids, p = ids[order], p[order]
         if d.full_vocab:
@@ -103,7 +103,7 @@ def encode_draws(draws: Sequence[TokenDraw]) -> DrawArrays:
 
 def _cumulative(probs: np.ndarray) -> np.ndarray:
     """F at the end of each top-K rank, capped at 1; at least 5 columns (padding repeats the sum)."""
-    probs = np.asarray(probs, dtype=float)
+    probs = np.asarray(probs)
     pad = max(0, _RANK_EDGES[-1] - probs.shape[1])
     probs = np.pad(probs, ((0, 0), (0, pad)))
     return np.minimum(np.cumsum(probs, axis=1), 1.0)
@@ -112,7 +112,7 @@ def _cumulative(probs: np.ndarray) -> np.ndarray:
 def _intervals(cum: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = np.arange(rank.size)
     inside = rank >= 0
-    r = np.where(inside, rank, 0)
+    r = np.maximum(rank, 0)
     before = np.where(r > 0, cum[rows, np.maximum(r - 1, 0)], 0.0)
     lo = np.where(inside, before, cum[:, -1])
     hi = np.where(inside, cum[rows, r], 1.0)
@@ -238,7 +238,7 @@ def verdict_from_arrays(arrays: DrawArrays, alpha: float = 0.01, bins: int = 20,
     m = len(TESTS)
     per_test = alpha / m
     _check_level(alpha, power, bins)
-    rank = np.asarray(arrays.rank, dtype=np.int64)
+    rank = np.asarray(arrays.rank)
     n = int(rank.size)
     cum = _cumulative(arrays.probs)
     u = _pits(cum, rank, seed)
@@ -253,10 +253,11 @@ def verdict_from_arrays(arrays: DrawArrays, alpha: float = 0.01, bins: int = 20,
     top1_z = float((observed[0] - expected[0]) / math.sqrt(var1)) if var1 > 0 else None
     zero = int(np.count_nonzero(arrays.zero_probability))
     min_tokens = MIN_EXPECTED * bins
+    checked = n >= min_tokens
 
     tests: list[SamplingTest] = []
     groups: list[list[int]] = []
-    if n >= min_tokens:
+    if checked:
         chi = stats.chisquare(hist)
         ks = stats.kstest(u, "uniform")
         r_stat, r_dof, r_p, groups = rank_test(cat_probs, cats)
@@ -270,7 +271,7 @@ def verdict_from_arrays(arrays: DrawArrays, alpha: float = 0.01, bins: int = 20,
         status = "inconsistent"
         summary = (f"inconsistent with the target distribution: {zero} of {n} sampled tokens have "
                    f"probability zero under the source")
-    elif n < min_tokens:
+    elif not checked:
         status = "too-few"
         summary = (f"too few tokens: {n} sampled, {min_tokens} needed ({MIN_EXPECTED} expected per PIT "
                    f"bin over {bins} bins); nothing was checked")

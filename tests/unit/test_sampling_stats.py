@@ -225,6 +225,22 @@ def test_randomized_pits_are_f_minus_plus_v_times_the_width_with_v_from_the_seed
     lo, hi = np.array([pit_interval(d) for d in draws]).T
     assert np.allclose(randomized_pits(draws, seed=42), lo + v * (hi - lo))
     assert not np.allclose(randomized_pits(draws, seed=43), randomized_pits(draws, seed=42))
+    assert np.array_equal(randomized_pits(draws), randomized_pits(draws, seed=0))
+
+
+def test_defaults_are_alpha_001_bins_20_power_08_seed_0():
+    rng = np.random.default_rng(9)
+    p = targets(rng, 150)
+    tokens = sample(rng, p)
+    arrays, draws = to_arrays(p, tokens, 5), to_draws(p, tokens, 5)
+    explicit = dict(alpha=0.01, bins=20, seed=0, power=0.8, tv_targets=(0.01, 0.02, 0.05))
+    v = verdict_from_arrays(arrays)
+    assert v.model_dump() == verdict_from_arrays(arrays, **explicit).model_dump()
+    assert sampling_verdict(draws).model_dump() == sampling_verdict(draws, **explicit).model_dump()
+    assert (v.alpha, v.bins, v.seed, v.power) == (0.01, 20, 0, 0.8)
+    assert [t.tv for t in v.samples_needed] == [0.01, 0.02, 0.05]
+    assert detectable_tv(1000, 0.01) == detectable_tv(1000, 0.01, 0.8, 20)
+    assert samples_needed(0.05, 0.01) == samples_needed(0.05, 0.01, 0.8, 20)
 
 
 def test_pits_of_discrete_targets_are_uniform_and_the_lumped_rest_is_needed():
@@ -281,6 +297,31 @@ def test_rank_statistic_runs_over_merged_groups():
     pearson = stats.chisquare([45, 35, 12, 8], [50, 30, 14, 6])
     assert groups == [[0], [1], [2], [3, 4]]
     assert (stat, dof, pval) == pytest.approx((pearson.statistic, 3, pearson.pvalue))
+
+
+def test_rank_statistic_with_an_unobserved_last_group():
+    p = np.array([0.5, 0.25, 0.15, 0.04, 0.06])
+    cats = np.repeat([0, 1, 2], [55, 27, 18])  # nothing beyond rank 5; ranks 6-K merged into outside
+    stat, dof, pval, groups = rank_test(np.tile(p, (100, 1)), cats)
+    pearson = stats.chisquare([55, 27, 18, 0], [50, 25, 15, 10])
+    assert groups == [[0], [1], [2], [3, 4]]
+    assert (stat, dof, pval) == pytest.approx((pearson.statistic, 3, pearson.pvalue))
+
+
+def test_rank_test_of_no_tokens_has_no_degrees_of_freedom():
+    assert rank_test(np.zeros((0, 5)), np.zeros(0, dtype=np.int64)) == (0.0, 0, 1.0, [[0, 1, 2, 3, 4]])
+
+
+def test_rows_summing_to_one_only_up_to_rounding_add_no_degree_of_freedom():
+    # Sigma's eigenvalue along (1, ..., 1) is ~ n (1 - sum p) / 5 = 2e-9 here: far below
+    # 1e-10 n = 1e-5, so it is null space, not a fifth degree of freedom.
+    n = 100_000
+    p = np.array([0.4, 0.3, 0.2, 0.06, 0.04]) * (1 - 1e-13)
+    cats = np.repeat(np.arange(5), [40_100, 29_900, 20_000, 6_000, 4_000])
+    stat, dof, pval, _ = rank_test(np.tile(p, (n, 1)), cats)
+    pearson = stats.chisquare(np.bincount(cats), p / p.sum() * n)
+    assert dof == 4
+    assert (stat, pval) == pytest.approx((pearson.statistic, pearson.pvalue), rel=1e-6)
 
 
 def test_rank_test_without_variance_has_no_degrees_of_freedom():
@@ -353,6 +394,8 @@ def test_top1_z_is_the_standardised_rank_1_excess():
     rank = np.repeat([0, 1, 2], [230, 100, 70])
     v = verdict_from_arrays(DrawArrays(probs, rank, np.zeros(400, bool)))
     assert v.top1_z == pytest.approx((230 - 200) / math.sqrt(400 * 0.25))
+    assert [(c.name, c.observed) for c in v.rank_categories] == [
+        ("rank 1", 230), ("rank 2", 100), ("ranks 3-5", 70), ("ranks 6-K", 0), ("outside top-K", 0)]
     assert v.rank_categories[0].observed == 230 and v.rank_categories[0].expected == pytest.approx(200)
     # ranks 3-5 holds rank 3 only; ranks 6-K and outside are empty and merged away
     assert v.rank_test_groups == ["rank 1", "rank 2", "ranks 3-5+ranks 6-K+outside top-K"]
@@ -367,6 +410,20 @@ def test_rank_categories_bounds():
     v = verdict_from_arrays(DrawArrays(probs, rank, np.zeros(8, bool)))
     assert [c.observed for c in v.rank_categories] == [1, 1, 3, 2, 1]
     assert [c.expected for c in v.rank_categories] == pytest.approx([1, 1, 3, 2, 1])
+    assert v.top1_z == 0.0  # rank-1 variance 8 * 0.125 * 0.875 = 0.875: small, but not zero
+
+
+def test_pit_histogram_has_every_bin_and_puts_u_equal_one_in_the_last():
+    # all tokens in the first bin: the other 19 bins are there, empty
+    v = verdict_from_arrays(uniform_runs(np.random.default_rng(0), 100, np.eye(20)[0]))
+    assert v.pit_histogram == [100] + [0] * 19
+    assert v.status == "inconsistent" and all(t.rejected for t in v.tests[:2])
+    # a token outside a top-K that sums to 1 has U = 1 exactly
+    top = {0: LN(0.6), 1: LN(0.4000001)}
+    draws = [TokenDraw(top=top, token=5)] + [TokenDraw(top=top, token=0)] * 3
+    assert randomized_pits(draws)[0] == 1.0
+    assert sampling_verdict(draws, bins=4).pit_histogram[3] == 1
+    assert len(sampling_verdict(draws, bins=4).pit_histogram) == 4
 
 
 def test_too_few_tokens_decide_nothing_and_do_not_pass():
@@ -379,7 +436,8 @@ def test_too_few_tokens_decide_nothing_and_do_not_pass():
     assert v.min_tokens == 100 and sum(v.pit_histogram) == 99
     assert v.summary == ("too few tokens: 99 sampled, 100 needed (5 expected per PIT bin over 20 bins); "
                          "nothing was checked")
-    assert verdict_from_arrays(arrays).status == "consistent"
+    at_floor = verdict_from_arrays(arrays)
+    assert at_floor.status == "consistent" and len(at_floor.tests) == 3
     assert verdict_from_arrays(short, bins=19).status == "consistent"  # 95 needed
     empty = sampling_verdict([])
     assert empty.status == "too-few" and empty.detectable_tv is None and empty.top1_z is None
