@@ -146,6 +146,12 @@ def compare(server_opts: ServerOptions, off_url, on_url, launch, **kw) -> None:
     sys.exit(_run(server_opts, off_url, on_url, launch, kw, gate=None))
 
 
+# equiv --sampling defaults (commands/sampling.py runs it)
+SAMPLES = 8
+ALPHA = 0.01
+TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
 @click.command("equiv")
 @server_options(sides=2)
 @ab_options
@@ -153,10 +159,34 @@ def compare(server_opts: ServerOptions, off_url, on_url, launch, **kw) -> None:
               help="Most prompts allowed to diverge for a reason other than a near-tie (untriaged count here).")
 @click.option("--max-near-tie", type=click.IntRange(0), help="Most near-tie divergences allowed (default: any).")
 @click.option("--min-speedup", type=click.FloatRange(0), help="Least tokens/s ratio on/off at the first level.")
-def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_near_tie, min_speedup, **kw) -> None:
+@click.option("--sampling", is_flag=True,
+              help="Check the sampling distribution instead of greedy identity: sample the spec-on server at "
+                   "temperature 1 and test the tokens against the target's distribution (the spec-off server's "
+                   "prompt_logprobs, or --reference in float64). See docs/sampling.md.")
+@click.option("--samples", type=click.IntRange(1), default=SAMPLES, show_default=True,
+              help="With --sampling: completions per prompt (seeds --seed, --seed + 1, ...).")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=ALPHA,
+              show_default=True, help="With --sampling: family-wise false-alarm rate of the tests.")
+@click.option("--top-logprobs", type=click.IntRange(1), default=TOP_LOGPROBS, show_default=True,
+              help="With --sampling: K, the source's top-K log-probabilities per position (vLLM allows up to "
+                   "its --max-logprobs, default 20).")
+def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_near_tie, min_speedup, sampling,
+          samples, alpha, top_logprobs, **kw) -> None:
     """Staging gate: exit 0 within the thresholds, 1 outside them, 2 on usage or connection errors.
 
     Writes the versioned JSON report, JUnit XML (one testcase per prompt), a Markdown summary and
-    a self-contained HTML report (--out DIR for all four)."""
+    a self-contained HTML report (--out DIR for all four).
+
+    With --sampling: exit 0 when the spec-on server's samples are consistent with the target's
+    distribution, 1 when they are not or too few tokens were sampled to decide, 2 on usage or
+    connection errors; --max-tokens defaults to 64 and --concurrency is one number, the requests
+    in flight (default 4). Temperature 1 and top_p 1 only."""
+    from specadapt.commands import sampling as sampling_command  # scipy: only when asked for
+
+    ctx = click.get_current_context()
+    if sampling:
+        sys.exit(sampling_command.run_sampling(ctx, server_opts, off_url, on_url, launch,
+                                               dict(kw, samples=samples, alpha=alpha, top_logprobs=top_logprobs)))
+    sampling_command.refuse_sampling_options(ctx)
     sys.exit(_run(server_opts, off_url, on_url, launch, kw,
                   gate=dict(max_suspect=max_suspect, max_near_tie=max_near_tie, min_speedup=min_speedup)))

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from specadapt.records import CompareReport
 from specadapt.records.reports import atomic_write_text
+from specadapt.records.sampling_report import SamplingReport
+from specadapt.report import sampling_render
 from specadapt.report.compare_render import to_junit, to_markdown
 from specadapt.report.html import to_html
 
@@ -25,4 +27,17 @@ def write_outputs(report: CompareReport, json_path: Path | None = None, junit_pa
     if html_path:
         atomic_write_text(html_path, to_html(report))
         written.append(html_path)
+    return written
+
+
+def write_sampling_outputs(report: SamplingReport, json_path: Path | None = None, junit_path: Path | None = None,
+                           markdown_path: Path | None = None) -> list[Path]:
+    """The sampling report (equiv --sampling) as JSON, JUnit XML and Markdown."""
+    written = []
+    for path, render in ((json_path, lambda: report.model_dump_json(indent=2)),
+                         (junit_path, lambda: sampling_render.to_junit(report)),
+                         (markdown_path, lambda: sampling_render.to_markdown(report))):
+        if path:
+            atomic_write_text(path, render())
+            written.append(path)
     return written

@@ -1,0 +1,451 @@
+"""Sampling-distribution equivalence: are the spec-on server's samples drawn from the target?
+
+Greedy identity (probes/equivalence.py) cannot see a rejection sampler that is wrong, since
+greedy decoding never calls it. This probe samples the spec-on server at temperature 1 and
+asks a *source* of the target's distribution p how likely each sampled token was:
+
+1. prompt ids: the source server's ``POST /tokenize`` (chat prompts with the chat template
+   and ``add_generation_prompt``), or the local tokenizer of ``--reference DIR``;
+2. samples: ``/v1/completions`` on the spec-on server with the prompt as token ids,
+   temperature 1, top_p 1, a distinct seed per sample (base seed + sample index),
+   ``ignore_eos`` (stopping at EOS would select samples on their own values) and
+   ``logprobs: 0`` with ``return_tokens_as_token_ids``, so the sampled ids come back;
+3. scoring, one request per sample on the source server: the prompt is the prompt ids plus
+   the sampled ids, ``max_tokens`` 1, ``prompt_logprobs`` K, temperature 0. vLLM answers,
+   for every prompt position after the first, ``{token id: {"logprob", "rank",
+   "decoded_token"}}`` holding the top K *and* the token actually at that position; the top
+   K (rank <= K) is the distribution's fixed head, and the token at the position is the
+   sample. With ``--reference DIR`` the same top K and the sampled token's log-probability
+   come from the model recomputed in float64 on the CPU (torch imported only then).
+
+The statistics (randomized PIT over the top K by probability plus the lumped rest, tests,
+power) are probes/sampling_stats.py's; this module gets the TokenDraws to it.
+
+Temperature 1 and top_p 1 only: prompt logprobs are the raw distribution of the model, so
+they are the distribution the server samples only when nothing reshapes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specadapt.adapters.base import Server
+from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
+from specadapt.probes.sampling_stats import TokenDraw, sampling_verdict
+from specadapt.records import AcceptanceSummary, Prompt, ServerInfo
+from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings
+
+TEMPERATURE = 1.0
+TOP_P = 1.0
+_TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+
+Progress = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One prompt as token ids, and the tokens to sample after it."""
+
+    prompt: Prompt
+    ids: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion drawn from the spec-on server."""
+
+    prompt_id: str
+    index: int  # global sample index (0, 1, ... over all prompts); its seed is base seed + index
+    seed: int
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    finish_reason: str | None = None
+
+
+# --- request bodies and response parsing (pure) --------------------------------------------------
+def tokenize_body(prompt: Prompt, model: str) -> dict[str, Any]:
+    """vLLM's POST /tokenize body: chat messages with the chat template and the generation prompt."""
+    if prompt.api == "chat":
+        return {"model": model, "messages": [m.model_dump() for m in prompt.messages or []],
+                "add_generation_prompt": True}
+    return {"model": model, "prompt": prompt.prompt}
+
+
+def parse_tokenize(data: Any) -> list[int]:
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+        raise NotAServer("the server's /tokenize answer has no list of token ids ('tokens')")
+    return list(tokens)
+
+
+def sample_body(ids: Sequence[int], model: str, max_tokens: int, seed: int) -> dict[str, Any]:
+    """One sample from the spec-on server: the raw distribution, a seed of its own, no stop at EOS."""
+    return {"model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": TEMPERATURE,
+            "top_p": TOP_P, "seed": seed, "ignore_eos": True, "logprobs": 0,
+            "return_tokens_as_token_ids": True, "stream": False}
+
+
+def parse_sample(data: Any) -> tuple[list[int], str | None]:
+    """(sampled token ids, finish reason) of a non-streamed completion with token-id logprobs."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise NotAServer("the spec-on server's completion has no choices") from exc
+    tokens = (choice.get("logprobs") or {}).get("tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise NotAServer("the spec-on server returned no logprobs tokens: it must honour 'logprobs' and "
+                         "'return_tokens_as_token_ids' (vLLM does)")
+    ids = []
+    for t in tokens:
+        m = _TOKEN_ID.match(t) if isinstance(t, str) else None
+        if m is None:
+            raise NotAServer(f"the spec-on server returned token {t!r}, not 'token_id:N': it must honour "
+                             "'return_tokens_as_token_ids' (vLLM does)")
+        ids.append(int(m.group(1)))
+    return ids, choice.get("finish_reason")
+
+
+def score_body(sample: Sample, model: str, k: int) -> dict[str, Any]:
+    """The source's log-probabilities at every sampled position: prompt logprobs of prompt + sample."""
+    return {"model": model, "prompt": [*sample.prompt_ids, *sample.tokens], "max_tokens": 1, "temperature": 0.0,
+            "prompt_logprobs": k, "return_token_ids": True, "stream": False}
+
+
+def _entries(raw: Any, where: str) -> dict[int, tuple[float, int | None]]:
+    """{token id: (logprob, rank)} of one vLLM prompt_logprobs position."""
+    if not isinstance(raw, dict) or not raw:
+        raise NotAServer(f"the source server gave no prompt logprobs at {where}")
+    out: dict[int, tuple[float, int | None]] = {}
+    for key, value in raw.items():
+        try:
+            tid = int(key)
+            logprob = float(value["logprob"] if isinstance(value, dict) else value)
+            rank = value.get("rank") if isinstance(value, dict) else None
+        except (TypeError, ValueError, KeyError) as exc:
+            raise NotAServer(f"the source server's prompt logprobs at {where} are not "
+                             "{token id: {'logprob': ...}}") from exc
+        out[tid] = (logprob, int(rank) if isinstance(rank, int) else None)
+    return out
+
+
+def top_k_of(entries: dict[int, tuple[float, int | None]], k: int) -> dict[int, float]:
+    """The distribution's head: the entries ranked 1..k. vLLM adds the token at the position
+    (with its own rank) when it is not among them; that entry is dropped, since a head that
+    depended on the sampled token would not be a fixed ordering. Without ranks: the k largest."""
+    if all(rank is not None for _, rank in entries.values()):
+        return {t: lp for t, (lp, rank) in entries.items() if rank is not None and rank <= k}
+    ordered = sorted(entries.items(), key=lambda e: (-e[1][0], e[0]))
+    return {t: lp for t, (lp, _) in ordered[:k]}
+
+
+def parse_scores(data: Any, sample: Sample, k: int) -> list[TokenDraw]:
+    """One TokenDraw per sampled token from the source's prompt logprobs; checks that the
+    source saw exactly the ids that were sent (its echo and the token at each position)."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise NotAServer("the source server's completion has no choices") from exc
+    sent = [*sample.prompt_ids, *sample.tokens]
+    echoed = choice.get("prompt_token_ids")
+    if echoed is not None and list(echoed) != sent:
+        i = next((j for j, (a, b) in enumerate(zip(echoed, sent)) if a != b), min(len(echoed), len(sent)))
+        raise NotAServer(f"the source server's prompt differs from the ids sent (first at position {i} of "
+                         f"{len(sent)}): it must take the prompt as token ids")
+    plps = choice.get("prompt_logprobs")
+    if plps is None:
+        raise NotAServer("the source server returned no 'prompt_logprobs': it cannot be the source of the "
+                         "target's distribution (vLLM and `specadapt reference serve` can; or give --reference DIR)")
+    if not isinstance(plps, list) or len(plps) != len(sent):
+        n = len(plps) if isinstance(plps, list) else "no list of"
+        raise NotAServer(f"the source server returned {n} prompt logprobs for a prompt of {len(sent)} tokens")
+    draws = []
+    n_prompt = len(sample.prompt_ids)
+    for j, token in enumerate(sample.tokens):
+        where = f"sampled position {j} of prompt {sample.prompt_id!r} (sample {sample.index})"
+        entries = _entries(plps[n_prompt + j], where)
+        if token not in entries:
+            raise NotAServer(f"the source server's prompt logprobs at {where} do not hold the sampled token "
+                             f"{token}: it scored other ids than were sent")
+        draws.append(TokenDraw(top=top_k_of(entries, k), token=token, logprob=entries[token][0], position=j,
+                               prompt_id=sample.prompt_id))
+    return draws
+
+
+def _error_message(resp: httpx.Response) -> str:
+    """The server's own error sentence (vLLM: {"error": {"message"}}), on one line."""
+    try:
+        data = resp.json()
+    except ValueError:
+        data = None
+    msg = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        msg = err.get("message") if isinstance(err, dict) else (err if isinstance(err, str) else None)
+        msg = msg or data.get("message") or data.get("detail")
+    text = str(msg) if msg else resp.text
+    return " ".join(text.split())[:300] or "no detail"
+
+
+def refuses_k(message: str) -> bool:
+    """Whether a 400 is vLLM refusing the number of (prompt) logprobs asked for."""
+    low = message.lower()
+    return "logprobs" in low and ("max allowed" in low or "max_logprobs" in low or "greater than" in low)
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+def async_client(server: Server, timeout_s: float, concurrency: int) -> httpx.AsyncClient:
+    """A client with the server's auth and TLS settings and ``concurrency`` connections."""
+    timeout = httpx.Timeout(connect=10.0, read=timeout_s, write=30.0, pool=None)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
+                             verify=server.verify)
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any], who: str) -> tuple[int, Any, str]:
+    """(status, JSON or None, error message) of one POST; connection faults raise ServerUnreachable."""
+    try:
+        resp = await client.post(path, json=body)
+    except httpx.TimeoutException as exc:
+        raise ServerUnreachable(f"the {who} did not answer {path} in time ({type(exc).__name__}): "
+                                "raise --request-timeout or lower --concurrency") from exc
+    except httpx.HTTPError as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+        raise ServerUnreachable(f"the {who} at {client.base_url} cannot be reached ({type(exc).__name__}: "
+                                f"{detail})") from exc
+    if resp.status_code != 200:
+        return resp.status_code, None, _error_message(resp)
+    try:
+        return 200, resp.json(), ""
+    except ValueError as exc:
+        raise NotAServer(f"the {who} answered {path} with something that is not JSON") from exc
+
+
+async def _bounded(jobs: list, concurrency: int) -> list:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(job):
+        async with sem:
+            return await job()
+
+    return list(await asyncio.gather(*(one(j) for j in jobs)))
+
+
+async def tokenize_on_server(server: Server, prompts: Sequence[Prompt], timeout_s: float) -> list[list[int]]:
+    """Prompt ids by the server's own tokenizer and chat template (POST /tokenize)."""
+    async with async_client(server, timeout_s, 1) as client:
+        out = []
+        for p in prompts:
+            status, data, msg = await _post(client, "/tokenize", tokenize_body(p, server.model_id), "source server")
+            if status != 200:
+                raise ServerError(f"the server refused POST /tokenize for prompt {p.id!r} (HTTP {status}: {msg}); "
+                                  "it needs vLLM's /tokenize, or give --reference DIR to tokenize locally")
+            out.append(parse_tokenize(data))
+        return out
+
+
+def inputs_for(prompts: Sequence[Prompt], ids: Sequence[Sequence[int]], max_tokens: int) -> list[PromptInput]:
+    return [PromptInput(prompt=p, ids=tuple(i), max_tokens=p.max_tokens or max_tokens) for p, i in zip(prompts, ids,
+                                                                                                         strict=True)]
+
+
+def plan_samples(inputs: Sequence[PromptInput], samples: int, seed: int) -> list[tuple[PromptInput, int, int]]:
+    """(input, global index, seed) of every sample: ``samples`` per prompt, seed = base seed + index."""
+    per_sample = [inp for inp in inputs for _ in range(samples)]
+    return [(inp, n, seed + n) for n, inp in enumerate(per_sample)]
+
+
+async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
+                       timeout_s: float, progress: Progress | None = None) -> list[Sample]:
+    """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight."""
+    async with async_client(server, timeout_s, concurrency) as client:
+        async def one(inp: PromptInput, index: int, s: int) -> Sample:
+            status, data, msg = await _post(client, "/v1/completions",
+                                            sample_body(inp.ids, server.model_id, inp.max_tokens, s),
+                                            "spec-on server")
+            if status != 200:
+                raise ServerError(f"the spec-on server refused a sampling request for prompt {inp.prompt.id!r} "
+                                  f"(HTTP {status}: {msg})")
+            tokens, finish = parse_sample(data)
+            if progress:
+                progress()
+            return Sample(prompt_id=inp.prompt.id, index=index, seed=s, prompt_ids=inp.ids, tokens=tuple(tokens),
+                          finish_reason=finish)
+
+        jobs = [lambda a=a: one(*a) for a in plan_samples(inputs, samples, seed)]
+        return await _bounded(jobs, concurrency)
+
+
+async def score_on_server(server: Server, samples: Sequence[Sample], k: int, concurrency: int, timeout_s: float,
+                          progress: Progress | None = None) -> list[list[TokenDraw]]:
+    """The source server's top-K prompt logprobs at every sampled position (one request per sample)."""
+    async with async_client(server, timeout_s, concurrency) as client:
+        async def one(sample: Sample) -> list[TokenDraw]:
+            status, data, msg = await _post(client, "/v1/completions", score_body(sample, server.model_id, k),
+                                            "source server")
+            if status != 200:
+                if status == 400 and refuses_k(msg):
+                    raise UsageError(f"the source server refused prompt_logprobs={k} ({msg}): lower --top-logprobs, "
+                                     f"or start vLLM with --max-logprobs {k} or more")
+                raise ServerError(f"the source server refused a prompt-logprobs request (HTTP {status}: {msg}); "
+                                  "it needs prompt_logprobs as vLLM has them, or give --reference DIR")
+            draws = parse_scores(data, sample, k)
+            if progress:
+                progress()
+            return draws
+
+        return await _bounded([lambda s=s: one(s) for s in samples], concurrency)
+
+
+# --- the float64 reference ---------------------------------------------------------------------
+class ReferenceDistribution:
+    """The target recomputed in float64 on the CPU (``--reference DIR``): its tokenizer gives
+    prompt ids when no source server does, its log-softmax the top K at each sampled position.
+    torch and transformers are imported on first use."""
+
+    def __init__(self, model_dir: str | Path):
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise UsageError(f"--reference {model_dir} is not a local HF model directory (no config.json)")
+        self._model = None
+        self._tokenizer = None
+
+    def _transformers(self):
+        purpose = "--reference (float64 recomputation)"
+        self._torch = require("torch", "reference", purpose)
+        transformers = require("transformers", "reference", purpose)
+        transformers.utils.logging.disable_progress_bar()
+        return transformers
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        if self._tokenizer is None:
+            self._tokenizer = self._transformers().AutoTokenizer.from_pretrained(str(self.model_dir))
+        tok = self._tokenizer
+        if prompt.api == "chat":
+            if not tok.chat_template:
+                raise UsageError(f"--reference {self.model_dir} has no chat template: give completion prompts "
+                                 "('prompt') or a model with one")
+            out = tok.apply_chat_template([m.model_dump() for m in prompt.messages or []],
+                                          add_generation_prompt=True, tokenize=True)
+            ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+            return [int(t) for t in ids]
+        return [int(t) for t in tok(prompt.prompt)["input_ids"]]
+
+    def _load(self):
+        if self._model is None:
+            transformers = self._transformers()
+            self._model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(self.model_dir), dtype=self._torch.float64).eval()
+        return self._model
+
+    def score(self, sample: Sample, k: int) -> list[TokenDraw]:
+        model = self._load()
+        torch = self._torch
+        ids = [*sample.prompt_ids, *sample.tokens]
+        n_prompt = len(sample.prompt_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([ids[:-1]])).logits[0, n_prompt - 1:].to(torch.float64)
+        logp = torch.log_softmax(logits, dim=-1)
+        values, indices = torch.topk(logp, k, dim=-1)
+        draws = []
+        for j, token in enumerate(sample.tokens):
+            top = {int(t): float(v) for t, v in zip(indices[j].tolist(), values[j].tolist())}
+            draws.append(TokenDraw(top=top, token=token, logprob=float(logp[j, token]), position=j,
+                                   prompt_id=sample.prompt_id))
+        return draws
+
+
+def score_on_reference(reference: ReferenceDistribution, samples: Sequence[Sample], k: int,
+                       progress: Progress | None = None) -> list[list[TokenDraw]]:
+    out = []
+    for s in samples:
+        out.append(reference.score(s, k))
+        if progress:
+            progress()
+    return out
+
+
+# --- the verdict and the report ------------------------------------------------------------------
+def prompt_counts(inputs: Sequence[PromptInput], samples: Sequence[Sample],
+                  draws: Sequence[Sequence[TokenDraw]]) -> list[PromptTokens]:
+    """Samples and sampled tokens per prompt, and how many of those tokens were in the top K."""
+    out = []
+    for inp in inputs:
+        mine = [ds for s, ds in zip(samples, draws, strict=True) if s.prompt_id == inp.prompt.id]
+        tokens = [d for ds in mine for d in ds]
+        out.append(PromptTokens(prompt_id=inp.prompt.id, category=inp.prompt.category, prompt_tokens=len(inp.ids),
+                                samples=len(mine), tokens=len(tokens),
+                                in_top_k=sum(1 for d in tokens if d.token in d.top)))
+    return out
+
+
+def sampling_gate(stats: SamplingStats) -> SamplingGate:
+    """Pass only when the statistics say consistent; too few tokens is not a pass."""
+    if stats.status == "consistent":
+        return SamplingGate(passed=True)
+    if stats.status == "too-few":
+        return SamplingGate(passed=False, reasons=[
+            f"too few tokens to decide: {stats.n_tokens} sampled, {stats.min_tokens} needed; raise --samples, "
+            "--max-tokens or the number of prompts"])
+    rejected = [f"{t.name} p={t.p_value:.3g}" for t in stats.tests if t.rejected]
+    if stats.zero_probability_tokens:
+        rejected.append(f"{stats.zero_probability_tokens} sampled token(s) of probability zero under the source")
+    return SamplingGate(passed=False, reasons=[
+        "the samples are not from the target distribution (" + "; ".join(rejected or [stats.summary]) + ")"])
+
+
+def sampling_notes(acceptance: AcceptanceSummary | None, samples: Sequence[Sample]) -> list[str]:
+    notes = ["sampled at temperature 1 and top_p 1, the only setting this checks: prompt logprobs are the "
+             "target's raw distribution"]
+    if acceptance is not None and acceptance.known and not acceptance.accepted_tokens:
+        notes.append("the spec-on server accepted no draft token during sampling: speculation was not exercised, "
+                     "so the test says nothing about it")
+    elif acceptance is not None and not acceptance.known:
+        notes.append(f"acceptance of the spec-on server is unknown ({acceptance.reason}): the run cannot show "
+                     "that speculation was exercised")
+    short = [s for s in samples if s.finish_reason not in (None, "length")]
+    if short:
+        notes.append(f"{len(short)} sample(s) ended before max_tokens ({short[0].finish_reason}): a stop the "
+                     "server applied although ignore_eos was set")
+    return notes
+
+
+def source_text(settings: SamplingSettings, source_info: ServerInfo | None) -> str:
+    if settings.source == "reference":
+        return (f"the target recomputed in float64 from {settings.reference} (--reference), top "
+                f"{settings.top_logprobs}")
+    where = source_info.base_url if source_info else "?"
+    return f"the spec-off server's prompt_logprobs at {where}, top {settings.top_logprobs}"
+
+
+def side_notes(on_info: ServerInfo, source_info: ServerInfo | None) -> list[str]:
+    """What looks wrong about the two servers themselves."""
+    notes = []
+    if source_info is not None and source_info.spec_enabled:
+        notes.append("the spec-off server has spec-decode counters: speculation looks ON there")
+    if on_info.spec_enabled is False:
+        notes.append("the spec-on server has no spec-decode counters: speculation looks OFF there")
+    if source_info is not None and source_info.model_id != on_info.model_id:
+        notes.append(f"the servers serve different model ids ({source_info.model_id} vs {on_info.model_id})")
+    return notes
+
+
+def sampling_report(settings: SamplingSettings, on_info: ServerInfo, source_info: ServerInfo | None,
+                    inputs: Sequence[PromptInput], samples: Sequence[Sample],
+                    draws: Sequence[Sequence[TokenDraw]], acceptance: AcceptanceSummary | None = None) -> SamplingReport:
+    """The verdict on all sampled tokens, per-prompt counts, notes and the gate."""
+    stats = sampling_verdict([d for ds in draws for d in ds], alpha=settings.alpha, bins=settings.bins,
+                             seed=settings.seed, power=settings.power, tv_targets=tuple(settings.tv_targets))
+    return SamplingReport(settings=settings, on_server=on_info, source_server=source_info,
+                          source=source_text(settings, source_info), stats=stats,
+                          prompts=prompt_counts(inputs, samples, draws), acceptance=acceptance,
+                          notes=[*side_notes(on_info, source_info), *sampling_notes(acceptance, samples)],
+                          gate=sampling_gate(stats))
