@@ -202,3 +202,10 @@ def test_margin_is_the_float64_log_ratio_at_the_last_position(tiny_dir):
         lp32 = torch.log_softmax(f32(torch.tensor([prefix])).logits[0, -1].double(), -1)
     assert abs(m - float(lp32[7] - lp32[9])) > 1e-12
     assert s._load() is s._load()  # loaded once
+
+
+def test_a_divergence_at_the_first_token_is_scored_on_the_prompt_alone(tmp_path):
+    s = scorer(tmp_path, margin=-0.75, prompt_ids=(11, 12))
+    t = s.triage(Srv(), CHAT, div(index=0, off_token="token_id:3"), off_rec(), 0.5, None)
+    assert (t.verdict, t.source, t.reference_margin) == ("suspect", "reference-float64", -0.75)
+    assert s.calls == [([11, 12], 3, 9)]
