@@ -86,7 +86,7 @@ class LaunchPlan(BaseModel):
 
 def is_secret_flag(flag: str) -> bool:
     """``--api-key``, ``--hf-token``, ``--ssl-keyfile-password``...: a flag whose value is a secret."""
-    return flag in SECRET_FLAGS or bool(SECRET_NAME.search(flag.lstrip("-")))
+    return flag in SECRET_FLAGS or bool(SECRET_NAME.search(flag))
 
 
 def record_argv(argv: list[str]) -> list[str]:

@@ -70,20 +70,18 @@ class LaunchRecord(BaseModel):
         """argv without the speculative block, with per-server flag values as a placeholder: two
         servers that differ in speculation only have equal comparable argv."""
         argv, block = list(self.argv), self.spec_args
-        starts = [i for i in range(len(argv) - len(block) + 1) if block and argv[i:i + len(block)] == block]
+        starts = [i for i in range(len(argv)) if argv[i:i + len(block)] == block]  # an empty block cuts nothing
         if starts:
             del argv[starts[0]:starts[0] + len(block)]
         out: list[str] = []
-        hide_next = False
-        for arg in argv:
+        for previous, arg in zip([None, *argv], argv):
             flag, eq, _ = arg.partition("=")
-            if hide_next:
+            if previous in self.per_server_flags:
                 out.append(PER_SERVER)
             elif eq and flag in self.per_server_flags:
                 out.append(f"{flag}={PER_SERVER}")
             else:
                 out.append(arg)
-            hide_next = arg in self.per_server_flags
         return out
 
     def effective_env(self) -> dict[str, str]:

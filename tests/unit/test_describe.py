@@ -178,6 +178,10 @@ def test_settings_are_only_read_from_a_mapping_and_secrets_become_stars():
     assert dtype is None
     assert flags == {"performance_mode": "x", "env.VLLM_HF_TOKEN": "***", "env.VLLM_DISABLED_KERNELS": '["a"]',
                      "env.VLLM_MAX_TOKENS_PER_EXPERT_FP4_MOE": 8}
+    assert server_settings({"vllm_env": {"VLLM_X": 1}}) == (None, {"env.VLLM_X": 1})  # no vllm_config at all
+    # a mapping value is compact JSON with sorted keys: the same mapping in another order reads the same
+    orders = [server_settings({"vllm_config": {"performance_mode": m}})[1] for m in ({"b": 1, "a": 2}, {"a": 2, "b": 1})]
+    assert orders[0] == orders[1] == {"performance_mode": '{"a":2,"b":1}'}
 
 
 def test_the_reference_server_gives_its_engine_settings_from_version():

@@ -82,6 +82,7 @@ def test_each_backend_plans_the_pair_with_equal_env_and_argv_apart_from_speculat
     else:
         assert on.spec_args and _ports_out(off.argv, 8001) == _ports_out(_cut(on.argv, on.spec_args), 8002)
     records = launch_record(off, environ={}), launch_record(on, environ={})
+    assert (records[0].spec_settings, records[1].spec_settings) == (off.spec_settings, on.spec_settings)
     assert records[0].comparable_argv() == records[1].comparable_argv()
     assert launch_differences(*records) == []
 
@@ -119,16 +120,32 @@ def record(argv, spec_args=(), flags=("--host", "--port"), **kw) -> LaunchRecord
 
 
 def test_comparable_argv_takes_out_the_first_run_of_the_spec_block_and_hides_per_server_values():
-    r = record(["py", "--port=1", "--k=4", "--ngram", "--k=4", "--ngram", "--host", "h", "--hostile", "v"],
-               spec_args=["--k=4", "--ngram"])
+    r = record(["py", "--port=1", "--k=4", "--ngram", "--k=4", "--ngram", "--host", "h", "--hostile", "v",
+                "--host=a=b", "--ngram"], spec_args=["--k=4", "--ngram"])
     assert r.comparable_argv() == ["py", f"--port={PER_SERVER}", "--k=4", "--ngram", "--host", PER_SERVER,
-                                   "--hostile", "v"]
+                                   "--hostile", "v", f"--host={PER_SERVER}", "--ngram"]
+    assert record(["--ngram", "--k=4", "x"], spec_args=["--ngram", "--k=4"]).comparable_argv() == ["x"]
+    assert record(["x", "--ngram", "--k=4"], spec_args=["--ngram", "--k=4"]).comparable_argv() == ["x"]
 
 
 def test_a_spec_block_that_is_not_a_run_of_argv_removes_nothing():
     r = record(["py", "--ngram", "--x", "--k=4"], spec_args=["--ngram", "--k=4"])
     assert r.comparable_argv() == ["py", "--ngram", "--x", "--k=4"]
     assert record(["py", "--a"], spec_args=["--a", "--b"]).comparable_argv() == ["py", "--a"]
+
+
+def test_an_argument_missing_on_the_spec_on_side_is_said_from_that_side():
+    assert launch_differences(record(["py", "--a", "--b"]), record(["py", "--b"])) == [
+        "launch argv differs apart from speculation: only the spec-off side has --a, "
+        "only the spec-on side has nothing more"]
+
+
+def test_a_secret_in_a_record_made_by_hand_is_still_masked_in_the_lines():
+    off = record(["py"], env={"HF_TOKEN": KEY, "OMP_NUM_THREADS": "1"})
+    on = record(["py"], env={"OMP_NUM_THREADS": "2"})
+    assert launch_differences(off, on) == [
+        "environment HF_TOKEN: '***' on the spec-off side, unset on the spec-on side",
+        "environment OMP_NUM_THREADS: 1 on the spec-off side, 2 on the spec-on side"]
 
 
 def test_the_same_arguments_in_another_order_is_its_own_line():
@@ -153,7 +170,7 @@ def test_the_record_keeps_what_was_set_and_the_speed_variables_inherited():
 
 
 def test_secret_flags_and_variables_become_stars_and_nothing_else_does():
-    argv = ["py", "--api-key", KEY, f"--api-key={KEY}", f"--hf-token={KEY}", "--token", KEY, "--ssl-keyfile-password",
+    argv = ["py", "--api-key", KEY, f"--api-key={KEY}=x", f"--hf-token={KEY}", "--token", KEY, "--ssl-keyfile-password",
             KEY, "--max-num-batched-tokens", "4096", "--ssl-keyfile", "/k.pem", KEY]
     assert record_argv(argv) == ["py", "--api-key", "***", "--api-key=***", "--hf-token=***", "--token", "***",
                                  "--ssl-keyfile-password", "***", "--max-num-batched-tokens", "4096",
@@ -163,8 +180,9 @@ def test_secret_flags_and_variables_become_stars_and_nothing_else_does():
     assert record_env(env) == {"APIKEY": "***", "AWS_SECRET_ACCESS_KEY": "***", "DB_PASSWORD": "***",
                                "HF_TOKEN": "***", "KEYBOARD": "us", "TOKENIZERS_PARALLELISM": "false",
                                "VLLM_API_KEY": "***", "VLLM_MAX_TOKENS_PER_BATCH": "8"}
-    assert record_settings({"a": {"hf_token": KEY, "max_num_tokens": 8, "api_key": None}, "l": [{"secret": KEY}]}) == \
-        {"a": {"hf_token": "***", "max_num_tokens": 8, "api_key": None}, "l": [{"secret": "***"}]}
+    assert record_settings({"a": {"hf_token": KEY, "max_num_tokens": 8, "api_key": None, "token": ""},
+                            "l": [{"secret": KEY}]}) == \
+        {"a": {"hf_token": "***", "max_num_tokens": 8, "api_key": None, "token": ""}, "l": [{"secret": "***"}]}
 
 
 def _keyed_plan(key: str, extra: str) -> LaunchPlan:
