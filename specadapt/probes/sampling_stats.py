@@ -35,7 +35,6 @@ from functools import lru_cache
 from typing import NamedTuple, Sequence
 
 import numpy as np
-from scipy import optimize, stats
 
 from specadapt.errors import UsageError
 from specadapt.records.sampling import RankCategory, SamplingStats, SamplingTest, TvTarget
@@ -149,6 +148,8 @@ def _check_level(alpha: float, power: float, bins: int) -> None:
 @lru_cache(maxsize=256)
 def _noncentrality(alpha: float, power: float, bins: int) -> float:
     """lambda* with P(ncx2(bins - 1, lambda*) > chi2.isf(alpha, bins - 1)) = power."""
+    from scipy import optimize, stats  # scipy.stats takes a second to import: only when used
+
     dof = bins - 1
     crit = stats.chi2.isf(alpha, dof)
 
@@ -214,6 +215,8 @@ def merge_groups(expected: Sequence[float], min_expected: float = MIN_EXPECTED) 
 
 def rank_test(cat_probs: np.ndarray, cats: np.ndarray) -> tuple[float, int, float, list[list[int]]]:
     """(statistic, dof, p-value, groups): (O - E)^T Sigma^+ (O - E) over merged categories."""
+    from scipy import stats
+
     groups = merge_groups(cat_probs.sum(axis=0))
     p = np.column_stack([cat_probs[:, g].sum(axis=1) for g in groups])
     group_of = np.empty(cat_probs.shape[1], dtype=np.int64)
@@ -235,6 +238,8 @@ def rank_test(cat_probs: np.ndarray, cats: np.ndarray) -> tuple[float, int, floa
 def verdict_from_arrays(arrays: DrawArrays, alpha: float = 0.01, bins: int = 20, seed: int = 0,
                         power: float = 0.8, tv_targets: Sequence[float] = (0.01, 0.02, 0.05)) -> SamplingStats:
     """sampling_verdict on draws already encoded (``encode_draws``)."""
+    from scipy import stats
+
     m = len(TESTS)
     per_test = alpha / m
     _check_level(alpha, power, bins)

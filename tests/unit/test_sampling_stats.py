@@ -6,13 +6,14 @@ a correct one must pass at the stated false-alarm rate, faulty ones must be reje
 """
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from specadapt.errors import UsageError
-from specadapt.probes import sampling_stats as ss
 from specadapt.probes.sampling_stats import (
     DrawArrays,
     TokenDraw,
@@ -459,6 +460,13 @@ def test_a_token_of_probability_zero_is_inconsistent_at_any_count():
     assert v.status == "inconsistent" and all(not t.rejected for t in v.tests)
 
 
+def test_importing_the_module_does_not_import_scipy():
+    code = ("import sys; import specadapt.probes.sampling_stats; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_a_test_rejects_at_a_p_value_equal_to_the_per_test_alpha(monkeypatch):
     rng = np.random.default_rng(6)
     p = targets(rng, 300)
@@ -471,11 +479,12 @@ def test_a_test_rejects_at_a_p_value_equal_to_the_per_test_alpha(monkeypatch):
             return type("R", (), {"statistic": res.statistic, "pvalue": pvalue})()
         return fake
 
-    monkeypatch.setattr(ss.stats, "kstest", ks_at(0.3 / 3))
+    monkeypatch.setattr(stats, "kstest", ks_at(0.3 / 3))
     v = verdict_from_arrays(arrays, alpha=0.3)
     assert v.tests[1].rejected and v.status == "inconsistent" and not v.passed
-    assert v.summary == "inconsistent with the target distribution: pit-ks p=0.1 <= 0.1 (alpha 0.3 over 3 tests) on 300 tokens"
-    monkeypatch.setattr(ss.stats, "kstest", ks_at(0.3 / 3 * 1.0001))
+    assert v.summary == ("inconsistent with the target distribution: pit-ks p=0.1 <= 0.1 (alpha 0.3 over 3 tests) "
+                         "on 300 tokens")
+    monkeypatch.setattr(stats, "kstest", ks_at(0.3 / 3 * 1.0001))
     assert verdict_from_arrays(arrays, alpha=0.3).passed
 
 
@@ -567,7 +576,8 @@ def test_the_verdict_catches_the_detectable_tv_with_at_least_the_stated_power():
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: detectable_tv(100, 0.0), "alpha must be between 0 and 1, got 0.0: give a false-alarm rate such as 0.01"),
     (lambda: detectable_tv(100, 1.0), "alpha must be between 0 and 1, got 1.0"),
-    (lambda: detectable_tv(100, 0.1, power=0.1), r"power must be above alpha \(0.1\) and below 1, got 0.1: give e.g. 0.8"),
+    (lambda: detectable_tv(100, 0.1, power=0.1),
+     r"power must be above alpha \(0.1\) and below 1, got 0.1: give e.g. 0.8"),
     (lambda: detectable_tv(100, 0.1, power=1.0), "power must be above alpha"),
     (lambda: detectable_tv(100, 0.1, bins=1), "bins must be an integer of at least 2, got 1: give e.g. 20"),
     (lambda: detectable_tv(100, 0.1, bins=2.0), "bins must be an integer of at least 2, got 2.0"),
