@@ -31,6 +31,7 @@ from specadapt.probes.equivalence import default_threshold, identity_report, rea
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.reference_check import ReferenceScorer
 from specadapt.probes.runner import counting, server_client, settle_counters
+from specadapt.probes.sides import side_differences
 from specadapt.probes.stats import find_crossover, log_latency_ratio, log_rate_ratio, ratio_ci
 from specadapt.records import (
     CompareReport,
@@ -337,6 +338,8 @@ def _compare_notes(report: CompareReport) -> list[str]:
     if report.off_server.model_id != report.on_server.model_id:
         notes.append(f"the servers serve different model ids ({report.off_server.model_id} vs "
                      f"{report.on_server.model_id})")
+    notes += [f"the sides differ in more than speculation: {line}"
+              for line in side_differences(report.off_server, report.on_server)]
     if report.settings.on_temperature not in (None, report.settings.request.temperature):
         notes.append(f"drill: the spec-on side ran at temperature {report.settings.on_temperature}")
     failed = [r for r in report.requests if not r.ok and not r.warmup]

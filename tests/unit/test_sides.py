@@ -403,3 +403,16 @@ def test_compare_warns_when_the_two_plans_differ_beyond_speculation(monkeypatch,
     else:  # the spec-on server starts first, alone, and refuses: the spec-off plan is never made
         assert warning not in lines
     assert lines[-1] == "error: the stub starts nothing"
+
+
+def test_the_compare_report_notes_every_difference_beyond_speculation():
+    from specadapt.probes.compare import _compare_notes
+    from specadapt.records import CompareReport, CompareSettings
+
+    def notes(off, on):
+        return [n for n in _compare_notes(CompareReport(settings=CompareSettings(), off_server=off, on_server=on))
+                if n.startswith("the sides differ")]
+
+    assert notes(_info(spec_enabled=False), _spec_on()) == []
+    found = notes(_info(spec_enabled=False, max_model_len=4096), _spec_on())
+    assert len(found) == 1 and "max_model_len" in found[0] and "4096" in found[0]
