@@ -1,10 +1,10 @@
 """The native reference engine as a backend: `specadapt reference serve`, launched or connected.
 
 It speaks the OpenAI API with vLLM's counter names on ``/metrics``, token ids through
-``return_tokens_as_token_ids`` and ``/version``, so connecting reuses the vLLM adapter;
-what differs is the launch plan, and that it has no ``/tokenize`` (so ``--reference``
-recomputation needs a vLLM spec-off side). It speculates with ``ngram`` (the n-gram window
-becomes --ngram-min/--ngram-max) or ``draft_model`` (a local draft directory), k at most.
+``return_tokens_as_token_ids``, ``/version``, ``/tokenize`` and ``prompt_logprobs``, so
+connecting reuses the vLLM adapter; what differs is the launch plan. It speculates with
+``ngram`` (the n-gram window becomes --ngram-min/--ngram-max) or ``draft_model`` (a local
+draft directory), k at most.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class ReferenceLaunch(LaunchOptions):
     dtype: str | None = Field(None, description="auto, float64, float32, bfloat16, float16.")
     seed: int | None = 0
     fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS, "
-                                                "residual-p, bonus-previous, accept-later.")
+                                                "draft-temperature=T, residual-p, bonus-previous, accept-later.")
     threads: int = 1
 
 
