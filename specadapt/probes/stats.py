@@ -41,7 +41,7 @@ METHOD = "t"
 def t_bounds(logs, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low, mean, high) of the t interval for the mean, over the last axis (the units);
     vectorised, so a simulation can pass many data sets at once. Needs >= 2 units."""
-    x = np.asarray(logs, dtype=float)
+    x = np.asarray(logs)
     n = x.shape[-1]
     mean = x.mean(axis=-1)
     half = stdtrit(n - 1, 0.5 + level / 2) * x.std(axis=-1, ddof=1) / math.sqrt(n)
@@ -52,7 +52,7 @@ def ratio_ci(log_ratios: Sequence[float | None], unit: str = "pairs", level: flo
              min_units: int = MIN_UNITS) -> RatioCI:
     """The ratio exp(mean d) over the units' log ratios d (None or non-finite ones left out),
     with its t interval from ``min_units`` units on."""
-    x = np.array([v for v in log_ratios if v is not None and math.isfinite(v)], dtype=float)
+    x = np.array([v for v in log_ratios if v is not None and math.isfinite(v)])
     n = int(x.size)
     common = dict(n=n, unit=unit, method=METHOD, level=level, min_n=min_units, too_few=n < min_units)
     if n == 0:
@@ -124,12 +124,10 @@ def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation
         first_slower = later_slower[0]
         last_faster = max(c for c in faster if c < first_slower)
         span = [(c, r.point) for c, r in pts if last_faster <= c <= first_slower]
-        est = None
-        for (c0, r0), (c1, r1) in zip(span, span[1:]):
-            if r0 >= 1 > r1:
-                x0, x1 = math.log2(c0), math.log2(c1)
-                est = 2 ** (x0 + (r0 - 1) / (r0 - r1) * (x1 - x0))
-                break
+        # the points cross 1 somewhere in the span: it starts above 1 (faster) and ends below (slower)
+        (c0, r0), (c1, r1) = next((a, b) for a, b in zip(span, span[1:]) if a[1] >= 1 > b[1])
+        x0, x1 = math.log2(c0), math.log2(c1)
+        est = 2 ** (x0 + (r0 - 1) / (r0 - r1) * (x1 - x0))
         return Crossover(status="crosses", last_faster=last_faster, first_slower=first_slower, estimate=est,
                          verdicts=verdicts,
                          text=f"spec on is faster at {_levels_text(faster)} and slower at {_levels_text(slower)} "

@@ -106,6 +106,15 @@ def test_below_min_units_the_point_only_and_too_few():
     assert not at_min.too_few and at_min.low is not None
 
 
+def test_another_level_is_recorded_and_changes_the_width():
+    logs = [0.12, 0.31, 0.05, 0.22, 0.18, 0.27]
+    r90, r95 = ratio_ci(logs, level=0.90), ratio_ci(logs)
+    lo, hi = sps.t.interval(0.90, len(logs) - 1, loc=np.mean(logs), scale=sps.sem(logs))
+    assert (r90.level, r90.low, r90.high) == (0.90, pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert r95.low < r90.low and r90.high < r95.high
+    assert ratio_ci(logs, min_units=7).too_few and ratio_ci(logs, min_units=7).min_n == 7
+
+
 def test_missing_and_infinite_units_are_left_out():
     r = ratio_ci([0.1, None, math.inf, 0.2, 0.3, math.nan, 0.2, 0.1])
     assert r.n == 5 and r.point == pytest.approx(math.exp(0.18))
@@ -131,6 +140,7 @@ def test_latency_ratio_is_off_over_on():
     assert log_latency_ratio([20.0], [40.0]) == pytest.approx(math.log(0.5))
     assert log_latency_ratio([], [1.0]) is None and log_latency_ratio([1.0], []) is None
     assert log_latency_ratio([0.0], [1.0]) is None and log_latency_ratio([1.0], [0.0]) is None
+    assert log_latency_ratio([0.5], [0.25]) == pytest.approx(math.log(2.0))  # means below 1 are fine
 
 
 def test_rate_ratio_is_on_over_off_with_each_side_s_tokens():
@@ -175,6 +185,11 @@ def test_crossover_across_an_unclear_level_interpolates_where_the_points_cross()
     assert x.text.endswith("(crossover near 6.3); no clear difference at 4")
 
 
+def test_the_crossover_is_after_the_last_level_still_at_1():
+    x = find_crossover([1, 4, 8, 16], [ci(1.3), ci(1.0, half=0.2), ci(1.0, half=0.2), ci(0.8)])
+    assert (x.last_faster, x.first_slower, x.estimate) == (1, 16, pytest.approx(8.0))
+
+
 def test_faster_everywhere_only_when_every_interval_is_above_1():
     x = find_crossover([1, 2, 4], [ci(1.3), ci(1.2), ci(1.1)])
     assert (x.status, x.last_faster, x.text) == ("faster-everywhere", 4,
@@ -182,6 +197,10 @@ def test_faster_everywhere_only_when_every_interval_is_above_1():
     y = find_crossover([1, 2, 4], [ci(1.3), ci(1.2), ci(1.04)])
     assert (y.status, y.last_faster) == ("faster-at-some", 2)
     assert y.text == "spec on is faster at 1, 2; no clear difference at 4"
+    assert y.verdicts == {1: "faster", 2: "faster", 4: "no clear difference"}
+    z = find_crossover([1, 8, 16], [ci(1.3), few(1.5), few(1.2, n=2)])
+    assert z.text == (f"spec on is faster at 1; no clear difference at 8, 16 (no interval at 8: 3 blocks, fewer "
+                      f"than {MIN_UNITS}; 16: 2 blocks, fewer than {MIN_UNITS})")
 
 
 def test_point_above_1_with_an_interval_across_1_is_no_clear_difference():
@@ -204,19 +223,23 @@ def test_never_faster_and_mixed():
     x = find_crossover([1, 2, 4], [ci(1.02), ci(0.9), ci(0.8)])
     assert (x.status, x.first_slower, x.last_faster) == ("never-faster", 2, None)
     assert x.text == "spec on is slower at 2, 4 and faster at none; no clear difference at 1"
+    assert x.verdicts == {1: "no clear difference", 2: "slower", 4: "slower"}
     m = find_crossover([1, 2, 4], [ci(0.8), ci(1.0), ci(1.2)])
     assert (m.status, m.first_slower, m.last_faster) == ("mixed", 1, 4)
+    assert m.verdicts == {1: "slower", 2: "no clear difference", 4: "faster"}
+    assert m.text == "spec on is slower at 1 but faster at the higher 4; no clear difference at 2"
 
 
-@pytest.mark.parametrize("speculation, why", [(False, "has no speculation counters"),
-                                              (None, "shows no speculation counters")])
+@pytest.mark.parametrize("speculation, why", [
+    (False, "has no speculation counters (speculation looks off there)"),
+    (None, "shows no speculation counters (speculation could not be confirmed)")])
 def test_without_speculation_no_level_gets_a_speed_verdict(speculation, why):
     x = find_crossover([1, 4], [ci(1.5), ci(1.4)], speculation)
     assert x.status == "no-speculation" and x.verdicts == {1: "no speculation", 4: "no speculation"}
-    assert why in x.text and x.text.startswith("no speed verdict")
+    assert x.text == f"no speed verdict: the spec-on server {why}, so a ratio would not measure speculative decoding"
     assert x.last_faster is None and x.estimate is None
 
 
 def test_no_ratio_at_all_is_unknown():
     x = find_crossover([1, 2], [RatioCI(point=None), RatioCI(point=None)])
-    assert (x.status, x.verdicts) == ("unknown", {})
+    assert (x.status, x.verdicts, x.text) == ("unknown", {}, "no ratios measured")
