@@ -312,3 +312,14 @@ def test_a_refused_row_is_named_in_the_message():
         probs(torch.tensor([[0.0, 1.0], [0.0, 1.0], [math.nan, 0.0]], dtype=torch.float32), SamplingParams(1.0))
     assert str(err.value).startswith("no distribution to sample from at row 2: the logits hold NaN/inf "
                                      "(a torch.float32 overflow?) or SamplingParams(")
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(temperature=True), "temperature"),
+    (dict(top_p=True), "top_p"),  # True == 1 would pass the range check
+    (dict(top_p="0.5"), "top_p"),
+    (dict(top_k="2"), "top_k"),
+])
+def test_booleans_and_strings_are_not_numbers(kw, name):
+    with pytest.raises(UsageError, match=f"^{name} must "):
+        SamplingParams(**{"temperature": 1.0, **kw})
