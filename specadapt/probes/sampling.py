@@ -39,6 +39,7 @@ import httpx
 from specadapt.adapters.base import Server
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
 from specadapt.probes.sampling_stats import TokenDraw, sampling_verdict
+from specadapt.probes.sides import side_differences
 from specadapt.records import AcceptanceSummary, Prompt, ServerInfo
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings
@@ -202,12 +203,14 @@ def refuses_k(message: str) -> bool:
 
 
 # --- HTTP --------------------------------------------------------------------------------------
-def async_client(server: Server, timeout_s: float, concurrency: int) -> httpx.AsyncClient:
-    """A client with the server's auth and TLS settings and ``concurrency`` connections."""
+def async_client(server: Server, timeout_s: float, concurrency: int,
+                 transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+    """A client with the server's auth and TLS settings and ``concurrency`` connections
+    (``transport``: tests answer the requests themselves)."""
     timeout = httpx.Timeout(connect=10.0, read=timeout_s, write=30.0, pool=None)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
-                             verify=server.verify)
+                             verify=server.verify, transport=transport)
 
 
 async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any], who: str) -> tuple[int, Any, str]:
@@ -239,9 +242,10 @@ async def _bounded(jobs: list, concurrency: int) -> list:
     return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
-async def tokenize_on_server(server: Server, prompts: Sequence[Prompt], timeout_s: float) -> list[list[int]]:
+async def tokenize_on_server(server: Server, prompts: Sequence[Prompt], timeout_s: float,
+                             transport: httpx.AsyncBaseTransport | None = None) -> list[list[int]]:
     """Prompt ids by the server's own tokenizer and chat template (POST /tokenize)."""
-    async with async_client(server, timeout_s, 1) as client:
+    async with async_client(server, timeout_s, 1, transport) as client:
         out = []
         for p in prompts:
             status, data, msg = await _post(client, "/tokenize", tokenize_body(p, server.model_id), "source server")
@@ -264,9 +268,10 @@ def plan_samples(inputs: Sequence[PromptInput], samples: int, seed: int) -> list
 
 
 async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
-                       timeout_s: float, progress: Progress | None = None) -> list[Sample]:
+                       timeout_s: float, progress: Progress | None = None,
+                       transport: httpx.AsyncBaseTransport | None = None) -> list[Sample]:
     """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight."""
-    async with async_client(server, timeout_s, concurrency) as client:
+    async with async_client(server, timeout_s, concurrency, transport) as client:
         async def one(inp: PromptInput, index: int, s: int) -> Sample:
             status, data, msg = await _post(client, "/v1/completions",
                                             sample_body(inp.ids, server.model_id, inp.max_tokens, s),
@@ -285,9 +290,10 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
 
 
 async def score_on_server(server: Server, samples: Sequence[Sample], k: int, concurrency: int, timeout_s: float,
-                          progress: Progress | None = None) -> list[list[TokenDraw]]:
+                          progress: Progress | None = None,
+                          transport: httpx.AsyncBaseTransport | None = None) -> list[list[TokenDraw]]:
     """The source server's top-K prompt logprobs at every sampled position (one request per sample)."""
-    async with async_client(server, timeout_s, concurrency) as client:
+    async with async_client(server, timeout_s, concurrency, transport) as client:
         async def one(sample: Sample) -> list[TokenDraw]:
             status, data, msg = await _post(client, "/v1/completions", score_body(sample, server.model_id, k),
                                             "source server")
@@ -402,13 +408,16 @@ def sampling_gate(stats: SamplingStats) -> SamplingGate:
         "the samples are not from the target distribution (" + "; ".join(rejected or [stats.summary]) + ")"])
 
 
-def sampling_notes(acceptance: AcceptanceSummary | None, samples: Sequence[Sample]) -> list[str]:
+def sampling_notes(acceptance: AcceptanceSummary | None, samples: Sequence[Sample],
+                   spec_looks_off: bool = False) -> list[str]:
+    """Caveats of the run: the setting checked, speculation not exercised, samples cut short.
+    ``spec_looks_off``: already said (side_notes), so unknown acceptance is not said again."""
     notes = ["sampled at temperature 1 and top_p 1, the only setting this checks: prompt logprobs are the "
              "target's raw distribution"]
     if acceptance is not None and acceptance.known and not acceptance.accepted_tokens:
         notes.append("the spec-on server accepted no draft token during sampling: speculation was not exercised, "
                      "so the test says nothing about it")
-    elif acceptance is not None and not acceptance.known:
+    elif acceptance is not None and not acceptance.known and not spec_looks_off:
         notes.append(f"acceptance of the spec-on server is unknown ({acceptance.reason}): the run cannot show "
                      "that speculation was exercised")
     short = [s for s in samples if s.finish_reason not in (None, "length")]
@@ -435,6 +444,9 @@ def side_notes(on_info: ServerInfo, source_info: ServerInfo | None) -> list[str]
         notes.append("the spec-on server has no spec-decode counters: speculation looks OFF there")
     if source_info is not None and source_info.model_id != on_info.model_id:
         notes.append(f"the servers serve different model ids ({source_info.model_id} vs {on_info.model_id})")
+    if source_info is not None and source_info.base_url != on_info.base_url:
+        notes += [f"the sides differ in more than speculation: {line}"
+                  for line in side_differences(source_info, on_info)]
     return notes
 
 
@@ -447,5 +459,6 @@ def sampling_report(settings: SamplingSettings, on_info: ServerInfo, source_info
     return SamplingReport(settings=settings, on_server=on_info, source_server=source_info,
                           source=source_text(settings, source_info), stats=stats,
                           prompts=prompt_counts(inputs, samples, draws), acceptance=acceptance,
-                          notes=[*side_notes(on_info, source_info), *sampling_notes(acceptance, samples)],
+                          notes=[*side_notes(on_info, source_info),
+                                 *sampling_notes(acceptance, samples, spec_looks_off=on_info.spec_enabled is False)],
                           gate=sampling_gate(stats))

@@ -1,0 +1,368 @@
+"""probes/sampling.py without servers: request bodies, vLLM's response shapes, errors, the gate.
+
+The response shapes are vLLM 0.32's (read in vllm/entrypoints/openai/completion/protocol.py and
+checked against a live server): ``prompt_logprobs`` is a list with None for the first prompt
+token, then per position ``{"<id>": {"logprob", "rank", "decoded_token"}}`` holding the top K
+and, when it is not among them, the token at that position with its own rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
+from specadapt.probes import sampling as S
+from specadapt.probes.sampling_stats import TokenDraw
+from specadapt.records import AcceptanceSummary, ChatMessage, Prompt, ServerInfo
+from specadapt.records.sampling import SamplingStats, SamplingTest
+from specadapt.records.sampling_report import SamplingSettings
+
+CHAT = Prompt(id="chat", messages=[ChatMessage(role="user", content="Copy: a b c")])
+TEXT = Prompt(id="text", prompt="1, 2, 3,", max_tokens=5)
+# vLLM 0.32's answer to prompt_logprobs=25 on a server with the default --max-logprobs
+REFUSED_K = ("Requested prompt logprobs of 25, which is greater than max allowed: 20 "
+             "(parameter=prompt_logprobs, value=25)")
+
+
+class FakeServer:
+    base_url = "http://fake:8000"
+    model_id = "m"
+    verify = True
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": "Bearer k"}
+
+
+def entry(logprob: float, rank: int) -> dict:
+    return {"logprob": logprob, "rank": rank, "decoded_token": "x"}
+
+
+# --- request bodies ---------------------------------------------------------------------------------
+def test_tokenize_body_applies_the_chat_template_with_the_generation_prompt():
+    assert S.tokenize_body(CHAT, "m") == {"model": "m", "messages": [{"role": "user", "content": "Copy: a b c"}],
+                                          "add_generation_prompt": True}
+    assert S.tokenize_body(TEXT, "m") == {"model": "m", "prompt": "1, 2, 3,"}
+
+
+def test_a_sample_is_drawn_from_the_raw_distribution_with_its_own_seed_and_no_stop_at_eos():
+    assert S.sample_body((5, 6, 7), "m", 32, 41) == {
+        "model": "m", "prompt": [5, 6, 7], "max_tokens": 32, "temperature": 1.0, "top_p": 1.0, "seed": 41,
+        "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True, "stream": False}
+
+
+def test_scoring_asks_the_prompt_logprobs_of_prompt_plus_sample_for_one_token():
+    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1, 2), tokens=(9, 8))
+    assert S.score_body(sample, "m", 7) == {"model": "m", "prompt": [1, 2, 9, 8], "max_tokens": 1,
+                                            "temperature": 0.0, "prompt_logprobs": 7, "return_token_ids": True,
+                                            "stream": False}
+
+
+def test_every_sample_has_its_own_seed_base_plus_index():
+    inputs = S.inputs_for([CHAT, TEXT], [[1], [2, 3]], max_tokens=16)
+    plan = S.plan_samples(inputs, samples=3, seed=100)
+    assert [(inp.prompt.id, i, seed) for inp, i, seed in plan] == [
+        ("chat", 0, 100), ("chat", 1, 101), ("chat", 2, 102), ("text", 3, 103), ("text", 4, 104), ("text", 5, 105)]
+    assert [inp.max_tokens for inp in inputs] == [16, 5]  # a prompt's own max_tokens wins
+    assert inputs[1].ids == (2, 3)
+
+
+# --- parsing -------------------------------------------------------------------------------------------
+def test_tokenize_answer_must_hold_token_ids():
+    assert S.parse_tokenize({"count": 3, "tokens": [1, 2, 3]}) == [1, 2, 3]
+    for bad in ({"count": 0}, {"tokens": []}, {"tokens": ["a"]}, [1, 2]):
+        with pytest.raises(NotAServer, match="no list of token ids"):
+            S.parse_tokenize(bad)
+
+
+def test_sampled_ids_come_from_the_token_id_logprobs():
+    data = {"choices": [{"text": "ab", "finish_reason": "length",
+                         "logprobs": {"tokens": ["token_id:3681", "token_id:30"], "token_logprobs": [-5.9, -2.1]}}]}
+    assert S.parse_sample(data) == ([3681, 30], "length")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"choices": []}, "has no choices"),
+    ({"choices": [{"text": "a", "logprobs": None}]}, "returned no logprobs tokens"),
+    ({"choices": [{"text": "a", "logprobs": {"tokens": ["He"]}}]}, "returned token 'He', not 'token_id:N'"),
+])
+def test_a_spec_on_answer_without_token_ids_is_refused(data, message):
+    with pytest.raises(NotAServer, match=message):
+        S.parse_sample(data)
+
+
+def test_the_head_is_ranks_1_to_k_and_drops_the_token_vllm_adds_below_it():
+    entries = {11: (-0.5, 1), 12: (-1.0, 2), 13: (-2.0, 3), 99: (-9.0, 4)}
+    assert S.top_k_of(entries, 3) == {11: -0.5, 12: -1.0, 13: -2.0}
+    assert S.top_k_of(entries, 4) == {11: -0.5, 12: -1.0, 13: -2.0, 99: -9.0}
+
+
+def test_without_ranks_the_head_is_the_k_most_likely_ties_by_id():
+    entries = {5: (-1.0, None), 3: (-1.0, None), 8: (-0.1, None), 1: (-4.0, None)}
+    assert S.top_k_of(entries, 2) == {8: -0.1, 3: -1.0}
+    assert S.top_k_of(entries, 3) == {8: -0.1, 3: -1.0, 5: -1.0}
+
+
+def scored(prompt_ids=(1, 2, 3), tokens=(7, 9), echo=None, plps=None):
+    sample = S.Sample(prompt_id="p", index=4, seed=4, prompt_ids=tuple(prompt_ids), tokens=tuple(tokens))
+    if plps is None:
+        plps = [None, {"2": entry(-3.0, 9), "40": entry(-0.2, 1), "41": entry(-2.0, 2)},
+                {"3": entry(-1.0, 1), "40": entry(-1.5, 2)},
+                {"7": entry(-0.1, 1), "8": entry(-3.0, 2)},  # the first sampled token, in the top 2
+                {"9": entry(-6.5, 31), "5": entry(-0.3, 1), "6": entry(-1.9, 2)}]  # outside: vLLM adds it
+    choice = {"text": "", "prompt_logprobs": plps,
+              "prompt_token_ids": list(echo if echo is not None else [*prompt_ids, *tokens])}
+    return {"choices": [choice]}, sample
+
+
+def test_one_draw_per_sampled_token_from_the_positions_after_the_prompt():
+    data, sample = scored()
+    draws = S.parse_scores(data, sample, k=2)
+    assert draws == [TokenDraw(top={7: -0.1, 8: -3.0}, token=7, logprob=-0.1, position=0, prompt_id="p"),
+                     TokenDraw(top={5: -0.3, 6: -1.9}, token=9, logprob=-6.5, position=1, prompt_id="p")]
+
+
+def test_the_source_must_have_scored_exactly_the_ids_sent():
+    data, sample = scored(echo=[1, 2, 3, 7, 8])
+    with pytest.raises(NotAServer, match="first at position 4 of 5"):
+        S.parse_scores(data, sample, k=2)
+    data, sample = scored(tokens=(7, 4))  # the dict at the second sampled position does not hold 4
+    data["choices"][0].pop("prompt_token_ids")
+    with pytest.raises(NotAServer, match="do not hold the sampled token 4"):
+        S.parse_scores(data, sample, k=2)
+
+
+def test_prompt_logprobs_of_the_wrong_length_or_shape_are_refused():
+    data, sample = scored()
+    data["choices"][0]["prompt_logprobs"] = data["choices"][0]["prompt_logprobs"][:-1]
+    with pytest.raises(NotAServer, match="returned 4 prompt logprobs for a prompt of 5 tokens"):
+        S.parse_scores(data, sample, k=2)
+    data, sample = scored()
+    data["choices"][0]["prompt_logprobs"][3] = {"7": "high"}
+    with pytest.raises(NotAServer, match="are not"):
+        S.parse_scores(data, sample, k=2)
+
+
+def test_a_source_without_prompt_logprobs_is_told_to_use_reference():
+    data, sample = scored()
+    data["choices"][0].pop("prompt_logprobs")
+    with pytest.raises(NotAServer, match=r"returned no 'prompt_logprobs'.*--reference DIR"):
+        S.parse_scores(data, sample, k=2)
+
+
+def test_refused_k_is_recognised_from_vllms_message_only():
+    assert S.refuses_k(REFUSED_K)
+    assert S.refuses_k("Requested sample logprobs of 30, which is greater than max allowed: 20")
+    assert not S.refuses_k("This model's maximum context length is 2048 tokens")
+    assert not S.refuses_k("prompt_logprobs must be a positive value or -1")
+
+
+def test_the_servers_own_error_sentence_is_kept_on_one_line():
+    vllm = httpx.Response(400, json={"error": {"message": REFUSED_K, "type": "BadRequestError", "code": 400}})
+    assert S._error_message(vllm) == REFUSED_K
+    assert S._error_message(httpx.Response(400, json={"detail": "Not Found"})) == "Not Found"
+    assert S._error_message(httpx.Response(502, text="bad\n  gateway")) == "bad gateway"
+    assert S._error_message(httpx.Response(500, text="")) == "no detail"
+
+
+# --- HTTP, with the requests answered here ----------------------------------------------------------------
+def sample_answer(n_tokens: int) -> dict:
+    return {"choices": [{"text": "", "finish_reason": "length",
+                         "logprobs": {"tokens": [f"token_id:{t}" for t in range(n_tokens)]}}]}
+
+
+def test_samples_carry_distinct_seeds_and_never_exceed_the_concurrency():
+    bodies, in_flight, most = [], [0], [0]
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["Authorization"] == "Bearer k"
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        for _ in range(3):
+            await asyncio.sleep(0)
+        in_flight[0] -= 1
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(200, json=sample_answer(body["max_tokens"]))
+
+    inputs = S.inputs_for([CHAT, TEXT], [[1, 2], [3]], max_tokens=4)
+    samples = asyncio.run(S.draw_samples(FakeServer(), inputs, 5, 7, 3, 10, transport=httpx.MockTransport(handler)))
+    assert most[0] == 3
+    assert sorted(b["seed"] for b in bodies) == list(range(7, 17))
+    assert all(b["temperature"] == 1.0 and b["top_p"] == 1.0 and b["ignore_eos"] for b in bodies)
+    assert [(s.prompt_id, s.seed, len(s.tokens)) for s in samples] == (
+        [("chat", 7 + i, 4) for i in range(5)] + [("text", 12 + i, 5) for i in range(5)])
+    assert samples[0].prompt_ids == (1, 2) and samples[0].tokens == (0, 1, 2, 3)
+
+
+def score(handler, k=25):
+    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
+    return asyncio.run(S.score_on_server(FakeServer(), [sample], k, 1, 10, transport=httpx.MockTransport(handler)))
+
+
+def test_a_refused_k_is_one_line_saying_how_to_fix_it():
+    refuse = lambda r: httpx.Response(400, json={"error": {"message": REFUSED_K}})  # noqa: E731
+    with pytest.raises(UsageError) as err:
+        score(refuse)
+    assert str(err.value) == (f"the source server refused prompt_logprobs=25 ({REFUSED_K}): lower --top-logprobs, "
+                              "or start vLLM with --max-logprobs 25 or more")
+
+
+def test_other_refusals_and_dead_servers_are_server_errors():
+    with pytest.raises(ServerError, match=r"HTTP 404: Not Found\); it needs prompt_logprobs"):
+        score(lambda r: httpx.Response(404, json={"detail": "Not Found"}))
+
+    def dead(request):
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    with pytest.raises(ServerUnreachable, match="cannot be reached .*ConnectError: Connection refused"):
+        score(dead)
+    with pytest.raises(NotAServer, match="not JSON"):
+        score(lambda r: httpx.Response(200, text="<html>"))
+
+
+def test_tokenize_refused_points_at_reference():
+    def handler(request):
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    with pytest.raises(ServerError, match=r"refused POST /tokenize for prompt 'chat' \(HTTP 404: Not Found\).*"
+                                          r"--reference DIR"):
+        asyncio.run(S.tokenize_on_server(FakeServer(), [CHAT], 10, transport=httpx.MockTransport(handler)))
+
+
+# --- counts, notes, the gate -------------------------------------------------------------------------------
+def stats(status: str, **kw) -> SamplingStats:
+    base = dict(status=status, passed=status == "consistent", n_tokens=512, min_tokens=100, alpha=0.01,
+                per_test_alpha=0.01 / 3, power=0.8, bins=20, seed=0, pit_histogram=[0] * 20,
+                pit_expected_per_bin=25.6, rank_categories=[], summary="s")
+    return SamplingStats(**{**base, **kw})
+
+
+def test_the_gate_passes_only_a_consistent_verdict():
+    assert S.sampling_gate(stats("consistent")).passed
+    few = S.sampling_gate(stats("too-few", n_tokens=60))
+    assert not few.passed and few.reasons == [
+        "too few tokens to decide: 60 sampled, 100 needed; raise --samples, --max-tokens or the number of prompts"]
+    tests = [SamplingTest(name="pit-ks", statistic=0.1, p_value=0.5, rejected=False),
+             SamplingTest(name="rank-chi-square", statistic=40, dof=4, p_value=1.234e-6, rejected=True)]
+    bad = S.sampling_gate(stats("inconsistent", tests=tests, zero_probability_tokens=2))
+    assert not bad.passed and bad.reasons == [
+        "the samples are not from the target distribution (rank-chi-square p=1.23e-06; 2 sampled token(s) of "
+        "probability zero under the source)"]
+
+
+def test_counts_per_prompt_and_tokens_in_the_head():
+    inputs = S.inputs_for([CHAT, TEXT], [[1, 2, 3], [4]], 8)
+    samples = [S.Sample("chat", 0, 0, (1, 2, 3), (5, 6)), S.Sample("text", 1, 1, (4,), (7,)),
+               S.Sample("chat", 2, 2, (1, 2, 3), (8,))]
+    draws = [[TokenDraw(top={5: -0.1}, token=5), TokenDraw(top={1: -0.1}, token=6)],
+             [TokenDraw(top={7: -0.1}, token=7)], [TokenDraw(top={8: -1.0}, token=8)]]
+    counts = S.prompt_counts(inputs, samples, draws)
+    assert [(c.prompt_id, c.prompt_tokens, c.samples, c.tokens, c.in_top_k) for c in counts] == [
+        ("chat", 3, 2, 3, 2), ("text", 1, 1, 1, 1)]
+
+
+def acceptance(**kw) -> AcceptanceSummary:
+    return AcceptanceSummary(**{"known": True, "drafts": 10, "draft_tokens": 40, **kw})
+
+
+def test_notes_say_when_speculation_was_not_exercised_or_samples_stopped_early():
+    ok = S.sampling_notes(acceptance(accepted_tokens=3), [S.Sample("p", 0, 0, (1,), (2,), "length")])
+    assert len(ok) == 1 and ok[0].startswith("sampled at temperature 1 and top_p 1")
+    none = S.sampling_notes(acceptance(accepted_tokens=0), [])
+    assert "accepted no draft token" in none[1]
+    unknown = AcceptanceSummary(known=False, reason="no counters")
+    assert "unknown (no counters)" in S.sampling_notes(unknown, [])[1]
+    assert len(S.sampling_notes(unknown, [], spec_looks_off=True)) == 1
+    stopped = S.sampling_notes(None, [S.Sample("p", 0, 0, (1,), (2,), "stop")] * 2)
+    assert stopped[1].startswith("2 sample(s) ended before max_tokens (stop)")
+
+
+def test_side_notes_flag_speculation_on_the_wrong_side_and_other_models():
+    on = ServerInfo(backend="vllm", base_url="http://on", model_id="a", spec_enabled=False)
+    off = ServerInfo(backend="vllm", base_url="http://off", model_id="b", spec_enabled=True)
+    notes = S.side_notes(on, off)
+    assert notes[:3] == ["the spec-off server has spec-decode counters: speculation looks ON there",
+                         "the spec-on server has no spec-decode counters: speculation looks OFF there",
+                         "the servers serve different model ids (b vs a)"]
+    same = ServerInfo(backend="vllm", base_url="http://on", model_id="a", spec_enabled=True)
+    assert S.side_notes(same, None) == []
+
+
+# --- the whole verdict on simulated samplers ---------------------------------------------------------------
+def simulated(n_samples: int, temperature: float, seed: int = 3):
+    """Samples of a fixed 30-token Markov chain and the source's top 10, as the probe would get them."""
+    rng = np.random.default_rng(seed)
+    table = np.random.default_rng(99).normal(size=(30, 30)) * 2
+    samples, draws = [], []
+    for i in range(n_samples):
+        prev, tokens, ds = 0, [], []
+        for j in range(16):
+            logits = table[prev]
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            q = p ** (1 / temperature)
+            tok = int(rng.choice(30, p=q / q.sum()))
+            order = np.argsort(-p)[:10]
+            ds.append(TokenDraw(top={int(t): math.log(p[t]) for t in order}, token=tok, logprob=math.log(p[tok]),
+                                position=j, prompt_id="p"))
+            tokens.append(tok)
+            prev = tok
+        samples.append(S.Sample("p", i, i, (0,), tuple(tokens)))
+        draws.append(ds)
+    return samples, draws
+
+
+def settings(**kw) -> SamplingSettings:
+    return SamplingSettings(**{"samples": 32, "max_tokens": 16, "alpha": 0.01, "top_logprobs": 10, "concurrency": 4,
+                               "seed": 0, "request_timeout_s": 60, "source": "server",
+                               "tokenizer": "the spec-off server's /tokenize", **kw})
+
+
+@pytest.mark.parametrize("temperature, status", [(1.0, "consistent"), (0.6, "inconsistent")])
+def test_the_report_passes_the_target_and_fails_another_temperature(temperature, status):
+    samples, draws = simulated(32, temperature)
+    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
+    off = ServerInfo(backend="vllm", base_url="http://off", model_id="m", spec_enabled=False)
+    report = S.sampling_report(settings(), on, off, inputs, samples, draws, acceptance(accepted_tokens=5))
+    assert report.stats.status == status and report.stats.n_tokens == 512
+    assert report.gate.passed is (status == "consistent")
+    assert report.prompts[0].tokens == 512
+    assert report.source == "the spec-off server's prompt_logprobs at http://off, top 10"
+
+
+def test_the_reference_source_is_named_in_the_report():
+    s = settings(source="reference", reference="/models/t")
+    assert S.source_text(s, None) == "the target recomputed in float64 from /models/t (--reference), top 10"
+
+
+def test_reference_needs_a_model_directory(tmp_path):
+    with pytest.raises(UsageError, match="is not a local HF model directory"):
+        S.ReferenceDistribution(tmp_path)
+
+
+def test_reference_scores_each_sampled_position_with_the_logits_before_it(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    ref = S.ReferenceDistribution(tmp_path)
+    sample = S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8))
+    draws = ref.score(sample, k=4)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([[3, 4, 5, 6, 7, 8]])).logits[0], -1)
+    for j, d in enumerate(draws):
+        row = logp[2 + j]  # the logits at the token before sampled position j
+        assert d.position == j and d.token == sample.tokens[j]
+        assert d.logprob == pytest.approx(float(row[sample.tokens[j]]), abs=1e-12)
+        best = torch.topk(row, 4)
+        assert d.top == pytest.approx({int(t): float(v) for t, v in zip(best.indices, best.values)}, abs=1e-12)
