@@ -340,8 +340,8 @@ async def _answer(request: Request, work) -> Response:
         return _error("the request body is not JSON", 400)
     except BadRequest as err:
         return _error(str(err), err.status, err.param)
-    except (SpecadaptError, TypeError, ValueError) as err:  # e.g. no chat template, a template error
-        return _error(f"bad request: {err}", 400)
+    except (SpecadaptError, TypeError, ValueError) as err:  # no chat template; the template's own refusals
+        return _error(str(err), 400)  # as vLLM passes them on
 
 
 def _check_model(state: ServerState, body: dict) -> None:
@@ -375,12 +375,9 @@ def _tokenize(state: ServerState, body: dict) -> dict:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise BadRequest("'messages' must be a list of {\"role\": ..., \"content\": ...} objects",
                              param="messages")
-        generation = _flag(body, "add_generation_prompt", True)
-        cont = _flag(body, "continue_final_message", False)
-        if generation and cont:
-            raise _invalid("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                           "add_generation_prompt")
-        ids = state.ref.encode_messages(messages, add_generation_prompt=generation, continue_final_message=cont,
+        # both add_generation_prompt and continue_final_message: transformers' refusal, as in vLLM
+        ids = state.ref.encode_messages(messages, add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                                        continue_final_message=_flag(body, "continue_final_message", False),
                                         add_special_tokens=_flag(body, "add_special_tokens", False))
     else:
         raise BadRequest("give 'prompt' (a string) or 'messages' (a list of chat messages)")

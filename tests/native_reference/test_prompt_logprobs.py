@@ -389,8 +389,8 @@ def test_tokenize_and_detokenize_refusals(plain_ref):
         assert "'messages' must be a list" in refused("/tokenize", {"messages": ["hi"]})
         assert "'add_generation_prompt' must be true or false" in refused(
             "/tokenize", {"messages": MESSAGES, "add_generation_prompt": "yes"})
-        assert "Cannot set both `continue_final_message` and `add_generation_prompt` to True." in refused(
-            "/tokenize", {"messages": MESSAGES, "continue_final_message": True})
+        assert "continue_final_message and add_generation_prompt are not compatible" in refused(
+            "/tokenize", {"messages": MESSAGES, "continue_final_message": True})  # transformers' words, as vLLM's
         assert "not served here" in refused("/tokenize", {"model": "other", "prompt": "x"}, 404)
         assert "must be a JSON object" in refused("/tokenize", [1])
         r = httpx.post(f"{base}/tokenize", content=b"{nope", timeout=60)
