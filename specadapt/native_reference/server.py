@@ -268,6 +268,7 @@ class Job:
     ignore_eos: bool
     chat: bool
     prompt_logprobs: int | None = None  # K, -1: the whole vocabulary; None: not asked
+    token_ids: bool = False  # vLLM's return_token_ids (non-streamed answers)
 
 
 def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16,
@@ -421,10 +422,12 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     prompt_logprobs = _prompt_logprobs(state, steps[0].prompt_logprobs)
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.model_name, "choices": [choice], "usage": _usage(len(job.prompt), len(tokens))}
-    if chat:  # vLLM: at the top of a chat response, in the choice of a completion
-        body["prompt_logprobs"] = prompt_logprobs
-    else:
-        choice["prompt_logprobs"] = prompt_logprobs
+    # vLLM: prompt_logprobs and prompt_token_ids at the top of a chat response, in the choice
+    # of a completion; the ids only with return_token_ids
+    where = body if chat else choice
+    where["prompt_logprobs"] = prompt_logprobs
+    where["prompt_token_ids"] = list(job.prompt) if job.token_ids else None
+    choice["token_ids"] = tokens if job.token_ids else None
     return JSONResponse(body)
 
 
@@ -489,7 +492,7 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
     return Job(prompt, max_tokens, params, stream, bool(options.get("include_usage")),
                bool(options.get("continuous_usage_stats")), logprobs, top,
                bool(body.get("return_tokens_as_token_ids")), body.get("seed"),
-               bool(body.get("ignore_eos")), chat, None if stream else prompt_k)
+               bool(body.get("ignore_eos")), chat, None if stream else prompt_k, bool(body.get("return_token_ids")))
 
 
 def _logprob_count(body: dict, name: str) -> int | None:

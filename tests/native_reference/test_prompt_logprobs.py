@@ -230,7 +230,28 @@ def test_prompt_logprobs_in_chat_at_the_top(plain_ref, target_model):
 def test_completion_without_prompt_logprobs_says_null(plain_ref):
     with serving(plain_ref) as base:
         r = completion(base, {"prompt": [5, 6, 7], "max_tokens": 1})
-    assert r.status_code == 200 and r.json()["choices"][0]["prompt_logprobs"] is None
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["prompt_logprobs"] is None
+    assert choice["prompt_token_ids"] is None and choice["token_ids"] is None
+
+
+def test_return_token_ids_echoes_the_prompt_and_the_output(plain_ref):
+    """vLLM's return_token_ids: the prompt's ids and the generated ids (a completion: both
+    in the choice; a chat answer: the prompt's at the top), so a client can check that the
+    server scored exactly the ids it sent."""
+    messages = [{"role": "user", "content": "hi"}]
+    with serving(plain_ref) as base:
+        r = completion(base, {"prompt": [5, 6, 7], "max_tokens": 3, "return_token_ids": True, "logprobs": 0,
+                              "return_tokens_as_token_ids": True, "ignore_eos": True})
+        chat = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+            "messages": messages, "max_tokens": 2, "return_token_ids": True, "ignore_eos": True})
+    choice = r.json()["choices"][0]
+    assert choice["prompt_token_ids"] == [5, 6, 7]
+    assert choice["token_ids"] == [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    assert len(choice["token_ids"]) == 3
+    body = chat.json()
+    assert body["prompt_token_ids"] == plain_ref.encode_messages(messages)
+    assert "prompt_token_ids" not in body["choices"][0] and len(body["choices"][0]["token_ids"]) == 2
 
 
 def test_k_limit_and_checks_as_vllm(plain_ref):
