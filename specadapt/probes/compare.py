@@ -186,46 +186,48 @@ def speed_ratios(pairs: list[Pair]) -> SpeedRatios:
                        throughput=ratio_ci([_request_rate_log(u) for u in units], "pairs"))
 
 
-def block_units(pairs: list[Pair]) -> list[list[Pair]]:
-    """The pairs of one concurrency level N > 1 grouped by repeat: one group per off block + on block."""
+def block_units(pairs: list[Pair]) -> list[tuple[int, list[Pair]]]:
+    """The pairs of one concurrency level N > 1 grouped by repeat: (repeat, its pairs), one
+    group per off block + on block."""
     groups: dict[int, list[Pair]] = {}
     for a, b in pairs:
         groups.setdefault(a.repeat, []).append((a, b))
-    return [groups[r] for r in sorted(groups)]
+    return sorted(groups.items())
 
 
-def block_speed_ratios(records: list[RequestRecord], level: int, pairs: list[Pair],
-                       whole_blocks: bool = True) -> SpeedRatios:
-    """Ratios with each repeat's off block + on block one unit (concurrency N > 1).
+def block_speed_ratios(units: list[tuple[int, list[Pair]]], throughput_logs: list[float | None]) -> SpeedRatios:
+    """Ratios with each repeat's off block + on block one unit (concurrency N > 1): TPOT and
+    E2E from the block's mean over its pairs, throughput from the given per-block log ratios."""
+    tpot, e2e = _latency_logs([u for _, u in units])
+    return SpeedRatios(tpot=ratio_ci(tpot, "blocks"), e2e=ratio_ci(e2e, "blocks"),
+                       throughput=ratio_ci(throughput_logs, "blocks"))
 
-    TPOT and E2E: the block's mean over its pairs. Throughput with ``whole_blocks``: each
-    block's output tokens over its wall time (every succeeded request of the block, pairs or
-    not); without (one prompt's share of the blocks): its requests' tokens over their E2E."""
-    units = block_units(pairs)
-    tpot, e2e = _latency_logs(units)
-    if whole_blocks:
-        thr = []
-        for unit in units:
-            r = unit[0][0].repeat
-            (tok_off, t_off), (tok_on, t_on) = (
-                block_rate([x for x in records if x.concurrency == level and not x.warmup and x.repeat == r
-                            and x.side == side]) for side in ("off", "on"))
-            thr.append(log_rate_ratio(tok_off, t_off, tok_on, t_on))
-    else:
-        thr = [_request_rate_log(u) for u in units]
-    return SpeedRatios(tpot=ratio_ci(tpot, "blocks"), e2e=ratio_ci(e2e, "blocks"), throughput=ratio_ci(thr, "blocks"))
+
+def _block_rate_log(records: list[RequestRecord], level: int, repeat: int) -> float | None:
+    """log(rate_on / rate_off) of one repeat's blocks, each rate its block's tokens over its wall time
+    (every succeeded request of the block, paired or not)."""
+    (tok_off, t_off), (tok_on, t_on) = (
+        block_rate([x for x in records if x.concurrency == level and not x.warmup and x.repeat == repeat
+                    and x.side == side]) for side in ("off", "on"))
+    return log_rate_ratio(tok_off, t_off, tok_on, t_on)
 
 
 def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair]) -> tuple[SpeedRatios, list[PromptSpeed]]:
-    """The level's ratios and each prompt's, on the level's unit of independence."""
+    """The level's ratios and each prompt's, on the level's unit of independence. Per prompt at
+    N > 1 the throughput is its requests' tokens over their E2E (its share of each block)."""
     if level == 1:
         speed = speed_ratios(pairs)
     else:
-        speed = block_speed_ratios(records, level, pairs)
+        units = block_units(pairs)
+        speed = block_speed_ratios(units, [_block_rate_log(records, level, r) for r, _ in units])
     by_prompt = []
     for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
         pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
-        ratios = speed_ratios(pp) if level == 1 else block_speed_ratios(records, level, pp, whole_blocks=False)
+        if level == 1:
+            ratios = speed_ratios(pp)
+        else:
+            units = block_units(pp)
+            ratios = block_speed_ratios(units, [_request_rate_log(u) for _, u in units])
         by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category, ratios=ratios))
     return speed, by_prompt
 

@@ -48,7 +48,7 @@ def t_bounds(logs, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.nda
     return mean - half, mean, mean + half
 
 
-def ratio_ci(log_ratios: Sequence[float | None], unit: str = "pairs", level: float = LEVEL,
+def ratio_ci(log_ratios: Sequence[float | None], unit: str, level: float = LEVEL,
              min_units: int = MIN_UNITS) -> RatioCI:
     """The ratio exp(mean d) over the units' log ratios d (None or non-finite ones left out),
     with its t interval from ``min_units`` units on."""

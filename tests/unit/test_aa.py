@@ -75,7 +75,8 @@ def test_block_intervals_miss_1_in_about_5_percent_of_aa_runs_and_pair_intervals
         one_miss += misses(one.speed.throughput)
         # what the old analysis did: every request pair at concurrency 8 one unit
         pairs = pair_records(report.requests, 8)
-        per_pair = ratio_ci([log_rate_ratio(a.output_tokens, a.e2e_ns, b.output_tokens, b.e2e_ns) for a, b in pairs])
+        per_pair = ratio_ci([log_rate_ratio(a.output_tokens, a.e2e_ns, b.output_tokens, b.e2e_ns) for a, b in pairs],
+                            "pairs")
         pair_miss += misses(per_pair)
     # binomial sd of a 5% rate over 100 runs: 2.2% (seeded: the same runs every time)
     assert block_miss / runs <= 0.10, block_miss
@@ -117,8 +118,8 @@ def test_aa_check_analyses_each_subset_like_a_run_of_its_repeats(aa_check):
     assert report.settings.repeat == 10 and len(report.levels[1].by_prompt) == PROMPTS  # the long run is untouched
     rows = {(row["level"], row["scope"]): row for row in aa_check.evaluate(report, 5)}
     level8 = rows[(8, "level")]
-    assert level8["subsets"] == 2 and level8["given"] == 2 * 3 and level8["too_few"] == 0
-    assert rows[(1, "per prompt")]["given"] == 2 * PROMPTS * 3
+    assert level8["subsets"] == {0, 1} and level8["given"] == 2 * 3 and level8["too_few"] == 0
+    assert rows[(1, "per prompt")]["given"] == 2 * PROMPTS * 3 and rows[(1, "per prompt")]["subsets"] == {0, 1}
     few = {(row["level"], row["scope"]): row for row in aa_check.evaluate(report, 2)}
     assert few[(8, "level")]["given"] == 0 and few[(8, "level")]["too_few"] == 5 * 3
     assert few[(8, "level")]["old_given"] == 5 * 3  # the old bootstrap gave an interval from 2 blocks

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -32,6 +33,7 @@ from specadapt.records import (
     AcceptanceSummary,
     CompareReport,
     CompareSettings,
+    CounterPair,
     CounterSnapshot,
     LevelResult,
     Prompt,
@@ -70,16 +72,16 @@ class Script:
     """Answers each request as its side is scripted; logs (event, side, prompt, repeat, warmup)."""
 
     def __init__(self, tokens: dict[str, int], itl_ms: dict[str, float]):
-        self.tokens, self.itl_ms, self.log, self.now = tokens, itl_ms, [], 0
+        self.tokens, self.itl_ms, self.log = tokens, itl_ms, []
 
     async def stream_request(self, client, prompt, model, settings, t0, repeat=0, warmup=False):
         side = "on" if model == "model-on" else "off"
+        assert str(client.base_url).startswith(f"http://{side}.invalid"), (side, client.base_url)  # its own client
         self.log.append(("start", side, prompt.id, repeat, warmup))
-        sent = self.now
+        sent = time.perf_counter_ns() - t0  # the run's clock, as stream_request does
         await asyncio.sleep(0)  # let the other requests of a block start
         n = self.tokens[side]
         chunk_ns = [20 * MS + int(i * self.itl_ms[side] * MS) for i in range(n)]
-        self.now += 1 * MS
         self.log.append(("end", side, prompt.id, repeat, warmup))
         return RequestRecord(prompt_id=prompt.id, category="c", api="completions", repeat=repeat, warmup=warmup,
                              ok=True, sent_at_ns=sent, chunk_ns=chunk_ns, chunk_tokens=[1] * n, output_tokens=n,
@@ -110,6 +112,7 @@ def test_concurrency_1_alternates_who_goes_first_per_prompt_and_per_repeat(monke
     for p in PROMPTS:  # each prompt goes first on each side equally often
         firsts = [s1 for (s1, p1, _), _ in pairs if p1 == p.id]
         assert firsts.count("off") == firsts.count("on") == 2
+    assert {r.replica for r in records if r.concurrency == 1} == {0} and all(r.sent_at_ns >= 0 for r in records)
 
 
 def test_warmup_goes_to_both_servers_first():
@@ -133,8 +136,8 @@ def test_concurrency_n_runs_whole_blocks_one_server_at_a_time(monkeypatch):
     assert {r.replica for r in records} == {0, 1, 2, 3}
 
 
-@pytest.mark.parametrize("level, n_prompts, copies", [(1, 2, 1), (1, 50, 1), (4, 2, 4), (4, 3, 3), (3, 5, 2),
-                                                      (2, 8, 1), (16, 8, 4)])
+@pytest.mark.parametrize("level, n_prompts, copies", [(1, 1, 1), (1, 2, 1), (1, 50, 1), (2, 1, 4), (4, 2, 4),
+                                                      (4, 3, 3), (3, 5, 2), (2, 8, 1), (16, 8, 4)])
 def test_copies_for_fill_a_block_to_at_least_2n_requests(level, n_prompts, copies):
     assert copies_for(level, n_prompts) == copies
     if level > 1:
@@ -186,6 +189,8 @@ def test_block_throughput_is_tokens_over_the_block_wall_time():
     assert block_rate(off) == (40, 100 * MS) and block_rate(on) == (40, 200 * MS)
     assert block_rate(off + [rec("off", "b", 0, ok=False, sent_ms=500.0)]) == (40, 100 * MS)  # failed: left out
     assert block_rate([]) == (0, 0)
+    later = [r.model_copy(update={"sent_at_ns": r.sent_at_ns + 5000 * MS}) for r in on]  # a block later in the run
+    assert block_rate(later) == (40, 200 * MS)
 
 
 def g(r: int) -> float:
@@ -252,25 +257,95 @@ def test_per_prompt_units_at_concurrency_1_are_its_repeats():
     assert all(p.ratios.tpot.too_few for p in few.by_prompt) and not few.speed.tpot.too_few
 
 
+def theory_level(L: float, rates: list[float], known: bool = True, drafts: float = 100) -> LevelResult:
+    acc = AcceptanceSummary(known=known, drafts=drafts, draft_tokens=drafts * len(rates),
+                            mean_acceptance_length=L, per_position_rate=rates)
+    ratio = RatioCI(point=1.5)
+    return LevelResult.model_construct(concurrency=1, pairs=5, acceptance=acc,
+                                       speed=SpeedRatios(tpot=ratio, e2e=ratio, throughput=ratio))
+
+
+def speedup(a: float, k: int, c: float) -> float:
+    """Expected tokens per pass for i.i.d. acceptance a, over the pass's cost k c + 1."""
+    return sum(a ** i for i in range(k + 1)) / (k * c + 1)
+
+
 def test_implied_draft_cost_inverts_the_cost_model():
     """A verify pass costs k*c + 1 decode steps and yields L tokens, so TPOT_on = TPOT_off * (k c + 1) / L.
     Build TPOT_on from a chosen c and check theory_check gives c back."""
     k, L, c, tpot_off = 2, 2.2, 0.16, 20.0
     tpot_on = tpot_off * (k * c + 1) / L
-    acc = AcceptanceSummary(known=True, drafts=100, draft_tokens=200, accepted_tokens=120,
-                            mean_acceptance_length=L, per_position_rate=[0.7, 0.5])
-    ratio = RatioCI(point=tpot_off / tpot_on)
-    level = LevelResult.model_construct(concurrency=1, pairs=5, acceptance=acc,
-                                        speed=SpeedRatios(tpot=ratio, e2e=ratio, throughput=ratio))
+    level = theory_level(L, [0.7, 0.5])
     t = theory_check(level, tpot_off, tpot_on, None)
     assert t.implied_draft_cost == pytest.approx(c)
     assert t.k == k and t.tokens_per_pass == L and t.draft_cost_assumed == 0.0
     assert t.predicted_speedup == pytest.approx(1 + 0.7 + 0.5)
-    assert t.measured_speedup == pytest.approx(tpot_off / tpot_on)
-    assert t.measured_over_predicted == pytest.approx((tpot_off / tpot_on) / 2.2)
+    assert t.measured_speedup == 1.5 and t.measured_over_predicted == pytest.approx(1.5 / 2.2)
+    # i.i.d. acceptance a with 1 + a + a^2 = L, and the best k for it at the implied c (k = 0..16)
+    a = t.iid_acceptance
+    assert 1 + a + a * a == pytest.approx(L)
+    assert t.best_k_iid == max(range(17), key=lambda kk: speedup(a, kk, c))
+    assert t.best_k_measured_positions == 2  # (1 + .7 + .5) / (2c + 1) = 1.67 > (1 + .7) / (c + 1) = 1.47
     # a spec-on TPOT so low that c would be negative: c is 0, not less
     assert theory_check(level, tpot_off, tpot_off / L / 2, None).implied_draft_cost == 0.0
-    assert theory_check(level, None, tpot_on, 0.3).implied_draft_cost is None
+
+
+def test_theory_with_an_assumed_cost_and_a_weak_second_position():
+    level = theory_level(1.8, [0.7, 0.1])
+    t = theory_check(level, None, 12.0, 0.3)
+    assert t.implied_draft_cost is None and t.draft_cost_assumed == 0.3
+    assert t.predicted_speedup == pytest.approx(1.8 / (2 * 0.3 + 1))
+    assert t.best_k_measured_positions == 1  # (1 + .7) / 1.3 = 1.31 > (1 + .8) / 1.6 = 1.13
+    a = t.iid_acceptance
+    assert t.best_k_iid == max(range(17), key=lambda kk: speedup(a, kk, 0.3))
+    assert 1 + a + a * a == pytest.approx(1.8)
+
+
+@pytest.mark.parametrize("L", [1.0, 3.0])
+def test_no_iid_acceptance_at_the_ends(L):
+    """L = 1 (nothing accepted) or L = k + 1 (everything): no a in (0, 1) explains it."""
+    t = theory_check(theory_level(L, [0.5, 0.5]), 20.0, 10.0, None)
+    assert (t.iid_acceptance, t.best_k_iid) == (None, None)
+    assert theory_check(theory_level(1.5, [0.3, 0.2]), 20.0, 10.0, None).iid_acceptance == pytest.approx(
+        (-1 + math.sqrt(1 + 4 * 0.5)) / 2)  # 1 + a + a^2 = 1.5
+
+
+@pytest.mark.parametrize("known, drafts, rates", [(False, 100, [0.5]), (True, 0, [0.5]), (True, 100, [])])
+def test_no_theory_without_acceptance(known, drafts, rates):
+    assert theory_check(theory_level(1.5, rates, known=known, drafts=drafts), 20.0, 10.0, None) is None
+
+
+def test_analyse_summarises_each_side_of_each_level_and_feeds_theory():
+    """Level latency summaries count this level's requests of one side, warm-ups left out; theory
+    gets the two sides' mean TPOT and the assumed draft cost."""
+    recs = [rec("off", "w", 0, warmup=True), rec("on", "w", 0, warmup=True)]
+    for r in range(MIN_UNITS):
+        recs += [rec("off", "a", r, tokens=10, e2e_ms=100 + r), rec("on", "a", r, tokens=12, e2e_ms=80 + r)]
+        recs += [rec("off", "a", r, tokens=10, e2e_ms=300, level=4), rec("on", "a", r, tokens=10, e2e_ms=300, level=4)]
+    before = CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=0, accepted_per_position={0: 0, 1: 0})
+    after = CounterSnapshot(drafts=100, draft_tokens=200, accepted_tokens=90, accepted_per_position={0: 60, 1: 30})
+    info = ServerInfo(backend="fake", base_url="http://x", model_id="m", spec_enabled=True)
+    report = CompareReport(settings=CompareSettings(concurrency=[1, 4], repeat=MIN_UNITS, draft_cost=0.05),
+                           off_server=info, on_server=info, requests=recs,
+                           counters_on={1: CounterPair(before=before, after=after)})
+    analyse(report)
+    one, four = report.levels
+    assert (one.off.requests, one.on.requests, four.off.requests) == (MIN_UNITS, MIN_UNITS, MIN_UNITS)
+    assert (one.off.output_tokens, one.on.output_tokens) == (10 * MIN_UNITS, 12 * MIN_UNITS)
+    tpot = {s: sum((x.e2e_ns - x.ttft_ns) / (x.output_tokens - 1) for x in recs if x.side == s and x.concurrency == 1
+                   and not x.warmup) / MIN_UNITS / MS for s in ("off", "on")}
+    assert one.off.tpot_ms.mean == pytest.approx(tpot["off"]) and one.on.tpot_ms.mean == pytest.approx(tpot["on"])
+    L = 1.9
+    assert one.theory.implied_draft_cost == pytest.approx((tpot["on"] * L / tpot["off"] - 1) / 2)
+    assert one.theory.draft_cost_assumed == 0.05 and four.theory is None
+
+
+def test_a_prompt_with_one_pair_is_named_with_its_category():
+    pairs = [(rec("off", "a", r), rec("on", "a", r)) for r in range(MIN_UNITS)]
+    lone = rec("off", "z", 0).model_copy(update={"category": "lonely"}), rec("on", "z", 0).model_copy(
+        update={"category": "lonely"})
+    _, by_prompt = compare.level_speed([], 1, pairs + [lone])
+    assert [(p.prompt_id, p.category, p.ratios.tpot.n) for p in by_prompt] == [("a", "c", MIN_UNITS), ("z", "lonely", 1)]
 
 
 def test_a_whole_run_through_the_runner_pairs_every_copy(monkeypatch):

@@ -42,7 +42,7 @@ def test_the_interval_covers_95_percent_of_normal_log_ratios_at_every_n(n):
 
 def test_the_stated_level_is_95_percent():
     assert LEVEL == 0.95
-    assert ratio_ci([0.1, 0.2, 0.3, 0.1, 0.2]).level == 0.95
+    assert ratio_ci([0.1, 0.2, 0.3, 0.1, 0.2], "pairs").level == 0.95
 
 
 def two_state(rng, n: int, sd: float) -> np.ndarray:
@@ -102,24 +102,24 @@ def test_below_min_units_the_point_only_and_too_few():
     assert r.point == pytest.approx(math.exp(np.mean(logs)))
     assert (r.low, r.high, r.too_few, r.n) == (None, None, True, MIN_UNITS - 1)
     assert r.verdict == "no clear difference"
-    at_min = ratio_ci([0.1, 0.3, 0.2, 0.4, 0.25][:MIN_UNITS])
+    at_min = ratio_ci([0.1, 0.3, 0.2, 0.4, 0.25][:MIN_UNITS], "blocks")
     assert not at_min.too_few and at_min.low is not None
 
 
 def test_another_level_is_recorded_and_changes_the_width():
     logs = [0.12, 0.31, 0.05, 0.22, 0.18, 0.27]
-    r90, r95 = ratio_ci(logs, level=0.90), ratio_ci(logs)
+    r90, r95 = ratio_ci(logs, "pairs", level=0.90), ratio_ci(logs, "pairs")
     lo, hi = sps.t.interval(0.90, len(logs) - 1, loc=np.mean(logs), scale=sps.sem(logs))
     assert (r90.level, r90.low, r90.high) == (0.90, pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
     assert r95.low < r90.low and r90.high < r95.high
-    assert ratio_ci(logs, min_units=7).too_few and ratio_ci(logs, min_units=7).min_n == 7
+    assert ratio_ci(logs, "pairs", min_units=7).too_few and ratio_ci(logs, "pairs", min_units=7).min_n == 7
 
 
 def test_missing_and_infinite_units_are_left_out():
-    r = ratio_ci([0.1, None, math.inf, 0.2, 0.3, math.nan, 0.2, 0.1])
+    r = ratio_ci([0.1, None, math.inf, 0.2, 0.3, math.nan, 0.2, 0.1], "pairs")
     assert r.n == 5 and r.point == pytest.approx(math.exp(0.18))
-    empty = ratio_ci([None, math.nan])
-    assert (empty.point, empty.n, empty.too_few) == (None, 0, True)
+    empty = ratio_ci([None, math.nan], "blocks")
+    assert (empty.point, empty.n, empty.too_few, empty.unit) == (None, 0, True, "blocks")
 
 
 def test_pairing_removes_a_shared_prompt_effect():
@@ -129,7 +129,7 @@ def test_pairing_removes_a_shared_prompt_effect():
     prompt = np.exp(rng.normal(0, 1.0, 12))
     off = prompt * 1.25 * np.exp(rng.normal(0, 0.02, 12))
     on = prompt * np.exp(rng.normal(0, 0.02, 12))
-    r = ratio_ci([log_latency_ratio([a], [b]) for a, b in zip(off, on)])
+    r = ratio_ci([log_latency_ratio([a], [b]) for a, b in zip(off, on)], "pairs")
     assert 1.2 < r.low and r.high < 1.3
     unpaired = sps.ttest_ind(np.log(off), np.log(on)).confidence_interval()
     assert unpaired.low < 0 < unpaired.high  # what an unpaired interval would say
