@@ -16,8 +16,9 @@ Per unit a log ratio d (> 0: spec on is faster):
 Point: exp(mean d). 95% interval: exp(mean d +- t_{n-1, 0.975} * sd(d) / sqrt(n)).
 Below MIN_UNITS units only the point is given: with 2 to 4 units the t interval's coverage
 collapses when the units' noise has two states (a unit lands in a quiet or a busy moment
-of the machine) -- 0.50 to 0.88 in simulation -- and reaches 0.93 or more from 5 units
-(figures in docs/compare.md and tests/unit/test_stats.py).
+of the machine) -- 0.64 to 0.88 in simulation for states +-1 plus noise of sd 0.1 to 0.2 --
+and is about 0.93 or more from 5 units (benchmarks/interval_coverage.py, docs/compare.md,
+tests/unit/test_stats.py).
 
 Verdict of a ratio: faster when the interval's low end is above 1, slower when its high
 end is below 1, otherwise (also without an interval) no clear difference.
