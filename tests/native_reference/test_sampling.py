@@ -323,3 +323,13 @@ def test_a_refused_row_is_named_in_the_message():
 def test_booleans_and_strings_are_not_numbers(kw, name):
     with pytest.raises(UsageError, match=f"^{name} must "):
         SamplingParams(**{"temperature": 1.0, **kw})
+
+
+def test_probs_are_float64_whatever_the_logits_dtype():
+    """The acceptance test u*q < p runs on these: float32 or bfloat16 logits (a model in
+    that dtype) still give float64 distributions."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.tensor([[0.3, 0.2, -0.1]], dtype=dtype)
+        out = probs(x, SamplingParams(0.7, top_p=0.9))
+        assert out.dtype == torch.float64
+        assert out.tolist() == probs(x.to(torch.float64), SamplingParams(0.7, top_p=0.9)).tolist()
