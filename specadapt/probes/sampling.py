@@ -28,6 +28,7 @@ they are the distribution the server samples only when nothing reshapes it.
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -323,6 +324,7 @@ class ReferenceDistribution:
             raise UsageError(f"--reference {model_dir} is not a local HF model directory (no config.json)")
         self._model = None
         self._tokenizer = None
+        self._prompt = None  # (prompt ids, log-probabilities after them, their KV cache)
 
     def _transformers(self):
         purpose = "--reference (float64 recomputation)"
@@ -352,14 +354,28 @@ class ReferenceDistribution:
                 str(self.model_dir), dtype=self._torch.float64).eval()
         return self._model
 
+    def _prompt_state(self, prompt_ids: tuple[int, ...]):
+        """(log-probabilities after the prompt, the prompt's KV cache), computed once per prompt:
+        the samples of a prompt share it, so only their own tokens are run."""
+        if self._prompt is None or self._prompt[0] != prompt_ids:
+            torch = self._torch
+            with torch.no_grad():
+                out = self._load()(torch.tensor([list(prompt_ids)]), use_cache=True)
+            self._prompt = (prompt_ids, torch.log_softmax(out.logits[0, -1:].to(torch.float64), dim=-1),
+                            out.past_key_values)
+        return self._prompt[1], self._prompt[2]
+
     def score(self, sample: Sample, k: int) -> list[TokenDraw]:
         model = self._load()
         torch = self._torch
-        ids = [*sample.prompt_ids, *sample.tokens]
-        n_prompt = len(sample.prompt_ids)
-        with torch.no_grad():
-            logits = model(torch.tensor([ids[:-1]])).logits[0, n_prompt - 1:].to(torch.float64)
-        logp = torch.log_softmax(logits, dim=-1)
+        first, cache = self._prompt_state(sample.prompt_ids)
+        rows = [first]
+        if len(sample.tokens) > 1:
+            with torch.no_grad():
+                out = model(torch.tensor([list(sample.tokens[:-1])]), past_key_values=copy.deepcopy(cache),
+                            use_cache=True)
+            rows.append(torch.log_softmax(out.logits[0].to(torch.float64), dim=-1))
+        logp = torch.cat(rows)  # row j: the distribution of sampled token j
         values, indices = torch.topk(logp, k, dim=-1)
         draws = []
         for j, token in enumerate(sample.tokens):

@@ -114,3 +114,26 @@ def reference_servers(embedded_model, truncated_model):
             "other_model": ReferenceLaunch(model=truncated_model)}
     with ReferenceBackend().launched_many(list(opts.values())) as servers:
         yield dict(zip(opts, servers))
+
+
+REF_NGRAM_K2 = SpecConfig(method="ngram", k=2, ngram_min=1, ngram_max=4)
+
+
+@pytest.fixture(scope="session")
+def sampling_reference_servers(embedded_model):
+    """Spec-on `specadapt reference serve` servers for `equiv --sampling` (float32, CPU), scored
+    against reference_servers["off"]: healthy n-gram k=4, and three faults of the sampler:
+    residual-p (n-gram k=4: a rejected draft is replaced from p, not the residual); bonus-previous
+    (n-gram k=2, so that every draft is accepted often and the bonus, drawn from the previous
+    position's p, is frequent); draft-temperature=0.5 (the target as its own draft, k=2: every
+    draft is accepted, so the output is the draft's samples at half the temperature)."""
+    from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
+
+    self_draft = SpecConfig(method="draft_model", k=2, draft=embedded_model)
+    opts = {"ngram": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM),
+            "residual_p": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="residual-p"),
+            "bonus_previous": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM_K2, fault="bonus-previous"),
+            "draft_temperature": ReferenceLaunch(model=embedded_model, spec_config=self_draft,
+                                                 fault="draft-temperature=0.5")}
+    with ReferenceBackend().launched_many(list(opts.values())) as servers:
+        yield dict(zip(opts, servers))

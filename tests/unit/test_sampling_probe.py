@@ -355,14 +355,18 @@ def test_reference_scores_each_sampled_position_with_the_logits_before_it(tmp_pa
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     ref = S.ReferenceDistribution(tmp_path)
-    sample = S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8))
-    draws = ref.score(sample, k=4)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([[3, 4, 5, 6, 7, 8]])).logits[0], -1)
-    for j, d in enumerate(draws):
-        row = logp[2 + j]  # the logits at the token before sampled position j
-        assert d.position == j and d.token == sample.tokens[j]
-        assert d.logprob == pytest.approx(float(row[sample.tokens[j]]), abs=1e-12)
-        best = torch.topk(row, 4)
-        assert d.top == pytest.approx({int(t): float(v) for t, v in zip(best.indices, best.values)}, abs=1e-12)
+    # two samples of one prompt (its KV cache reused), one of another, the first prompt again
+    samples = [S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8)), S.Sample("p", 1, 1, (3, 4, 5), (9, 6, 6)),
+               S.Sample("q", 2, 2, (10, 11), (12,)), S.Sample("p", 3, 3, (3, 4, 5), (1, 2))]
+    for sample, draws in zip(samples, S.score_on_reference(ref, samples, k=4)):
+        ids = [*sample.prompt_ids, *sample.tokens]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+        assert len(draws) == len(sample.tokens)
+        for j, d in enumerate(draws):
+            row = logp[len(sample.prompt_ids) - 1 + j]  # the logits at the token before sampled position j
+            assert d.position == j and d.token == sample.tokens[j] and d.prompt_id == sample.prompt_id
+            assert d.logprob == pytest.approx(float(row[sample.tokens[j]]), abs=1e-9)
+            best = torch.topk(row, 4)
+            assert d.top == pytest.approx({int(t): float(v) for t, v in zip(best.indices, best.values)}, abs=1e-9)
