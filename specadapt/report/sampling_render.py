@@ -94,7 +94,7 @@ def render_console(report: SamplingReport, console: Console) -> None:
         console.print(f"PIT histogram ({st.bins} bins, {st.pit_expected_per_bin:.1f} expected per bin): "
                       f"|{histogram_bar(st.pit_histogram)}|  min {min(st.pit_histogram)}, max {max(st.pit_histogram)}")
     if st.rank_categories:
-        ranks = Table(title="sampled tokens by rank in the source's top K")
+        ranks = Table(title="rank in the source's top K")
         for col in ("rank", "observed", "expected"):
             ranks.add_column(col, justify="left" if col == "rank" else "right")
         for c in st.rank_categories:
@@ -108,7 +108,6 @@ def render_console(report: SamplingReport, console: Console) -> None:
     console.print(per)
     for line in power_lines(report):
         console.print(line)
-    console.print(f"statistics: {st.summary}", soft_wrap=True, markup=False)
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     console.print(f"gate: [bold]{'PASS' if report.gate.passed else 'FAIL'}[/]"
