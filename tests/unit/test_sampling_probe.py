@@ -370,3 +370,59 @@ def test_reference_scores_each_sampled_position_with_the_logits_before_it(tmp_pa
             assert d.logprob == pytest.approx(float(row[sample.tokens[j]]), abs=1e-9)
             best = torch.topk(row, 4)
             assert d.top == pytest.approx({int(t): float(v) for t, v in zip(best.indices, best.values)}, abs=1e-9)
+
+
+# --- rendering ----------------------------------------------------------------------------------------------
+def report_with(st: SamplingStats):
+    from specadapt.records.sampling_report import PromptTokens, SamplingReport
+
+    on = ServerInfo(backend="vllm", base_url="http://on", version="0.32.0", model_id="m", spec_enabled=True,
+                    num_speculative_tokens=4)
+    return SamplingReport(settings=settings(), on_server=on, source_server=None, source="src", stats=st,
+                          prompts=[PromptTokens(prompt_id="p", category="c", prompt_tokens=3, samples=32, tokens=512,
+                                                in_top_k=500)],
+                          acceptance=acceptance(accepted_tokens=10, acceptance_rate=0.25, mean_acceptance_length=2.0),
+                          gate=S.sampling_gate(st))
+
+
+def test_histogram_bar_scales_to_the_fullest_bin():
+    from specadapt.report.sampling_render import histogram_bar
+
+    assert histogram_bar([0, 5, 10, 1]) == " ▄█▁"
+    assert histogram_bar([0, 0]) == "" and histogram_bar([]) == ""
+
+
+def test_power_lines_state_alpha_the_detectable_tv_and_the_tokens_needed():
+    from specadapt.records.sampling import TvTarget
+    from specadapt.report.sampling_render import power_lines
+
+    tests = [SamplingTest(name="pit-ks", statistic=0.1, p_value=0.5, rejected=False)] * 3
+    st = stats("consistent", tests=tests, detectable_tv=0.1251, samples_needed=[
+        TvTarget(tv=0.01, samples_needed=79960), TvTarget(tv=0.05, samples_needed=3199)])
+    assert power_lines(report_with(st)) == [
+        "false-alarm rate: alpha = 0.01 family-wise (over 3 tests, each at 0.00333): a correct server fails about "
+        "1 run in 100",
+        "power: with 512 tokens this run catches a PIT total-variation distance of 0.125 or more with 80% probability",
+        "tokens needed at 80% power: TV 0.01: 79,960, TV 0.05: 3,199"]
+    assert power_lines(report_with(stats("too-few", n_tokens=0)))[0].endswith(
+        "(no test was run): a correct server fails about 1 run in 100")
+
+
+def test_junit_fails_rejected_tests_zero_probability_tokens_and_too_few():
+    from junitparser import JUnitXml
+
+    from specadapt.report.sampling_render import to_junit, to_markdown
+
+    tests = [SamplingTest(name="pit-chi-square", statistic=50, dof=19, p_value=1e-4, rejected=True),
+             SamplingTest(name="pit-ks", statistic=0.01, p_value=0.9, rejected=False)]
+    bad = report_with(stats("inconsistent", tests=tests, zero_probability_tokens=1))
+    cases = [c for suite in JUnitXml.fromstring(to_junit(bad)) for c in suite]
+    assert [(c.name, bool(c.result)) for c in cases] == [
+        ("pit-chi-square", True), ("pit-ks", False), ("zero-probability-tokens", True)]
+    assert "p = 0.0001 (per-test alpha 0.00333)" in cases[0].result[0].message
+    few = report_with(stats("too-few", n_tokens=50))
+    cases = [c for suite in JUnitXml.fromstring(to_junit(few)) for c in suite]
+    assert [(c.name, bool(c.result)) for c in cases] == [("zero-probability-tokens", False), ("sample-size", True)]
+    md = to_markdown(bad)
+    assert "**Gate: FAIL** - the samples are not from the target distribution" in md
+    assert "| pit-chi-square | 50 | 19 | 0.0001 | **yes** |" in md and "| `p` | 3 | 32 | 512 | 500 |" in md
