@@ -257,10 +257,11 @@ def test_per_prompt_units_at_concurrency_1_are_its_repeats():
     assert all(p.ratios.tpot.too_few for p in few.by_prompt) and not few.speed.tpot.too_few
 
 
-def theory_level(L: float, rates: list[float], known: bool = True, drafts: float = 100) -> LevelResult:
+def theory_level(L: float, rates: list[float], known: bool = True, drafts: float = 100,
+                 measured: float | None = 1.5) -> LevelResult:
     acc = AcceptanceSummary(known=known, drafts=drafts, draft_tokens=drafts * len(rates),
                             mean_acceptance_length=L, per_position_rate=rates)
-    ratio = RatioCI(point=1.5)
+    ratio = RatioCI(point=measured)
     return LevelResult.model_construct(concurrency=1, pairs=5, acceptance=acc,
                                        speed=SpeedRatios(tpot=ratio, e2e=ratio, throughput=ratio))
 
@@ -301,6 +302,21 @@ def test_theory_with_an_assumed_cost_and_a_weak_second_position():
     assert 1 + a + a * a == pytest.approx(1.8)
 
 
+def test_best_measured_k_uses_the_implied_cost_and_is_at_least_1():
+    # implied c = (TPOT_on * L / TPOT_off - 1) / k = (12 * 1.8 / 20 - 1) / 2 = 0.04: (1 + .7 + .1) / 1.08 > 1.7 / 1.04
+    assert theory_check(theory_level(1.8, [0.7, 0.1]), 20.0, 12.0, None).best_k_measured_positions == 2
+    # implied c = (14 * 1.8 / 20 - 1) / 2 = 0.13 > 0.0625: 1.7 / 1.13 > 1.8 / 1.26, though at c = 0 k = 2 would win
+    assert theory_check(theory_level(1.8, [0.7, 0.1]), 20.0, 14.0, None).best_k_measured_positions == 1
+    # implied c = (60 * 1.15 / 20 - 1) / 2 = 1.225: every k slows down (1.1 / 2.2), still k >= 1 is named
+    t = theory_check(theory_level(1.15, [0.1, 0.05]), 20.0, 60.0, None)
+    assert t.implied_draft_cost == pytest.approx(1.225) and t.best_k_measured_positions == 1
+
+
+def test_no_measured_ratio_no_measured_over_predicted():
+    t = theory_check(theory_level(1.8, [0.7, 0.1], measured=None), 20.0, 12.0, None)
+    assert (t.measured_speedup, t.measured_over_predicted) == (None, None) and t.predicted_speedup == pytest.approx(1.8)
+
+
 @pytest.mark.parametrize("L", [1.0, 3.0])
 def test_no_iid_acceptance_at_the_ends(L):
     """L = 1 (nothing accepted) or L = k + 1 (everything): no a in (0, 1) explains it."""
@@ -338,6 +354,13 @@ def test_analyse_summarises_each_side_of_each_level_and_feeds_theory():
     L = 1.9
     assert one.theory.implied_draft_cost == pytest.approx((tpot["on"] * L / tpot["off"] - 1) / 2)
     assert one.theory.draft_cost_assumed == 0.05 and four.theory is None
+
+
+def test_a_pair_without_a_tpot_on_one_side_is_left_out_of_tpot_only():
+    pairs = [(rec("off", "a", r, e2e_ms=100 + r), rec("on", "a", r, e2e_ms=50 + r)) for r in range(MIN_UNITS)]
+    pairs.append((rec("off", "b", 0), rec("on", "b", 0).model_copy(update={"output_tokens": 1})))  # 1 token: no TPOT
+    r = speed_ratios(pairs)
+    assert (r.tpot.n, r.e2e.n, r.throughput.n) == (MIN_UNITS, MIN_UNITS + 1, MIN_UNITS + 1)
 
 
 def test_a_prompt_with_one_pair_is_named_with_its_category():
