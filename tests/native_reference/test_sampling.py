@@ -333,3 +333,52 @@ def test_probs_are_float64_whatever_the_logits_dtype():
         out = probs(x, SamplingParams(0.7, top_p=0.9))
         assert out.dtype == torch.float64
         assert out.tolist() == probs(x.to(torch.float64), SamplingParams(0.7, top_p=0.9)).tolist()
+
+
+def test_one_hot_proposals_use_the_vocabulary_size():
+    """q = one-hot over the V columns of p (here V = 3, k + 1 = 2 rows): a rejected draft
+    token leaves the residual p - onehot(x) on every other token."""
+    p = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    assert rejection_verify(p, None, [1], None) == (0, 2)
+    assert rejection_verify(p, None, [2], None) == (1, 0)
+
+
+def test_bonus_previous_fault_takes_the_row_before_the_bonus_row():
+    p = torch.eye(4, dtype=torch.float64)
+    assert rejection_verify(p, None, [0, 1, 2], None) == (3, 3)
+    assert rejection_verify(p, None, [0, 1, 2], None, fault="bonus-previous") == (3, 2)
+
+
+def test_unknown_sampler_fault_lists_the_known_ones():
+    p = torch.full((1, 3), 1 / 3, dtype=torch.float64)
+    with pytest.raises(ValueError) as err:
+        rejection_verify(p, None, [], None, fault="bogus")
+    assert str(err.value) == "unknown sampler fault 'bogus': use one of residual-p, bonus-previous, accept-later"
+
+
+@pytest.mark.parametrize("fault", [None, "residual-p"])
+def test_every_draw_comes_from_the_requests_generator(fault):
+    """Same seed, same tokens, whatever the global RNG did meanwhile: acceptance draws,
+    replacements (from the residual, or from p under residual-p) and bonus tokens."""
+    p = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
+
+    def run(global_seed):
+        torch.manual_seed(global_seed)
+        gen = torch.Generator().manual_seed(5)
+        out = [rejection_verify(p, q, [3, 0], gen, fault=fault) for _ in range(60)]
+        out += [rejection_verify(p, None, [], gen) for _ in range(20)]  # bonus only
+        return out
+
+    first = run(0)
+    assert len({m for m, _ in first[:60]}) == 3  # rejections at 0 and 1 and full acceptance all occur
+    assert run(1) == first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_rejection_sampling_stays_on_the_distributions_device():
+    p = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    assert rejection_verify(p, None, [1], gen) == (0, 2)
+    assert rejection_verify(p, None, [2], gen) == (1, 0)
