@@ -249,7 +249,8 @@ def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: floa
         # one verify pass costs tpot_on * L; relative to a decode step: k*c + 1
         implied_c = max(0.0, (tpot_on_ms * tokens_per_pass / tpot_off_ms - 1.0) / k)
     a = theory.acceptance_from_mean_length(tokens_per_pass, k) if 1 < tokens_per_pass < k + 1 else None
-    best = theory.best_k(a, implied_c if implied_c is not None else c) if a is not None and 0 < a < 1 else None
+    # 1 < L < k + 1 puts a strictly inside (0, 1)
+    best = theory.best_k(a, implied_c if implied_c is not None else c) if a is not None else None
     best_measured = max(range(1, k + 1), key=lambda kk: theory.predicted_speedup_per_position(
         per_pos[:kk], int(acc.drafts), implied_c if implied_c is not None else c))
     return TheoryCheck(k=k, tokens_per_pass=tokens_per_pass, draft_cost_assumed=c, predicted_speedup=predicted,
