@@ -7,8 +7,10 @@ default), then cuts the repeats into disjoint subsets of 2, 3 and 5 consecutive 
 (what a user with `--repeat 2`, 3 or 5 would get), analyses each subset as compare does
 and counts how often an interval misses 1.0, the true ratio of an A/A: about 5% is right.
 The same subsets through the percentile bootstrap over request pairs that compare used
-before, for contrast. The long run's report is kept (`--out`), and `--from-report FILE`
-evaluates a saved one again without servers.
+before, for contrast. `--same-server` starts one server and gives it as both sides: the
+exact A/A, in which nothing but chance separates the sides (two servers can differ while
+they run, e.g. in the cores they get). The long run's report is kept (`--out`), and
+`--from-report FILE` evaluates a saved one again without servers.
 
     .venv/bin/python benchmarks/aa_check.py --backend reference --repeat 20 --concurrency 1,8 --max-tokens 32
 """
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 from pathlib import Path
 
 import numpy as np
 
-from specadapt.probes.compare import analyse, pair_records, run_compare
+from specadapt.probes.compare import _block_rate_log, analyse, block_units, pair_records, run_compare
 from specadapt.probes.latency import tpot_ns
 from specadapt.probes.prompts import load_prompts
 from specadapt.probes.stats import MIN_UNITS
@@ -125,6 +128,9 @@ def run(args) -> CompareReport:
 
         backend = VLLMBackend()
         opts = [VLLMLaunch(model=model, dtype="float32", max_model_len=2048) for _ in range(2)]
+    if args.same_server:  # the exact A/A: one server is both sides
+        with backend.launched_many(opts[:1], startup_timeout_s=1800) as (server,):
+            return run_compare(server, server, prompts, settings)
     with backend.launched_many(opts, startup_timeout_s=1800) as (off, on):
         return run_compare(off, on, prompts, settings)
 
@@ -138,6 +144,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="The first N built-in prompts.")
     ap.add_argument("--sizes", default="2,3,5", help="Repeats per subset.")
     ap.add_argument("--out", type=Path, default=Path("aa-out"))
+    ap.add_argument("--same-server", action="store_true", help="One server as both sides (the exact A/A).")
     ap.add_argument("--from-report", type=Path, help="Evaluate a saved long run instead of running one.")
     args = ap.parse_args()
     if args.from_report:
@@ -146,15 +153,22 @@ def main() -> None:
         start = datetime.datetime.now(datetime.timezone.utc)
         report = run(args)
         args.out.mkdir(parents=True, exist_ok=True)
-        write_report(report, args.out / f"aa-{args.backend}.json")
+        write_report(report, args.out / f"aa-{args.backend}{'-same' if args.same_server else ''}.json")
         minutes = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds() / 60
-        print(f"{report.created_at}: {args.backend}, {len(report.identity)} prompts x {report.settings.repeat} "
+        print(f"{report.created_at}: {args.backend}{' (one server as both sides)' if args.same_server else ''}, "
+              f"{len(report.identity)} prompts x {report.settings.repeat} "
               f"repeats at concurrency {report.settings.concurrency}, --max-tokens "
               f"{report.settings.request.max_tokens}; {platform.machine()}, {minutes:.0f} min")
     failed = sum(1 for r in report.requests if not r.ok)
     print(f"requests: {len(report.requests)} ({failed} failed); identity: {report.counts}; "
           f"intervals need >= {MIN_UNITS} units")
     print("\n".join(table(report, [int(s) for s in args.sizes.split(",")])))
+    for level in report.settings.concurrency:
+        if level > 1:
+            units = block_units(pair_records(report.requests, level))
+            print(f"tokens/s on/off per block pair at concurrency {level}, repeats in run order: "
+                  + " ".join(f"{math.exp(x):.2f}" if (x := _block_rate_log(report.requests, level, r)) is not None
+                             else "-" for r, _ in units))
     print("\nA 95% interval misses 1.0 in about 5% of A/A subsets. Each cell counts tokens/s, TPOT and E2E "
           "intervals, which move together: about a third as many independent outcomes.")
 
