@@ -426,3 +426,140 @@ def test_junit_fails_rejected_tests_zero_probability_tokens_and_too_few():
     md = to_markdown(bad)
     assert "**Gate: FAIL** - the samples are not from the target distribution" in md
     assert "| pit-chi-square | 50 | 19 | 0.0001 | **yes** |" in md and "| `p` | 3 | 32 | 512 | 500 |" in md
+
+
+# --- exact messages and the remaining branches (mutation testing) -----------------------------------------
+def test_spec_on_refusals_name_what_is_missing_exactly():
+    with pytest.raises(NotAServer) as err:
+        S.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": []}}]})
+    assert str(err.value) == ("the spec-on server returned no logprobs tokens: it must honour 'logprobs' and "
+                              "'return_tokens_as_token_ids' (vLLM does)")
+    with pytest.raises(NotAServer) as err:
+        S.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": ["token_id:1", 7]}}]})
+    assert str(err.value) == ("the spec-on server returned token 7, not 'token_id:N': it must honour "
+                              "'return_tokens_as_token_ids' (vLLM does)")
+    with pytest.raises(NotAServer) as err:
+        S.parse_sample({})
+    assert str(err.value) == "the spec-on server's completion has no choices"
+
+
+def test_score_errors_say_where_exactly():
+    data, sample = scored()
+    data["choices"][0]["prompt_logprobs"][4] = {}
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores(data, sample, k=2)
+    assert str(err.value) == "the source server gave no prompt logprobs at sampled position 1 of prompt 'p' (sample 4)"
+    data, sample = scored()
+    data["choices"][0]["prompt_logprobs"][3] = {"7": {"rank": 1}}
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores(data, sample, k=2)
+    assert str(err.value) == ("the source server's prompt logprobs at sampled position 0 of prompt 'p' (sample 4) "
+                              "are not {token id: {'logprob': ...}}")
+    data, sample = scored(echo=[1, 2, 3, 7])  # echoed fewer ids than were sent, all equal
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores(data, sample, k=2)
+    assert str(err.value) == ("the source server's prompt differs from the ids sent (first at position 4 of 5): it "
+                              "must take the prompt as token ids")
+    data, sample = scored()
+    data["choices"][0]["prompt_logprobs"] = {"0": None}
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores(data, sample, k=2)
+    assert str(err.value) == "the source server returned no list of prompt logprobs for a prompt of 5 tokens"
+    data, sample = scored()
+    data["choices"][0].pop("prompt_logprobs")
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores(data, sample, k=2)
+    assert str(err.value) == ("the source server returned no 'prompt_logprobs': it cannot be the source of the "
+                              "target's distribution (vLLM and `specadapt reference serve` can; or give --reference "
+                              "DIR)")
+    with pytest.raises(NotAServer) as err:
+        S.parse_scores({"choices": []}, sample, k=2)
+    assert str(err.value) == "the source server's completion has no choices"
+
+
+def test_the_servers_ranks_decide_ties_and_plain_logprobs_are_read_too():
+    # ranks 2 and 3 tie: the head is the server's rank 2 (id 30), not the smaller id
+    plps = [None, {"2": entry(-1.0, 1)}, {"3": entry(-1.0, 1)},
+            {"11": entry(-0.5, 1), "30": entry(-1.0, 2), "12": entry(-1.0, 3), "7": entry(-5.0, 9)},
+            {"9": -0.2, "5": -0.3, "6": -4.0}]  # a server that gives bare log-probabilities, no ranks
+    data, sample = scored(plps=plps)
+    first, second = S.parse_scores(data, sample, k=2)
+    assert first.top == {11: -0.5, 30: -1.0} and first.logprob == -5.0
+    assert second.top == {9: -0.2, 5: -0.3} and second.logprob == -0.2
+
+
+def test_error_message_forms():
+    assert S._error_message(httpx.Response(400, json={"error": "plain"})) == "plain"
+    assert S._error_message(httpx.Response(400, json={"object": "error", "message": "old form"})) == "old form"
+    assert S._error_message(httpx.Response(400, json={"error": {"message": "x" * 400}})) == "x" * 300
+
+
+def test_refused_k_by_either_vllm_sentence():
+    assert S.refuses_k("Requested sample logprobs of 30, which is greater than 20")
+    assert S.refuses_k("Set max_logprobs (--max-logprobs) to at least 30.")
+
+
+def test_only_a_400_is_read_as_a_refused_k_and_the_source_is_named():
+    bodies = []
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        return httpx.Response(500, json={"error": {"message": REFUSED_K}})
+
+    with pytest.raises(ServerError) as err:
+        score(handler)
+    assert not isinstance(err.value, UsageError) and bodies[0]["model"] == "m"
+    assert str(err.value) == (f"the source server refused a prompt-logprobs request (HTTP 500: {REFUSED_K}); it "
+                              "needs prompt_logprobs as vLLM has them, or give --reference DIR")
+
+    def dead(request):
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    with pytest.raises(ServerUnreachable) as err:
+        score(dead)
+    assert str(err.value) == ("the source server at http://fake:8000 cannot be reached (ConnectError: Connection "
+                              "refused)")
+
+
+def test_counts_need_one_draw_list_per_sample():
+    inputs = S.inputs_for([TEXT], [[4]], 8)
+    with pytest.raises(ValueError):
+        S.prompt_counts(inputs, [S.Sample("text", 0, 0, (4,), (7,))], [])
+
+
+def test_notes_exactly():
+    first = ("sampled at temperature 1 and top_p 1, the only setting this checks: prompt logprobs are the target's "
+             "raw distribution")
+    assert S.sampling_notes(acceptance(accepted_tokens=0), []) == [
+        first, "the spec-on server accepted no draft token during sampling: speculation was not exercised, so the "
+               "test says nothing about it"]
+    assert S.sampling_notes(AcceptanceSummary(known=False, reason="r"), []) == [
+        first, "acceptance of the spec-on server is unknown (r): the run cannot show that speculation was exercised"]
+    two = [S.Sample("p", 0, 0, (1,), (2,), "stop"), S.Sample("p", 1, 1, (1,), (2,), "abort")]
+    assert S.sampling_notes(None, two) == [
+        first, "2 sample(s) ended before max_tokens (stop): a stop the server applied although ignore_eos was set"]
+
+
+def test_the_report_uses_the_settings_and_both_servers():
+    samples, draws = simulated(8, 1.0)
+    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    on = ServerInfo(backend="vllm", base_url="http://on", version="0.32.0", model_id="m", spec_enabled=False)
+    off = ServerInfo(backend="vllm", base_url="http://off", version="0.31.0", model_id="n", spec_enabled=False)
+    unknown = AcceptanceSummary(known=False, reason="no counters")
+    report = S.sampling_report(settings(alpha=0.05, bins=10, seed=5), on, off, inputs, samples, draws, unknown)
+    assert (report.stats.alpha, report.stats.bins, report.stats.seed) == (0.05, 10, 5)
+    assert report.source_server == off and report.on_server == on
+    assert "the servers serve different model ids (n vs m)" in report.notes
+    assert any(n.startswith("the sides differ in more than speculation: ") for n in report.notes)
+    assert not any("acceptance of the spec-on server is unknown" in n for n in report.notes)  # said once already
+    on_spec = on.model_copy(update={"spec_enabled": True})
+    report = S.sampling_report(settings(), on_spec, off, inputs, samples, draws, acceptance(accepted_tokens=0))
+    assert any("accepted no draft token" in n for n in report.notes)
+    report = S.sampling_report(settings(), on_spec, off, inputs, samples, draws, unknown)
+    assert any("acceptance of the spec-on server is unknown" in n for n in report.notes)
+    same = S.sampling_report(settings(), on_spec, on_spec, inputs, samples, draws, None)  # a server against itself
+    assert not any(n.startswith("the sides differ") for n in same.notes)
+
+
+def test_a_server_source_without_its_description_is_unnamed():
+    assert S.source_text(settings(), None) == "the spec-off server's prompt_logprobs at ?, top 10"
