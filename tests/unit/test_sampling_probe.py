@@ -563,3 +563,90 @@ def test_the_report_uses_the_settings_and_both_servers():
 
 def test_a_server_source_without_its_description_is_unnamed():
     assert S.source_text(settings(), None) == "the spec-off server's prompt_logprobs at ?, top 10"
+
+
+def test_more_error_message_forms_and_vllms_max_allowed_alone():
+    assert S._error_message(httpx.Response(400, json={"error": 5, "detail": "d"})) == "d"
+    assert S.refuses_k("prompt logprobs: 25 is above the max allowed (20)")
+
+
+def test_timeouts_and_empty_connection_errors_are_one_line():
+    def slow(request):
+        raise httpx.ReadTimeout("", request=request)
+
+    with pytest.raises(ServerUnreachable) as err:
+        score(slow)
+    assert str(err.value) == ("the source server did not answer /v1/completions in time (ReadTimeout): raise "
+                              "--request-timeout or lower --concurrency")
+
+    def silent(request):
+        raise httpx.ConnectError("", request=request)
+
+    with pytest.raises(ServerUnreachable) as err:
+        score(silent)
+    assert str(err.value) == "the source server at http://fake:8000 cannot be reached (ConnectError: no detail)"
+
+
+def draw(handler, samples=1):
+    inputs = S.inputs_for([CHAT], [[1, 2]], max_tokens=3)
+    return asyncio.run(S.draw_samples(FakeServer(), inputs, samples, 0, 1, 10, transport=httpx.MockTransport(handler)))
+
+
+def test_spec_on_sampling_errors_name_the_spec_on_server():
+    with pytest.raises(ServerError) as err:
+        draw(lambda r: httpx.Response(400, json={"error": {"message": "bad"}}))
+    assert str(err.value) == "the spec-on server refused a sampling request for prompt 'chat' (HTTP 400: bad)"
+
+    def dead(request):
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(ServerUnreachable) as err:
+        draw(dead)
+    assert str(err.value) == "the spec-on server at http://fake:8000 cannot be reached (ConnectError: refused)"
+
+
+def test_samples_keep_their_index_finish_reason_and_model():
+    bodies = []
+
+    def handler(request):
+        bodies.append(json.loads(request.content))
+        answer = sample_answer(3)
+        answer["choices"][0]["finish_reason"] = "stop"
+        return httpx.Response(200, json=answer)
+
+    samples = draw(handler, samples=2)
+    assert [(s.index, s.finish_reason) for s in samples] == [(0, "stop"), (1, "stop")]
+    assert {b["model"] for b in bodies} == {"m"}
+
+
+def test_tokenize_errors_exactly():
+    def refuse(request):
+        return httpx.Response(400, json={"error": {"message": "no template"}})
+
+    with pytest.raises(ServerError) as err:
+        asyncio.run(S.tokenize_on_server(FakeServer(), [CHAT], 10, transport=httpx.MockTransport(refuse)))
+    assert str(err.value) == ("the server refused POST /tokenize for prompt 'chat' (HTTP 400: no template); it needs "
+                              "vLLM's /tokenize, or give --reference DIR to tokenize locally")
+
+    def dead(request):
+        raise httpx.ConnectError("refused", request=request)
+
+    with pytest.raises(ServerUnreachable) as err:
+        asyncio.run(S.tokenize_on_server(FakeServer(), [CHAT], 10, transport=httpx.MockTransport(dead)))
+    assert str(err.value) == "the source server at http://fake:8000 cannot be reached (ConnectError: refused)"
+    with pytest.raises(NotAServer) as err:
+        S.parse_tokenize({})
+    assert str(err.value) == "the server's /tokenize answer has no list of token ids ('tokens')"
+
+
+def test_inputs_need_one_id_list_per_prompt():
+    with pytest.raises(ValueError):
+        S.inputs_for([CHAT, TEXT], [[1]], 8)
+
+
+def test_the_report_states_power_at_the_settings_power():
+    samples, draws = simulated(8, 1.0)
+    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
+    report = S.sampling_report(settings(power=0.9), on, None, inputs, samples, draws)
+    assert report.stats.power == 0.9
