@@ -62,7 +62,7 @@ def test_healthy_ngram_passes_and_exercised_speculation(tmp_path, reference_serv
 
 @pytest.mark.parametrize("fault, rows, samples", [
     ("residual_p", (ABC,), 16),
-    ("bonus_previous", (ABC, COUNT), 4),
+    ("bonus_previous", (ABC, COUNT), 6),
     ("draft_temperature", (ABC, COUNT), 4),
 ])
 def test_sampler_faults_are_caught(tmp_path, reference_servers, sampling_reference_servers, fault, rows, samples):
@@ -101,7 +101,8 @@ def test_vllm_ngram_cpu_build_is_caught(tmp_path, vllm_off_fp32, vllm_ngram_fp32
     draft positions' target probabilities come from uninitialised temperatures, and the token
     drawn after a rejected draft is far from p. Greedy output is unaffected. When this test
     starts to fail, vLLM has fixed it: assert that the pair passes instead."""
-    proc, report = sampling_equiv(tmp_path, vllm_ngram_fp32, (REPEAT_LINE, COPY_CODE), 8, off=vllm_off_fp32)
+    # the temperatures are uninitialised memory, so the damage varies from run to run: 1024 tokens
+    proc, report = sampling_equiv(tmp_path, vllm_ngram_fp32, (REPEAT_LINE, COPY_CODE), 16, off=vllm_off_fp32)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert report["stats"]["status"] == "inconsistent"
     assert report["acceptance"]["known"] and report["acceptance"]["drafts"] > 0
