@@ -68,12 +68,12 @@ class Config:
 REFERENCE = (
     Config("healthy n-gram k=4", "ngram", (ABC, COUNT), 8, 32, "false alarms"),
     Config("residual-p (n-gram k=4)", "residual-p", (ABC,), 16, 32, "detections"),
-    Config("bonus-previous (n-gram k=2)", "bonus-previous", (ABC, COUNT), 4, 32, "detections"),
+    Config("bonus-previous (n-gram k=2)", "bonus-previous", (ABC, COUNT), 6, 32, "detections"),
     Config("draft-temperature=0.5 (target as draft, k=2)", "draft-temperature", (ABC, COUNT), 4, 32, "detections"),
 )
 VLLM = (
     Config("vLLM spec off against itself", "vllm-off", (REPEAT_LINE, COPY_CODE), 8, 32, "false alarms"),
-    Config("vLLM n-gram k=4 against spec off", "vllm-on", (REPEAT_LINE, COPY_CODE), 8, 32, "failures"),
+    Config("vLLM n-gram k=4 against spec off", "vllm-on", (REPEAT_LINE, COPY_CODE), 16, 32, "failures"),
 )
 CONCURRENCY = 16
 TOP_K = 20
@@ -140,7 +140,8 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--only", default="", help="Comma-separated server keys (ngram, residual-p, ...).")
+    ap.add_argument("--only", default="", help="Comma-separated server keys (ngram, residual-p, bonus-previous, "
+                                               "draft-temperature, vllm-off, vllm-on).")
     ap.add_argument("--vllm-off", help="URL of a running vLLM spec-off server.")
     ap.add_argument("--vllm-on", help="URL of its running spec-on twin.")
     ap.add_argument("--no-reference", action="store_true", help="Only the vLLM configurations.")
@@ -163,7 +164,7 @@ def main() -> None:
         if args.vllm_off and args.vllm_on:
             backend = VLLMBackend()
             off, on = backend.connect(args.vllm_off), backend.connect(args.vllm_on)
-            for cfg in VLLM:
+            for cfg in (c for c in VLLM if not only or c.server in only):
                 rows.append(run_config(cfg, on if cfg.server == "vllm-on" else off, off, args.runs, folder))
     print(table(rows))
 
