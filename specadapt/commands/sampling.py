@@ -122,7 +122,7 @@ def _sample_on(on, inputs: list[sampling.PromptInput], settings: SamplingSetting
             samples = asyncio.run(sampling.draw_samples(on, inputs, settings.samples, settings.seed,
                                                         settings.concurrency, settings.request_timeout_s,
                                                         lambda: bar.advance(task)))
-        after = settle_counters(on, before)
+        after = settle_counters(on)
     return samples, acceptance_summary(before, after)
 
 
