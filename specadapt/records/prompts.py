@@ -22,6 +22,11 @@ class Prompt(BaseModel):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     max_tokens: int | None = Field(None, gt=0, description="Overrides --max-tokens for this prompt.")
+    grounding: Literal["input-grounded", "open"] | None = Field(
+        None, description="input-grounded: the answer copies much of the input (drafts match often); open: it does not.")
+    turns: list[str] | None = Field(
+        None, description="Multi-turn conversations (chat only): the user's later turns, each sent after the "
+                          "server's own answer to the previous one.")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Prompt":
@@ -31,6 +36,11 @@ class Prompt(BaseModel):
             raise ValueError("'prompt' is empty")
         if self.messages is not None and not self.messages:
             raise ValueError("'messages' is empty")
+        if self.turns is not None:
+            if self.messages is None:
+                raise ValueError("'turns' needs 'messages' (multi-turn conversations use the chat API)")
+            if not self.turns or any(not t.strip() for t in self.turns):
+                raise ValueError("'turns' must be a list of non-empty user messages")
         return self
 
     @property

@@ -33,6 +33,7 @@ class RequestRecord(BaseModel):
     category: str
     api: Literal["chat", "completions"]
     repeat: int = 0
+    turn: int = Field(0, description="Multi-turn conversations: 0 for the first user message, n for turn n.")
     warmup: bool = False
     side: Literal["on", "off", ""] = Field("", description="A/B runs: which server answered.")
     concurrency: int = 1
@@ -44,6 +45,8 @@ class RequestRecord(BaseModel):
     retried_errors: list[str] = Field(default_factory=list, description="Errors of the earlier attempts.")
     status_code: int | None = None
     sent_at_ns: int = Field(0, description="Send time, ns since the run started.")
+    scheduled_at_ns: int | None = Field(None, description="Arrival-rate runs: when the schedule wanted it sent, "
+                                                          "ns since the run started (sent_at_ns - this is the lag).")
     chunk_ns: list[int] = Field(default_factory=list, description="Arrival of each chunk that carried tokens.")
     chunk_tokens: list[int] = Field(default_factory=list, description="Tokens in each of those chunks.")
     e2e_ns: int | None = Field(None, description="Send to end of stream.")
