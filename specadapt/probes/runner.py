@@ -15,12 +15,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Callable
 
-import httpx
-
 from specadapt.adapters.base import Server
 from specadapt.errors import SpecadaptError
 from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.client import stream_request
+from specadapt.probes.client import StreamClient, open_client, stream_request
 from specadapt.probes.latency import latency_summary
 from specadapt.records import (
     CounterSnapshot,
@@ -102,12 +100,10 @@ async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
     return finished
 
 
-def server_client(server: Server, settings: RequestSettings, concurrency: int) -> httpx.AsyncClient:
+def server_client(server: Server, settings: RequestSettings,
+                  concurrency: int) -> contextlib.AbstractAsyncContextManager[StreamClient]:
     """The streaming client for one server: its auth and TLS settings, a connection per stream."""
-    timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    return httpx.AsyncClient(base_url=server.base_url, headers=server.headers(), timeout=timeout, limits=limits,
-                             verify=server.verify)
+    return open_client(server, settings, concurrency)
 
 
 async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,

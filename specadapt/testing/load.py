@@ -12,10 +12,9 @@ import asyncio
 import os
 import time
 
-import httpx
 import psutil
 
-from specadapt.probes.client import stream_request
+from specadapt.probes.client import connect, stream_request
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 from specadapt.testing.timing import summary, timing_errors
@@ -24,13 +23,12 @@ from specadapt.testing.timing import summary, timing_errors
 async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, tokens: int) -> dict:
     me = psutil.Process()
     settings = RequestSettings(max_tokens=tokens, request_timeout_s=120)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     errors: dict[str, list[float]] = {}
     failed: list[str] = []
     pending: dict[str, RequestRecord] = {}
     counter = 0
     rss: list[float] = []
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=httpx.Timeout(120, pool=None)) as client:
+    async with connect(base_url, concurrency=concurrency, request_timeout_s=120) as client:
         deadline = time.monotonic() + seconds
 
         async def worker(w: int) -> None:
@@ -49,7 +47,7 @@ async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, t
         async def collector() -> None:
             while time.monotonic() < deadline + 5:
                 await asyncio.sleep(2.0)
-                log = (await client.get("/_script/log?pop=1")).json()
+                log = await client.get_json("/_script/log?pop=1")
                 done = [pending.pop(k) for k in list(pending) if k in log]
                 for metric, values in timing_errors(done, log).items():
                     errors.setdefault(metric, []).extend(values)

@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
-
-from specadapt.probes.client import stream_request
+from specadapt.probes.client import connect, stream_request
 from specadapt.probes.latency import itl_values_ns, percentile, tpot_ns
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
@@ -38,9 +36,7 @@ async def drive(base_url: str, n: int, concurrency: int, tag: str, settings: Req
     from a server whose requests are not all in one batch). Without it every stream's
     chunk lands at the same instant, the worst case for a single-threaded client."""
     settings = settings or RequestSettings(max_tokens=script_fields.get("tokens", 16), request_timeout_s=60)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    timeout = httpx.Timeout(connect=10.0, read=settings.request_timeout_s, write=30.0, pool=None)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
+    async with connect(base_url, concurrency=concurrency, request_timeout_s=settings.request_timeout_s) as client:
         sem = asyncio.Semaphore(concurrency)
 
         async def one(i: int) -> RequestRecord:
@@ -52,7 +48,7 @@ async def drive(base_url: str, n: int, concurrency: int, tag: str, settings: Req
                 return await stream_request(client, prompt, "scripted", settings, run_t0_ns=0)
 
         records = list(await asyncio.gather(*(one(i) for i in range(n))))
-        log = (await client.get("/_script/log")).json()
+        log = await client.get_json("/_script/log")
     return records, log
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from specadapt.adapters.process import free_port
-from specadapt.probes.client import stream_request
+from specadapt.probes.client import connect, stream_request
 from specadapt.probes.runner import failed_count, run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
@@ -22,14 +21,14 @@ def one(url: str, settings: RequestSettings | None = None, **fields):
     prompt = Prompt(id=fields.get("id", "r"), prompt=script(**{**FAST, **fields}))
 
     async def go():
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with connect(url) as client:
             return await stream_request(client, prompt, "scripted", settings, run_t0_ns=0)
 
     return asyncio.run(go())
 
 
 @pytest.mark.parametrize("fields, kind, message", [
-    (dict(fault="disconnect"), "disconnect", "RemoteProtocolError: peer closed connection"),
+    (dict(fault="disconnect"), "disconnect", "ClientPayloadError: Response payload is not completed"),
     (dict(fault="malformed"), "malformed", "malformed SSE data: '{this is not json'"),
     (dict(fault="no_done"), "no_done", "stream ended without [DONE]"),
     (dict(fault="status", status=429), "http_status", "HTTP 429: "),
@@ -68,7 +67,7 @@ def test_trickle_slower_than_the_timeout_fails_as_timeout(scripted_url):
 
 def test_connection_refused_is_a_failed_request():
     rec = one(f"http://127.0.0.1:{free_port()}", id="refused")
-    assert not rec.ok and rec.error_kind == "connect" and rec.error.startswith("ConnectError")
+    assert not rec.ok and rec.error_kind == "connect" and rec.error.startswith("ClientConnectorError")
 
 
 def test_retries_off_by_default_and_on_when_asked(scripted_url):

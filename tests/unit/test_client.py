@@ -1,12 +1,14 @@
-"""The streaming client against scripted SSE bodies (httpx.MockTransport: exact bytes known), and its
+"""The streaming client against scripted SSE bodies (a scripted transport: exact bytes known), and its
 times against an injected clock that the transport advances: exact to the nanosecond, no wall clock."""
 
 import asyncio
+import contextlib
 import inspect
 import json
 import time
 
-import httpx
+import aiohttp
+import orjson
 import pytest
 
 from specadapt.probes import client as client_mod
@@ -36,17 +38,47 @@ def chat_chunk(text, n_logprobs=0, usage=None, finish=None):
     return chunk
 
 
+class Answer:
+    """One scripted HTTP answer: a status, a content type and body pieces, each handed out when the
+    transport says it arrives (``on_piece`` moves a fake clock)."""
+
+    def __init__(self, status=200, content_type="text/event-stream", pieces=(), on_piece=None):
+        self.status, self.content_type, self.pieces, self.on_piece = status, content_type, list(pieces), on_piece
+
+    async def read(self) -> bytes:
+        return b"".join(data for _, data in self.pieces)
+
+    async def chunks(self):
+        for at, data in self.pieces:
+            if self.on_piece:
+                self.on_piece(at)
+            if isinstance(data, BaseException):
+                raise data
+            yield data
+
+
+class Scripted:
+    """A stand-in for StreamClient: ``handler(path, body)`` returns an Answer or raises (the body went
+    through JSON as on the wire)."""
+
+    def __init__(self, handler):
+        self.handler = handler
+
+    @contextlib.asynccontextmanager
+    async def post_stream(self, path, body):
+        yield self.handler(path, orjson.loads(orjson.dumps(body)))
+
+
 def run(body: bytes, prompt=CHAT, status=200, content_type="text/event-stream"):
     seen = {}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen["path"] = request.url.path
-        seen["json"] = json.loads(request.content)
-        return httpx.Response(status, headers={"content-type": content_type}, content=body)
+    def handler(path, body_json):
+        seen["path"] = path
+        seen["json"] = body_json
+        return Answer(status, content_type, [(0, body)])
 
     async def go():
-        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
-            return await stream_request(client, prompt, "m", RequestSettings(), run_t0_ns=0)
+        return await stream_request(Scripted(handler), prompt, "m", RequestSettings(), run_t0_ns=0)
 
     return asyncio.run(go()), seen
 
@@ -136,21 +168,9 @@ class FakeClock:
         self.now = target
 
 
-class TimedBody(httpx.AsyncByteStream):
-    """A response body whose pieces arrive at scripted times: (ms since the send, bytes)."""
-
-    def __init__(self, clock: FakeClock, pieces: list[tuple[float, bytes]]):
-        self.clock, self.pieces = clock, pieces
-
-    async def __aiter__(self):
-        for at_ms, data in self.pieces:
-            self.clock.at(at_ms)
-            yield data
-
-
 def timed(pieces: list[tuple[float, object]]) -> list[tuple[float, bytes]]:
-    """(ms, event) -> (ms, SSE bytes of that one event); bytes pass through as they are."""
-    return [(ms, e if isinstance(e, bytes) else sse(e)) for ms, e in pieces]
+    """(ms, event) -> (ms, SSE bytes of that one event); bytes (and an exception to raise there) pass through."""
+    return [(ms, e if isinstance(e, (bytes, BaseException)) else sse(e)) for ms, e in pieces]
 
 
 def run_timed(attempts: list, prompt=CHAT, settings: RequestSettings | None = None):
@@ -160,21 +180,20 @@ def run_timed(attempts: list, prompt=CHAT, settings: RequestSettings | None = No
     sends: list[int] = []
     queue = list(attempts)
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(path, body):
         sends.append(clock.now)
         headers_ms, *rest = queue.pop(0)
         clock.at(headers_ms)
-        if isinstance(rest[0], Exception):
+        if isinstance(rest[0], BaseException):
             raise rest[0]
         status, pieces = rest
         if status != 200:
-            return httpx.Response(status, headers={"content-type": "application/json"}, content=b'{"error": "busy"}')
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=TimedBody(clock, timed(pieces)))
+            return Answer(status, "application/json", [(headers_ms, b'{"error": "busy"}')])
+        return Answer(200, pieces=timed(pieces), on_piece=clock.at)
 
     async def go():
-        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
-            return await stream_request(client, prompt, "m", settings or RequestSettings(), run_t0_ns=RUN_T0,
-                                        clock=clock)
+        return await stream_request(Scripted(handler), prompt, "m", settings or RequestSettings(), run_t0_ns=RUN_T0,
+                                    clock=clock)
 
     rec = asyncio.run(go())
     assert not queue, "every scripted attempt was used"
@@ -282,13 +301,13 @@ def test_usage_back_on_every_chunk_counts_by_usage_again():
 def test_retried_request_times_run_from_the_first_send():
     settings = RequestSettings(retries=3, retry_backoff_s=0.0)
     rec, clock, sends = run_timed([
-        (2, httpx.ConnectError("connection refused")),   # attempt 1: refused after 2 ms
+        (2, refused()),                                  # attempt 1: refused after 2 ms
         (9, 503, []),                                    # attempt 2: HTTP 503 at 9 ms
         (13, 200, [(40, chat_chunk("a", 1, usage=1)), (55, chat_chunk("bc", 2, usage=3)), (60, "[DONE]")]),
     ], settings=settings)
     assert sends == [START, START + 2 * MS, START + 9 * MS]
     assert rec.ok and rec.attempts == 3 and len(rec.retried_errors) == 2
-    assert rec.retried_errors[0].startswith("ConnectError") and rec.retried_errors[1].startswith("HTTP 503")
+    assert rec.retried_errors[0].startswith("ClientConnectorError") and rec.retried_errors[1].startswith("HTTP 503")
     assert rec.sent_at_ns == 5 * MS  # the first send, not the last
     assert rec.chunk_ns == [40 * MS, 55 * MS] and rec.ttft_ns == 40 * MS and rec.e2e_ns == 60 * MS
     assert itl_values_ns(rec) == [7.5 * MS] * 2 and tpot_ns(rec) == 10 * MS
@@ -310,14 +329,14 @@ def run_with(body: bytes, prompt=CHAT, settings: RequestSettings | None = None, 
     """Like run(), with settings and stream_request keywords (repeat, warmup)."""
     seen = {}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        seen["method"] = request.method
-        seen["json"] = json.loads(request.content)
-        return httpx.Response(status, headers={"content-type": content_type}, content=body)
+    def handler(path, body_json):
+        seen["path"] = path
+        seen["json"] = body_json
+        return Answer(status, content_type, [(0, body)])
 
     async def go():
-        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
-            return await stream_request(client, prompt, "m", settings or RequestSettings(), run_t0_ns=0, **kwargs)
+        return await stream_request(Scripted(handler), prompt, "m", settings or RequestSettings(), run_t0_ns=0,
+                                    **kwargs)
 
     return asyncio.run(go()), seen
 
@@ -351,7 +370,7 @@ def test_build_body_completions_is_exact():
 
 def test_request_sent_is_the_built_body_with_the_model_and_defaults_recorded():
     rec, seen = run_with(sse(chat_chunk("a", 1, usage=1), "[DONE]"))
-    assert seen["method"] == "POST" and seen["json"] == build_body(CHAT, "m", RequestSettings())[1]
+    assert seen["path"] == "/v1/chat/completions" and seen["json"] == build_body(CHAT, "m", RequestSettings())[1]
     assert seen["json"]["model"] == "m"
     assert rec.repeat == 0 and rec.warmup is False and rec.prompt_id == "c" and rec.category == "open"
     rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), "[DONE]"), repeat=3, warmup=True)
@@ -468,14 +487,24 @@ def test_no_token_stream_and_a_single_token_stream():
     assert rec.ok and rec.error is None and rec.error_kind is None and rec.output_tokens == 1
 
 
+def refused(detail="Connect call failed ('127.0.0.1', 9)"):
+    key = aiohttp.client_reqrep.ConnectionKey("127.0.0.1", 9, False, True, None, None, None, None)
+    return aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, detail))
+
+
 @pytest.mark.parametrize("exc, error, kind", [
-    (httpx.ReadTimeout("read timed out"), "ReadTimeout: read timed out", "timeout"),
-    (httpx.ConnectTimeout("connect timed out"), "ConnectTimeout: connect timed out", "timeout"),
-    (httpx.ConnectError("refused\nmore detail"), "ConnectError: refused", "connect"),
-    (httpx.RemoteProtocolError("peer closed"), "RemoteProtocolError: peer closed", "disconnect"),
-    (httpx.ReadError(""), "ReadError: no detail", "disconnect"),
-    (httpx.WriteError("broken pipe"), "WriteError: broken pipe", "disconnect"),
-    (httpx.UnsupportedProtocol("ftp"), "UnsupportedProtocol: ftp", "other"),
+    (aiohttp.ServerTimeoutError("Timeout on reading data from socket"),
+     "ServerTimeoutError: Timeout on reading data from socket", "timeout"),
+    (aiohttp.ConnectionTimeoutError("Connection timeout to host http://s"),
+     "ConnectionTimeoutError: Connection timeout to host http://s", "timeout"),
+    (refused(), "ClientConnectorError: Cannot connect to host 127.0.0.1:9 ssl:default "
+                "[Connect call failed ('127.0.0.1', 9)]", "connect"),
+    (refused("refused\nmore detail"), "ClientConnectorError: Cannot connect to host 127.0.0.1:9 ssl:default "
+                                      "[refused", "connect"),
+    (aiohttp.ServerDisconnectedError(), "ServerDisconnectedError: Server disconnected", "disconnect"),
+    (aiohttp.ClientPayloadError(""), "ClientPayloadError: no detail", "disconnect"),
+    (aiohttp.ClientOSError(32, "Broken pipe"), "ClientOSError: [Errno 32] Broken pipe", "disconnect"),
+    (aiohttp.InvalidURL("ftp://s"), "InvalidURL: ftp://s", "other"),
 ])
 def test_transport_errors_have_exact_message_and_kind(exc, error, kind):
     rec, _, _ = run_timed([(2, exc)])
@@ -483,28 +512,29 @@ def test_transport_errors_have_exact_message_and_kind(exc, error, kind):
 
 
 def test_long_transport_error_is_cut_to_300_characters():
-    rec, _, _ = run_timed([(2, httpx.ReadError("y" * 500))])
-    assert rec.error == "ReadError: " + "y" * 289 and len(rec.error) == 300
+    rec, _, _ = run_timed([(2, aiohttp.ClientPayloadError("y" * 500))])
+    assert rec.error == "ClientPayloadError: " + "y" * 280 and len(rec.error) == 300
 
 
-class HangingBody(httpx.AsyncByteStream):
-    """One token chunk, then nothing for 2 s (then the stream ends without [DONE])."""
-
-    async def __aiter__(self):
-        yield sse(chat_chunk("a", 1, usage=1))
-        await asyncio.sleep(2)
+def test_disconnect_mid_stream_keeps_what_arrived_and_is_not_retried():
+    rec, _, _ = run_timed([(1, 200, [(10, chat_chunk("a", 1, usage=1)),
+                                     (20, aiohttp.ClientPayloadError("Response payload is not completed"))])],
+                          settings=RequestSettings(retries=2, retry_backoff_s=0.0))
+    assert rec.error == "ClientPayloadError: Response payload is not completed" and rec.error_kind == "disconnect"
+    assert rec.chunk_ns == [10 * MS] and rec.attempts == 1 and rec.e2e_ns is None and rec.output_tokens == 0
 
 
 def test_request_timeout_is_recorded():
     clock = FakeClock()
 
-    def handler(request):
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=HangingBody())
+    class Hanging(Answer):
+        async def chunks(self):  # one token chunk, then nothing for 2 s (then the end without [DONE])
+            yield sse(chat_chunk("a", 1, usage=1))
+            await asyncio.sleep(2)
 
     async def go():
-        async with httpx.AsyncClient(base_url="http://s", transport=httpx.MockTransport(handler)) as client:
-            return await stream_request(client, CHAT, "m", RequestSettings(request_timeout_s=0.05), run_t0_ns=RUN_T0,
-                                        clock=clock)
+        return await stream_request(Scripted(lambda path, body: Hanging()), CHAT, "m",
+                                    RequestSettings(request_timeout_s=0.05), run_t0_ns=RUN_T0, clock=clock)
 
     rec = asyncio.run(go())
     assert rec.error == "timed out after 0.05 s" and rec.error_kind == "timeout" and not rec.ok
