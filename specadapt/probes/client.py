@@ -356,6 +356,7 @@ class StreamClient:
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str):
         self.session, self.base_url = session, base_url.rstrip("/")
+        self.chunks_read = 0  # SSE events read by stream_request through this client (ClientLoad)
 
     @contextlib.asynccontextmanager
     async def post_stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[WireResponse]:

@@ -5,6 +5,7 @@ package imports nothing of specadapt's but ``errors``. All models are pydantic; 
 descriptions are the documentation of the saved JSON reports.
 """
 
+from specadapt.records.client_load import ClientLoad
 from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
 from specadapt.records.metrics import (
     AcceptanceSummary,
@@ -41,7 +42,8 @@ from specadapt.records.requests import (
 from specadapt.records.server import CounterSnapshot, ServerInfo
 
 __all__ = [
-    "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "CompareReport", "CompareSettings", "CounterPair",
+    "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
+    "CounterPair",
     "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
     "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",

@@ -1,0 +1,118 @@
+"""The client's self-report: the figures from raw inputs, the bottleneck verdict at its thresholds, and
+the measuring context with an injected CPU clock and wall clock (nothing here depends on the machine)."""
+
+import asyncio
+
+import pytest
+
+from specadapt.probes.client_load import (
+    CPU_LIMIT,
+    LAG_P99_LIMIT_MS,
+    ClientMeter,
+    client_limited,
+    client_load,
+    measure_client,
+)
+from specadapt.records import ClientLoad
+
+MS = 1_000_000
+
+
+def load(lag_p99=None, cpu_fraction=0.5):
+    return ClientLoad(wall_s=10.0, cpu_s=10.0 * cpu_fraction, cpu_fraction=cpu_fraction, loop_lag_ms_p99=lag_p99)
+
+
+def test_thresholds_are_the_documented_ones():
+    assert (LAG_P99_LIMIT_MS, CPU_LIMIT) == (5.0, 0.9)
+
+
+@pytest.mark.parametrize("lag_p99, cpu, limited", [
+    (None, 0.5, False), (0.0, 0.0, False), (5.0, 0.9, False),  # at the limits: not over them
+    (5.001, 0.5, True), (4.999, 0.901, True), (50.0, 1.0, True),
+])
+def test_verdict_at_the_thresholds(lag_p99, cpu, limited):
+    assert (client_limited(load(lag_p99, cpu)) is not None) is limited
+
+
+def test_verdict_lines_are_exact():
+    tail = "; its times are late by about the lag: run fewer streams per client process"
+    assert client_limited(load(7.25, 0.5)) == (
+        "the probe client was the bottleneck: event-loop lag p99 7.2 ms (over 5 ms)" + tail)
+    assert client_limited(load(1.0, 0.955)) == "the probe client was the bottleneck: CPU 96% of a core (over 90%)" + tail
+    assert client_limited(load(12.0, 0.95)) == ("the probe client was the bottleneck: event-loop lag p99 12.0 ms "
+                                                "(over 5 ms) and CPU 95% of a core (over 90%)" + tail)
+
+
+def test_figures_from_raw_inputs():
+    got = client_load(wall_s=4.0, cpu_s=1.0, chunks=2000, lags_ns=[3 * MS, 1 * MS, 2 * MS, 0, 4 * MS])
+    assert got.cpu_ms_per_chunk == 0.5 and got.cpu_fraction == 0.25 and got.chunks == 2000
+    assert (got.loop_lag_ms_p50, got.loop_lag_ms_max, got.lag_samples) == (2.0, 4.0, 5)
+    assert got.loop_lag_ms_p99 == pytest.approx(3.96)  # between 3 and 4 ms: linear interpolation of ranks
+    assert (got.wall_s, got.cpu_s) == (4.0, 1.0)
+
+
+def test_figures_without_chunks_time_or_samples():
+    got = client_load(wall_s=0.0, cpu_s=0.2, chunks=0, lags_ns=[])
+    assert got.cpu_ms_per_chunk is None and got.cpu_fraction == 0.0
+    assert (got.loop_lag_ms_p50, got.loop_lag_ms_p99, got.loop_lag_ms_max, got.lag_samples) == (None, None, None, 0)
+    one = client_load(wall_s=1.0, cpu_s=0.2, chunks=1, lags_ns=[MS])
+    assert one.cpu_ms_per_chunk == 200.0 and one.loop_lag_ms_p99 == 1.0 and one.lag_samples == 1
+
+
+class Stop(Exception):
+    pass
+
+
+def scripted_clock(readings):
+    it = iter(readings)
+
+    def clock():
+        try:
+            return next(it)
+        except StopIteration:
+            raise Stop from None
+    return clock
+
+
+def test_ticker_records_how_late_each_wake_up_is():
+    # tick 1 ms: woke at +3 ms (2 ms late), at +1 ms (on time), at +0.5 ms (early reads count as 0).
+    meter = ClientMeter(tick_s=0.001, clock=scripted_clock([0, 3 * MS, 10 * MS, 11 * MS, 20 * MS, 20 * MS + MS // 2]))
+    with pytest.raises(Stop):
+        asyncio.run(meter.tick())
+    assert meter.lags_ns == [2 * MS, 0, 0]
+
+
+class Counting:
+    chunks_read = 10
+
+
+def test_measure_client_counts_cpu_chunks_and_wall_time():
+    now = [1_000 * MS]
+    cpu = iter([2.0, 2.5])
+    client = Counting()
+
+    async def go():
+        async with measure_client(client, tick_s=60, cpu=lambda: next(cpu), clock=lambda: now[0]) as meter:
+            client.chunks_read += 90
+            meter.add_chunks(5)
+            await asyncio.sleep(0)
+            now[0] += 4_000 * MS
+        return meter
+
+    got = asyncio.run(go()).load
+    assert got.chunks == 95 and got.wall_s == 4.0 and got.cpu_s == 0.5
+    assert got.cpu_fraction == 0.125 and got.cpu_ms_per_chunk == pytest.approx(500 / 95)
+    assert got.lag_samples == 0
+
+
+def test_measure_client_reports_also_when_the_run_raised():
+    meters = []
+
+    async def go():
+        async with measure_client(tick_s=60, cpu=lambda: 1.0, clock=lambda: 0) as meter:
+            meters.append(meter)
+            raise RuntimeError("run failed")
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(go())
+    assert meters[0].load is not None and meters[0].load.chunks == 0 and meters[0].load.cpu_s == 0.0
