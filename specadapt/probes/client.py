@@ -63,6 +63,8 @@ if TYPE_CHECKING:
     from specadapt.adapters.base import Server
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
+DRAIN_S = 0.05
+"""After [DONE], how long to wait for the end of the body (to keep the connection)."""
 
 Clock = Callable[[], int]
 """A monotonic clock in integer nanoseconds."""
@@ -327,6 +329,9 @@ class WireResponse(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
+    async def finish(self) -> None:
+        """After ``[DONE]``: let the body end so that the connection can be reused."""
+
 
 class Transport(Protocol):
     """What ``stream_request`` sends with: ``StreamClient``, or a test's scripted stand-in.
@@ -348,6 +353,15 @@ class _AiohttpResponse:
 
     def chunks(self) -> AsyncIterator[bytes]:
         return self._resp.content.iter_any()
+
+    async def finish(self) -> None:
+        # The body's last bytes (the end of the chunked encoding) usually follow [DONE] at once; a
+        # connection released before them is closed, and the next request pays a new connect.
+        content = self._resp.content
+        if not content.is_eof():
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with asyncio.timeout(DRAIN_S):
+                    await content.wait_eof()
 
 
 class StreamClient:
@@ -446,7 +460,8 @@ async def _attempt(client: Transport, path: str, body: dict[str, Any], rec: Requ
         rec.error = f"{type(exc).__name__}: {_first_line(exc)}"[:300]
         rec.error_kind = _kind_of(exc)
     except TimeoutError:
-        rec.error, rec.error_kind = f"timed out after {timeout_s:g} s", "timeout"
+        if not state.done:  # after [DONE] the request is complete: only the wait for the body's end ran out
+            rec.error, rec.error_kind = f"timed out after {timeout_s:g} s", "timeout"
     finally:
         state.close()
     _counted(client, state.chunks)
@@ -503,6 +518,8 @@ async def _consume(client: Transport, path: str, body: dict[str, Any], state: St
                 break
         if rec.error is None:
             state.end_of_stream()
+        if state.done:
+            await resp.finish()
 
 
 __all__ = ["Clock", "RETRYABLE_STATUS", "SSEError", "SSEParser", "StreamClient", "StreamState", "Transport",

@@ -11,16 +11,23 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import psutil
 
 from specadapt.probes.client import connect, stream_request
+from specadapt.probes.client_load import client_limited, measure_client
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 from specadapt.testing.timing import summary, timing_errors
 
 
-async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, tokens: int) -> dict:
+async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, tokens: int,
+               connector: Callable[..., AbstractAsyncContextManager[Any]] = connect) -> dict:
+    """``connector(base_url, concurrency=, request_timeout_s=)``: the client to measure (default: the
+    probe's own ``connect``); it needs ``post_stream`` and ``get_json``."""
     me = psutil.Process()
     settings = RequestSettings(max_tokens=tokens, request_timeout_s=120)
     errors: dict[str, list[float]] = {}
@@ -28,7 +35,7 @@ async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, t
     pending: dict[str, RequestRecord] = {}
     counter = 0
     rss: list[float] = []
-    async with connect(base_url, concurrency=concurrency, request_timeout_s=120) as client:
+    async with connector(base_url, concurrency=concurrency, request_timeout_s=120) as client:
         deadline = time.monotonic() + seconds
 
         async def worker(w: int) -> None:
@@ -54,8 +61,11 @@ async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, t
                 rss.append(me.memory_info().rss / 2**20)
 
         cpu0, wall0 = me.cpu_times(), time.monotonic()
-        await asyncio.gather(collector(), *(worker(w) for w in range(concurrency)))
+        async with measure_client(client) as meter:
+            await asyncio.gather(collector(), *(worker(w) for w in range(concurrency)))
         cpu1, wall1 = me.cpu_times(), time.monotonic()
+    load = meter.load
+    assert load is not None
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     n_ok = sum(len(v) for k, v in errors.items() if k == "e2e")
     return {"concurrency": concurrency, "seconds": round(wall1 - wall0, 1), "itl_ms": itl_ms, "tokens": tokens,
@@ -63,4 +73,7 @@ async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, t
             "client_cpu_s": round(cpu, 1), "client_cpu_pct_of_one_core": round(100 * cpu / (wall1 - wall0), 1),
             "client_rss_mib_first_last_max": [round(rss[0], 1), round(rss[-1], 1), round(max(rss), 1)] if rss else None,
             "chunks_per_s": round(n_ok * tokens / (wall1 - wall0), 1), "load_avg": os.getloadavg(),
+            "events_read": load.chunks, "cpu_ms_per_chunk": load.cpu_ms_per_chunk,
+            "loop_lag_ms": {"p50": load.loop_lag_ms_p50, "p99": load.loop_lag_ms_p99, "max": load.loop_lag_ms_max},
+            "client_limited": client_limited(load),
             "timing_error_ms": summary(errors)}

@@ -56,6 +56,9 @@ class Answer:
                 raise data
             yield data
 
+    async def finish(self):
+        self.finished = True
+
 
 class Scripted:
     """A stand-in for StreamClient: ``handler(path, body)`` returns an Answer or raises (the body went
