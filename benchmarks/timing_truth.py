@@ -18,7 +18,6 @@ stopped at the end).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -30,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specadapt.probes.client import run  # noqa: E402
 from specadapt.testing import scripted_server  # noqa: E402
 from specadapt.testing.timing import METRICS, drive, summary, timing_errors  # noqa: E402
 
@@ -52,7 +52,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def measure(base_url: str, concurrency: int, n: int, tag: str) -> dict:
-    records, log = asyncio.run(drive(base_url, n, concurrency, tag, **SCRIPT))
+    records, log = run(drive(base_url, n, concurrency, tag, **SCRIPT))
     errors = timing_errors(records, log)
     return {"concurrency": concurrency, "requests": len(records), "failed": sum(not r.ok for r in records),
             "load_avg_1m": round(os.getloadavg()[0], 2), "min_signed_ttft_ms": round(min(errors["ttft"]), 3),
