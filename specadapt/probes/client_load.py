@@ -57,12 +57,15 @@ def client_limited(load: ClientLoad) -> str | None:
     reasons = []
     if load.loop_lag_ms_p99 is not None and load.loop_lag_ms_p99 > LAG_P99_LIMIT_MS:
         reasons.append(f"event-loop lag p99 {load.loop_lag_ms_p99:.1f} ms (over {LAG_P99_LIMIT_MS:g} ms)")
-    if load.cpu_fraction > CPU_LIMIT:
+    busy = load.cpu_fraction > CPU_LIMIT
+    if busy:
         reasons.append(f"CPU {100 * load.cpu_fraction:.0f}% of a core (over {100 * CPU_LIMIT:.0f}%)")
     if not reasons:
         return None
-    return ("the probe client was the bottleneck: " + " and ".join(reasons)
-            + "; its times are late by about the lag: run fewer streams per client process")
+    advice = ("run fewer streams per client process" if busy else
+              f"with CPU at {100 * load.cpu_fraction:.0f}% of a core it waited for a core: "
+              "give the client cores of its own")
+    return "the probe client was the bottleneck: " + " and ".join(reasons) + f"; its times are late: {advice}"
 
 
 class ClientMeter:
