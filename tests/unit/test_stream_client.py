@@ -42,12 +42,14 @@ def test_request_on_the_wire_and_a_streamed_answer():
 
     async def handler(request):
         seen.append((request.method, request.path, request.headers.get("Authorization"),
-                     request.headers.get("Content-Type"), orjson.loads(await request.read())))
+                     request.headers.get("Content-Type"), orjson.loads(await request.read()),
+                     request.transport.get_extra_info("peername")))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for part in (b": comment\r\n\r\n", b"data: " + orjson.dumps(chunk("a", 1)) + b"\r\n\r\n",
                      b"data: " + orjson.dumps(chunk("bc", 3)) + b"\n\ndata: [DONE]\n\n"):
             await resp.write(part)
+        await asyncio.sleep(0.01)  # the end of the body comes a little after [DONE]
         return resp
 
     async def go():
@@ -56,14 +58,17 @@ def test_request_on_the_wire_and_a_streamed_answer():
             settings = RequestSettings(request_timeout_s=5)
             async with open_client(FakeServer(str(server.make_url("/"))), settings, 2) as c:
                 rec = await stream_request(c, PROMPT, "m", settings, run_t0_ns=0)
-                return rec, c.chunks_read
+                again = await stream_request(c, PROMPT, "m", settings, run_t0_ns=0)
+                return rec, again, c.chunks_read
         finally:
             await server.close()
 
-    rec, chunks = run(go())
+    rec, again, chunks = run(go())
     assert rec.ok and rec.text == "abc" and rec.chunk_tokens == [1, 2] and rec.prompt_tokens == 3
-    assert chunks == 3  # two data events and [DONE]; the comment block is no event
-    method, path, auth, content_type, body = seen[0]
+    assert again.ok and again.text == "abc"
+    assert chunks == 6  # per request two data events and [DONE]; the comment block is no event
+    assert seen[0][5] == seen[1][5]  # the second request came on the first one's connection (kept after [DONE])
+    method, path, auth, content_type, body, _ = seen[0]
     assert (method, path, auth, content_type) == ("POST", "/v1/chat/completions", f"Bearer {KEY}", "application/json")
     assert body == build_body(PROMPT, "m", RequestSettings())[1]
 
