@@ -238,7 +238,12 @@ class StreamState:
 
     def feed(self, raw: bytes) -> bool:
         for data in self.parser.feed(raw):
-            if self.event(data, self.clock()):
+            try:
+                if self.event(data, self.clock()):
+                    return True
+            except (AttributeError, KeyError, TypeError, ValueError):  # JSON, but not of a chunk's shape
+                self.rec.error = f"malformed SSE data: {data.decode(errors='replace')[:80]!r}"
+                self.rec.error_kind = "malformed"
                 return True
         return False
 
@@ -249,14 +254,9 @@ class StreamState:
         if data == b"[DONE]" or data.strip() == b"[DONE]":
             self.done = True
             return True
-        try:
-            chunk = _loads(data)
-        except ValueError:
-            chunk = None
+        chunk = _loads(data)  # ValueError: malformed (feed)
         if not isinstance(chunk, dict):
-            rec.error = f"malformed SSE data: {data.decode(errors='replace')[:80]!r}"
-            rec.error_kind = "malformed"
-            return True
+            raise TypeError("an SSE chunk is a JSON object")
         choices = chunk.get("choices") or []
         if "error" in chunk and not choices:
             rec.error = f"server error in stream: {str(chunk['error'])[:200]}"

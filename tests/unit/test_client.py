@@ -462,6 +462,14 @@ def test_malformed_sse_data_message_is_exact():
     assert rec.error == f"malformed SSE data: {'x' * 80!r}"
 
 
+@pytest.mark.parametrize("event", ['[1, 2]', '{"choices": ["x"]}', '{"choices": [{"delta": "x"}]}',
+                                   '{"choices": [{"text": "a"}], "usage": {"completion_tokens": "many"}}'])
+def test_json_of_the_wrong_shape_is_malformed_not_raised(event):
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), event, "[DONE]"))
+    assert rec.error == f"malformed SSE data: {event!r}" and rec.error_kind == "malformed" and not rec.ok
+    assert rec.chunk_tokens == [1]
+
+
 def test_non_sse_answer_is_malformed():
     rec, _ = run_with(b"<html></html>", content_type="text/html")
     assert rec.error_kind == "malformed" and rec.error.startswith("SSEError: ")
