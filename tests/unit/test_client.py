@@ -596,3 +596,34 @@ def test_no_resend_after_a_token_arrived():
     assert _retryable(rec) is True
     rec = RequestRecord(prompt_id="c", category="open", api="chat", error_kind="timeout", status_code=503)
     assert _retryable(rec) is False
+
+
+def test_done_with_spaces_around_it_ends_the_stream():
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1)) + b"data:  [DONE] \n\n")
+    assert rec.ok and rec.error is None and rec.e2e_ns is not None
+
+
+def test_a_timeout_while_waiting_for_the_body_end_after_done_is_no_failure():
+    class SlowEnd(Answer):
+        async def finish(self):  # the end of the body never comes: the request timeout runs out here
+            await asyncio.sleep(2)
+
+    def handler(path, body):
+        return SlowEnd(pieces=[(0, sse(chat_chunk("a", 1, usage=1), "[DONE]"))])
+
+    async def go():
+        return await stream_request(Scripted(handler), CHAT, "m", RequestSettings(request_timeout_s=0.05), run_t0_ns=0)
+
+    rec = asyncio.run(go())
+    assert rec.ok and rec.error is None and rec.error_kind is None and rec.output_tokens == 1
+
+
+def test_usage_only_chunk_beyond_the_content_counts_in_the_total_but_is_no_chunk():
+    # The final usage-only chunk says 4 tokens while the content chunks carried 3: no phantom chunk for the
+    # difference, and the server's total is the output count. prompt_tokens 0 is a value, not a missing one.
+    def usage_chunk(total):
+        return {"choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": total}}
+
+    rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), chat_chunk("bc", 2, usage=3), usage_chunk(4), "[DONE]"))
+    assert rec.chunk_tokens == [1, 2] and len(rec.chunk_ns) == 2
+    assert rec.output_tokens == 4 and rec.prompt_tokens == 0 and rec.ok

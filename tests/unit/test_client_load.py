@@ -100,7 +100,8 @@ def test_measure_client_counts_cpu_chunks_and_wall_time():
     async def go():
         async with measure_client(client, tick_s=60, cpu=lambda: next(cpu), clock=lambda: now[0]) as meter:
             client.chunks_read += 90
-            meter.add_chunks(5)
+            meter.add_chunks(2)
+            meter.add_chunks(3)  # added up
             await asyncio.sleep(0)
             now[0] += 4_000 * MS
         return meter
