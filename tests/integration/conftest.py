@@ -27,39 +27,50 @@ def embedded_model() -> str:
 
 
 SERVERS = {  # name: (spec config, dtype)
-    "off": (None, "bfloat16"), "ngram": (NGRAM_K4, "bfloat16"),
-    "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"),
+    "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"), "off_bf16": (None, "bfloat16"),
 }
+# Fixture -> server. The pair that differs in speculation only is float32 (vllm_off and vllm_ngram
+# are the float32 servers); the bfloat16 spec-off server is there for precision divergences.
+FIXTURES = {"vllm_off": "off_fp32", "vllm_off_fp32": "off_fp32", "vllm_ngram": "ngram_fp32",
+            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16"}
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(embedded_model):
-    """Four vLLM servers (spec off / ngram k=4, bfloat16 / float32), started side by side
-    once per session and stopped after it."""
-    opts = [VLLMLaunch(model=embedded_model, spec_config=spec, dtype=dtype, max_model_len=2048)
-            for spec, dtype in SERVERS.values()]
+def vllm_servers(request, embedded_model):
+    """The vLLM servers that the session's tests use, started side by side once per session
+    and stopped after it."""
+    used = {FIXTURES[name] for item in request.session.items for name in FIXTURES
+            if name in getattr(item, "fixturenames", ())}
+    names = [name for name in SERVERS if name in used] or list(SERVERS)
+    opts = [VLLMLaunch(model=embedded_model, spec_config=SERVERS[name][0], dtype=SERVERS[name][1],
+                       max_model_len=2048) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
-        yield dict(zip(SERVERS, servers))
+        yield dict(zip(names, servers))
 
 
 @pytest.fixture(scope="session")
 def vllm_off(vllm_servers):
-    return vllm_servers["off"]
+    return vllm_servers[FIXTURES["vllm_off"]]
 
 
 @pytest.fixture(scope="session")
 def vllm_ngram(vllm_servers):
-    return vllm_servers["ngram"]
+    return vllm_servers[FIXTURES["vllm_ngram"]]
 
 
 @pytest.fixture(scope="session")
 def vllm_off_fp32(vllm_servers):
-    return vllm_servers["off_fp32"]
+    return vllm_servers[FIXTURES["vllm_off_fp32"]]
 
 
 @pytest.fixture(scope="session")
 def vllm_ngram_fp32(vllm_servers):
-    return vllm_servers["ngram_fp32"]
+    return vllm_servers[FIXTURES["vllm_ngram_fp32"]]
+
+
+@pytest.fixture(scope="session")
+def vllm_off_bf16(vllm_servers):
+    return vllm_servers[FIXTURES["vllm_off_bf16"]]
 
 
 def raw_counter(base_url: str, name: str) -> float:

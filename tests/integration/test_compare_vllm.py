@@ -12,8 +12,8 @@ from junitparser import JUnitXml
 
 pytestmark = pytest.mark.integration
 
-# The prompt that diverged in bfloat16 when tried as a new user would (field-notes.md):
-# spec off wrote `def reverse_string(input_str):`, spec on `def reverse_string(s):`.
+# Prompts whose greedy text differs between bfloat16 and float32 on the vLLM CPU build (e.g.
+# `def reverse_string(s):` against `def reverse_string(input_str):`).
 REVERSE = {"id": "reverse-string", "category": "open",
            "messages": [{"role": "user", "content": "Write a Python function that reverses a string, then explain it."}]}
 CAPITAL = {"id": "capital", "category": "open",
@@ -38,25 +38,35 @@ def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
     return proc, report, out
 
 
-def test_bf16_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_off, vllm_ngram, embedded_model):
-    proc, report, out = equiv(tmp_path, vllm_off, vllm_ngram, prompts_file(tmp_path, REVERSE),
+def test_precision_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_off_bf16, vllm_ngram_fp32,
+                                                                  embedded_model):
+    """A bfloat16 spec-off server against a float32 spec-on one: the texts part where the top two
+    tokens are nearly tied, which triage must call a near-tie (not a fault), while the report says
+    the sides differ in more than speculation. (A bfloat16 pair that differs in speculation only gave
+    identical text on this build: 13 prompts x 128 tokens.)"""
+    proc, report, out = equiv(tmp_path, vllm_off_bf16, vllm_ngram_fp32, prompts_file(tmp_path, REVERSE, CAPITAL),
                               "--dtype", "bfloat16", "--reference", embedded_model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (ident,) = report["identity"]
-    assert ident["verdict"] == "near-tie", ident
-    d = ident["divergence"]
-    assert d["token_index"] > 0 and d["char_index"] > 0
-    assert d["off_context"] != d["on_context"]
-    t = d["triage"]
-    assert t["source"] == "reference-float64"
-    assert abs(t["reference_margin"]) < t["threshold"]
-    assert t["server_margin"] is not None and abs(t["server_margin"]) < t["threshold"]
+    verdicts = {i["prompt_id"]: i["verdict"] for i in report["identity"]}
+    diverged = [i for i in report["identity"] if i["verdict"] != "identical"]
+    assert diverged, verdicts
+    assert {i["verdict"] for i in diverged} == {"near-tie"}, verdicts
+    assert report["counts"]["near-tie"] == len(diverged) and report["counts"]["suspect"] == 0
+    for ident in diverged:
+        d = ident["divergence"]
+        assert d["off_context"] != d["on_context"]
+        t = d["triage"]
+        assert t["source"] == "reference-float64"
+        assert abs(t["reference_margin"]) < t["threshold"]
+        assert t["server_margin"] is not None and abs(t["server_margin"]) < t["threshold"]
     assert "NEAR-TIE at token" in proc.stdout and "margin" in proc.stdout
+    assert any(n.startswith("the sides differ in more than speculation") and "float32" in n
+               for n in report["notes"]), report["notes"]
     # every output format was written and says the same
     assert "**near-tie**" in (out / "summary.md").read_text()
     xml = JUnitXml.fromfile(str(out / "junit.xml"))
     cases = [c for suite in (xml if xml._tag == "testsuites" else [xml]) for c in suite]
-    assert [c.name for c in cases] == ["reverse-string"] and not cases[0].result
+    assert sorted(c.name for c in cases) == ["capital", "reverse-string"] and not any(c.result for c in cases)
     html = (out / "report.html").read_text()
     assert "near-tie" in html and html.count("<svg") >= 3
 
@@ -72,7 +82,7 @@ def test_fp32_spec_on_is_identical_to_spec_off(tmp_path, vllm_off_fp32, vllm_ngr
 
 def test_sampling_on_the_spec_side_is_suspect_and_fails_the_gate(tmp_path, vllm_off, vllm_ngram):
     proc, report, out = equiv(tmp_path, vllm_off, vllm_ngram, prompts_file(tmp_path, REVERSE, CAPITAL, COPY),
-                              "--dtype", "bfloat16", "--on-temperature", "1.5", max_tokens=32)
+                              "--dtype", "float32", "--on-temperature", "1.5", max_tokens=32)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert report["counts"]["suspect"] >= 1
     assert not report["gate"]["passed"]
