@@ -12,11 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specadapt import __version__
 from specadapt.errors import UsageError
 from specadapt.records.identity import PromptIdentity
+from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
     AcceptanceSummary,
     Crossover,
@@ -35,6 +36,7 @@ class ProbeSettings(BaseModel):
     warmup: int
     prompts_source: str
     request: RequestSettings
+    load: LoadSettings | None = None
 
 
 class ReportEnvelope(BaseModel):
@@ -63,6 +65,8 @@ class ProbeReport(ReportEnvelope):
     counters_before: CounterSnapshot
     counters_after: CounterSnapshot
     token_sources: dict[str, int] = Field(default_factory=dict, description="Requests per token-count source.")
+    goodput: Goodput | None = Field(None, description="With --slo: requests within every SLO per second, all levels.")
+    rates: list[RateLevel] = Field(default_factory=list, description="With --request-rate: figures per arrival rate.")
     notes: list[str] = Field(default_factory=list)
     requests: list[RequestRecord] = Field(default_factory=list)
 
