@@ -79,20 +79,29 @@ def schedule_ns(rate: float, count: int, burstiness: float = 1.0, seed: int = 0)
 def send_lag(scheduled_ns: Sequence[int], sent_ns: Sequence[int], lag_p99_limit_ms: float = LAG_P99_LIMIT_MS,
              min_rate_fraction: float = MIN_RATE_FRACTION) -> SendLag:
     """Lag statistics of one schedule (pairs of scheduled and actual send times, ns)."""
-    n = len(scheduled_ns)
+    return send_lag_blocks([(scheduled_ns, sent_ns)], lag_p99_limit_ms, min_rate_fraction)
+
+
+def send_lag_blocks(blocks: Sequence[tuple[Sequence[int], Sequence[int]]],
+                    lag_p99_limit_ms: float = LAG_P99_LIMIT_MS,
+                    min_rate_fraction: float = MIN_RATE_FRACTION) -> SendLag:
+    """Lag statistics over several runs of a schedule (each timed from its own start): the lag
+    percentiles over all requests; the rates pooled, sum(arrivals - 1) / sum(spans)."""
+    lags = np.array([s - c for sched, sent in blocks for c, s in zip(sched, sent)], dtype=float)
+    n = int(lags.size)
     if n == 0:
         return SendLag()
-    lags = np.array(sent_ns, dtype=float) - np.array(scheduled_ns, dtype=float)
     p50, p99 = (float(v) / 1e6 for v in np.percentile(lags, [50, 99]))
     out = SendLag(requests=n, p50_ms=p50, p99_ms=p99, max_ms=float(lags.max()) / 1e6)
     reasons = []
     if p99 > lag_p99_limit_ms:
         reasons.append(f"send lag p99 {p99:.1f} ms > {lag_p99_limit_ms:g} ms")
-    span_sched = (max(scheduled_ns) - min(scheduled_ns)) / NS_PER_S
-    span_sent = (max(sent_ns) - min(sent_ns)) / NS_PER_S
-    if n > 1 and span_sched > 0:
-        out.scheduled_rate = (n - 1) / span_sched
-        out.achieved_rate = (n - 1) / span_sent if span_sent > 0 else math.inf
+    gaps = sum(len(sched) - 1 for sched, _ in blocks if len(sched) > 1)
+    span_sched = sum(max(sched) - min(sched) for sched, _ in blocks if len(sched) > 1) / NS_PER_S
+    span_sent = sum(max(sent) - min(sent) for _, sent in blocks if len(sent) > 1) / NS_PER_S
+    if gaps and span_sched > 0:
+        out.scheduled_rate = gaps / span_sched
+        out.achieved_rate = gaps / span_sent if span_sent > 0 else math.inf
         if out.achieved_rate < min_rate_fraction * out.scheduled_rate:
             reasons.append(f"sent {out.achieved_rate:.2f} req/s, below {min_rate_fraction:.0%} of the "
                            f"scheduled {out.scheduled_rate:.2f} req/s")

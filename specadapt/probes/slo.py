@@ -135,15 +135,23 @@ def diff_ci(diffs: Sequence[float | None], level: float = LEVEL, min_units: int 
     return DiffCI(point=float(mean), low=float(low), high=float(high), n=n)
 
 
+def busy_duration_s(records: Sequence[RequestRecord]) -> float:
+    """The time a side spent on ``records`` sent one at a time: the sum of their E2E."""
+    return sum(r.e2e_ns or 0 for r in records) / 1e9
+
+
 def compare_goodput(units: Sequence[tuple[Sequence[RequestRecord], Sequence[RequestRecord]]],
-                    slo_ms: dict[str, float], unit: str = "blocks") -> GoodputComparison:
+                    slo_ms: dict[str, float], busy_time: bool = False) -> GoodputComparison:
     """``units``: (off records, on records) of each unit. Totals over all units per side, the
-    ratio and share difference over the units."""
+    ratio and share difference over the units. A side's time in a unit is its block's wall
+    time, or with ``busy_time`` (concurrency 1, the sides alternating request by request) the
+    sum of its requests' E2E."""
+    duration = busy_duration_s if busy_time else run_duration_s
     logs: list[float | None] = []
     diffs: list[float | None] = []
     empty = 0
     for off, on in units:
-        g_off, g_on = goodput_summary(off, slo_ms), goodput_summary(on, slo_ms)
+        g_off, g_on = goodput_summary(off, slo_ms, duration(off)), goodput_summary(on, slo_ms, duration(on))
         d = log_rate_ratio(g_off.good, g_off.duration_s, g_on.good, g_on.duration_s)
         if d is None:
             empty += 1
@@ -152,7 +160,7 @@ def compare_goodput(units: Sequence[tuple[Sequence[RequestRecord], Sequence[Requ
             diffs.append(g_on.share_good - g_off.share_good)
     all_off = [r for off, _ in units for r in off]
     all_on = [r for _, on in units for r in on]
-    dur_off = sum(run_duration_s(off) for off, _ in units)
-    dur_on = sum(run_duration_s(on) for _, on in units)
+    dur_off = sum(duration(off) for off, _ in units)
+    dur_on = sum(duration(on) for _, on in units)
     return GoodputComparison(off=goodput_summary(all_off, slo_ms, dur_off), on=goodput_summary(all_on, slo_ms, dur_on),
-                             ratio=ratio_ci(logs, unit), share_difference=diff_ci(diffs), units_without_good=empty)
+                             ratio=ratio_ci(logs, "blocks"), share_difference=diff_ci(diffs), units_without_good=empty)

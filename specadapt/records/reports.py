@@ -86,6 +86,7 @@ class CompareSettings(BaseModel):
     triage: bool = True
     reference: str | None = Field(None, description="Local HF model dir for float64 recomputation.")
     interleaved: bool = True
+    load: LoadSettings | None = Field(None, description="Arrival rates (levels besides concurrency), --duration, SLOs.")
 
 
 class CounterPair(BaseModel):
@@ -125,10 +126,17 @@ class TheoryCheck(BaseModel):
 
 
 class LevelResult(BaseModel):
-    concurrency: int
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    concurrency: int = Field(description="Closed-loop level; 0 at an arrival rate.")
+    request_rate: float | None = Field(None, description="Arrival-rate level (requests/s, inf: all at once).")
     pairs: int
     speed: SpeedRatios
     by_prompt: list[PromptSpeed] = Field(default_factory=list)
+    by_category: dict[str, SpeedRatios] = Field(default_factory=dict, description="Per prompt category, on the "
+                                                "level's units (pairs at concurrency 1, block pairs otherwise).")
+    send_lag_off: SendLag | None = None
+    send_lag_on: SendLag | None = None
+    goodput: GoodputComparison | None = None
     off: LatencySummary
     on: LatencySummary
     acceptance: AcceptanceSummary
@@ -150,12 +158,16 @@ class CompareReport(ReportEnvelope):
     on_server: ServerInfo
     levels: list[LevelResult] = Field(default_factory=list)
     crossover: Crossover | None = None
+    rate_levels: list[LevelResult] = Field(default_factory=list, description="Arrival-rate levels (--request-rate).")
+    rate_crossover: Crossover | None = Field(None, description="Where spec on stops being faster, in request rate.")
     identity: list[PromptIdentity] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
     gate: Gate | None = None
     notes: list[str] = Field(default_factory=list)
     counters_on: dict[int, CounterPair] = Field(default_factory=dict)
     counters_off: dict[int, CounterPair] = Field(default_factory=dict)
+    counters_on_rate: dict[str, CounterPair] = Field(default_factory=dict, description="Per request rate ('inf', '2').")
+    counters_off_rate: dict[str, CounterPair] = Field(default_factory=dict)
     requests: list[RequestRecord] = Field(default_factory=list)
 
 
