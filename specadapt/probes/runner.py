@@ -94,6 +94,16 @@ def server_client(server: Server, settings: RequestSettings, concurrency: int) -
                              verify=server.verify)
 
 
+def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:
+    """Requests a probe plans to send (a progress bar's total; a conversation counts its turns;
+    --duration at a concurrency is open-ended and counts one pass)."""
+    per_set = sum(1 + len(p.turns or []) for p in prompts)
+    rates = load.request_rates if load else []
+    if not rates:
+        return per_set * repeat
+    return sum(len(rate_jobs(prompts, r, repeat, load)) for r in rates) * per_set // len(prompts)
+
+
 def rate_jobs(prompts: list[Prompt], rate: float, repeat: int, load: LoadSettings) -> list[Job]:
     """The jobs of one arrival-rate level: the prompt set cycled, each with its scheduled offset.
     Count: ceil(rate * duration) with --duration (the prompt set x repeat at rate inf), else the
