@@ -72,10 +72,13 @@ def turns_of(prompt: Prompt) -> int:
     return 1 + len(prompt.turns or [])
 
 
-def not_sent(prompt: Prompt, job: Job, turn: int, sent_at_ns: int, why: str) -> RequestRecord:
-    return RequestRecord(prompt_id=prompt.id, category=prompt.category, api=prompt.api, repeat=job.repeat,
-                         replica=job.copy_index, turn=turn, ok=False, error=why, error_kind="not_sent",
-                         sent_at_ns=sent_at_ns)
+def not_sent(failed: RequestRecord, turn: int) -> RequestRecord:
+    """The record of a turn left unsent after ``failed`` (same conversation, side and level)."""
+    return RequestRecord(prompt_id=failed.prompt_id, category=failed.category, api=failed.api, repeat=failed.repeat,
+                         replica=failed.replica, turn=turn, side=failed.side, concurrency=failed.concurrency,
+                         request_rate=failed.request_rate, warmup=failed.warmup, ok=False,
+                         error=f"not sent: turn {failed.turn} of this conversation failed", error_kind="not_sent",
+                         sent_at_ns=failed.sent_at_ns)
 
 
 def cycle_jobs(prompts: list[Prompt]) -> Iterator[Job]:
@@ -99,8 +102,9 @@ class LoadEngine:
         answers: list[str] = []
         for turn in range(turns_of(job.prompt)):
             if out and not out[-1].ok:
-                why = f"not sent: turn {out[-1].turn} of this conversation failed"
-                out.append(not_sent(job.prompt, job, turn, out[-1].sent_at_ns, why))
+                failed = out[-1] if out[-1].error_kind != "not_sent" else next(r for r in out if not r.ok)
+                out.append(not_sent(failed, turn))
+                self.finished.append(out[-1])
                 continue
             rec = await self.send(turn_prompt(job.prompt, turn, answers), job, turn)
             if rec is None:
