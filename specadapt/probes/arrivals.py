@@ -55,7 +55,7 @@ def parse_rates(value: str | None) -> list[float]:
 
 def rate_label(rate: float) -> str:
     """'inf', '2', '0.5': how a rate is written in reports."""
-    return "inf" if math.isinf(rate) else f"{rate:g}"
+    return f"{rate:g}"  # inf -> 'inf'; 2.0 -> '2'; 0.5 -> '0.5'
 
 
 def arrivals_for_duration(rate: float, duration_s: float) -> int:
@@ -87,7 +87,7 @@ def send_lag_blocks(blocks: Sequence[tuple[Sequence[int], Sequence[int]]],
                     min_rate_fraction: float = MIN_RATE_FRACTION) -> SendLag:
     """Lag statistics over several runs of a schedule (each timed from its own start): the lag
     percentiles over all requests; the rates pooled, sum(arrivals - 1) / sum(spans)."""
-    lags = np.array([s - c for sched, sent in blocks for c, s in zip(sched, sent)], dtype=float)
+    lags = np.array([s - c for sched, sent in blocks for c, s in zip(sched, sent)])
     n = int(lags.size)
     if n == 0:
         return SendLag()
@@ -96,9 +96,9 @@ def send_lag_blocks(blocks: Sequence[tuple[Sequence[int], Sequence[int]]],
     reasons = []
     if p99 > lag_p99_limit_ms:
         reasons.append(f"send lag p99 {p99:.1f} ms > {lag_p99_limit_ms:g} ms")
-    gaps = sum(len(sched) - 1 for sched, _ in blocks if len(sched) > 1)
-    span_sched = sum(max(sched) - min(sched) for sched, _ in blocks if len(sched) > 1) / NS_PER_S
-    span_sent = sum(max(sent) - min(sent) for _, sent in blocks if len(sent) > 1) / NS_PER_S
+    gaps = sum(len(sched) - 1 for sched, _ in blocks if sched)
+    span_sched = sum(max(sched) - min(sched) for sched, _ in blocks if sched) / NS_PER_S
+    span_sent = sum(max(sent) - min(sent) for _, sent in blocks if sent) / NS_PER_S
     if gaps and span_sched > 0:
         out.scheduled_rate = gaps / span_sched
         out.achieved_rate = gaps / span_sent if span_sent > 0 else math.inf

@@ -128,7 +128,7 @@ def diff_ci(diffs: Sequence[float | None], level: float = LEVEL, min_units: int 
     x = [d for d in diffs if d is not None and math.isfinite(d)]
     n = len(x)
     if n == 0:
-        return DiffCI(point=None, n=0, too_few=True)
+        return DiffCI(point=None, too_few=True)
     if n < min_units:
         return DiffCI(point=sum(x) / n, n=n, too_few=True)
     low, mean, high = t_bounds(x, level)

@@ -97,6 +97,7 @@ def test_parse_rates_refuses_in_one_line(text, msg):
 
 def test_rate_label():
     assert rate_label(math.inf) == "inf" and rate_label(2.0) == "2" and rate_label(0.5) == "0.5"
+    assert rate_label(1e-3) == "0.001"
 
 
 def test_lag_percentiles_and_max_in_ms():
@@ -152,3 +153,36 @@ def test_sent_at_once_while_scheduled_apart_counts_as_infinitely_fast():
 
 def test_the_module_constants_are_the_documented_ones():
     assert arrivals.LAG_P99_LIMIT_MS == 10.0 and arrivals.MIN_RATE_FRACTION == 0.95
+
+
+def test_defaults_are_poisson_and_seed_0():
+    assert schedule_ns(2.0, 50) == schedule_ns(2.0, 50, 1.0, 0)
+
+
+def test_empty_parts_are_skipped_and_the_message_is_exact():
+    assert parse_rates("1,,2") == [1.0, 2.0]
+    with pytest.raises(UsageError) as exc:
+        parse_rates("fast")
+    assert str(exc.value) == "--request-rate 'fast': give requests per second, comma-separated, e.g. 1,2,4,inf"
+
+
+def test_lag_figures_are_exact_ms():
+    lag = send_lag([0, 0], [2 * MS, 3 * MS])
+    assert lag.p50_ms == 2.5 and lag.max_ms == 3.0
+
+
+def test_rate_fraction_is_passed_on_and_the_boundary_is_not_limited():
+    sched = [i * 100 * MS for i in range(11)]          # 10 req/s
+    sent = [i * 200 * MS for i in range(11)]           # 5 req/s: exactly half
+    assert not send_lag(sched, sent, lag_p99_limit_ms=1e9, min_rate_fraction=0.5).client_limited
+    lag = send_lag(sched, sent, lag_p99_limit_ms=1e9, min_rate_fraction=0.6)
+    assert lag.reason == ("the client, not the server, limited this run: sent 5.00 req/s, below 60% of the "
+                          "scheduled 10.00 req/s")
+    both = send_lag(sched, sent, lag_p99_limit_ms=1.0, min_rate_fraction=0.6)
+    assert both.reason == ("the client, not the server, limited this run: send lag p99 990.0 ms > 1 ms; "
+                           "sent 5.00 req/s, below 60% of the scheduled 10.00 req/s")
+
+
+def test_spans_run_from_each_blocks_first_time():
+    lag = send_lag_blocks([([S, 2 * S], [S, 2 * S]), ([0], [0])], lag_p99_limit_ms=1e9)
+    assert lag.scheduled_rate == 1.0 and lag.achieved_rate == 1.0 and lag.requests == 3

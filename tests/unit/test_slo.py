@@ -177,3 +177,41 @@ def test_diff_ci_needs_min_units_for_an_interval():
     enough = diff_ci([0.1, 0.2, 0.3, 0.2, 0.1])
     assert not enough.too_few and enough.low < enough.point < enough.high
     assert diff_ci([None, float("nan")]).point is None and diff_ci([]).n == 0
+
+
+def test_empty_parts_are_skipped_and_a_second_equals_sign_is_part_of_the_limit():
+    assert parse_slo("ttft=1ms,,e2e=2s") == {"ttft": 1.0, "e2e": 2000.0}
+    with pytest.raises(UsageError) as exc:
+        parse_slo("ttft=1ms=2")
+    assert str(exc.value) == "--slo: ttft='1ms=2' is not a number with a unit; write e.g. ttft=200ms"
+
+
+def test_two_tokens_without_times_have_no_tpot():
+    r = RequestRecord(prompt_id="p", category="c", api="chat", ok=True, output_tokens=2)
+    assert request_value_ms(r, "tpot") is None
+
+
+def test_values_are_exact_ms():
+    r = rec(ttft=10, gaps=(4,), per_chunk=1, e2e=14)  # 2 tokens: TPOT (14 - 10) / 1 = 4 ms; ITL 4 ms
+    assert request_value_ms(r, "tpot") == 4.0 and request_value_ms(r, "itl") == 4.0
+    assert run_duration_s([rec(sent=0, e2e=500)]) == 0.5
+    with pytest.raises(ValueError, match="unknown metric ttfb"):
+        request_value_ms(r, "ttfb")
+
+
+def test_busy_time_counts_a_request_without_e2e_as_zero_and_is_exact():
+    no_end = RequestRecord(prompt_id="p", category="c", api="chat", ok=False)
+    assert busy_duration_s([no_end, rec(e2e=500)]) == 0.5
+
+
+def test_diff_ci_without_values_is_too_few_and_its_level_is_used():
+    assert diff_ci([]).too_few is True
+    x = [0.1, 0.2, 0.3, 0.2, 0.1, 0.25]
+    wide, narrow = diff_ci(x), diff_ci(x, level=0.5)
+    assert narrow.high - narrow.low < wide.high - wide.low
+
+
+def test_a_unit_with_no_request_on_a_side_has_no_share_difference():
+    _, on = _unit(2, 2)
+    g = compare_goodput([([], on)], {"ttft": 20})
+    assert g.share_difference.n == 0 and g.share_difference.point is None
