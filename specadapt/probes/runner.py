@@ -156,10 +156,12 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
                 run_t0 = time.perf_counter_ns()
                 records = await _engine_or_death(engine.closed_loop(jobs, run_t0, concurrency, duration), process)
             else:
-                for level_rate in rates:
-                    jobs = rate_jobs(prompts, level_rate, repeat, load)
+                run_t0 = time.perf_counter_ns()
+                for level_rate in rates:  # each schedule starts when the previous rate's requests are done
+                    shift = time.perf_counter_ns() - run_t0
+                    jobs = [j.model_copy(update={"offset_ns": j.offset_ns + shift})
+                            for j in rate_jobs(prompts, level_rate, repeat, load)]
                     planned += len(jobs)
-                    run_t0 = time.perf_counter_ns()
                     records += await _engine_or_death(engine.open_loop(jobs, run_t0), process)
         except (_Partial, NotFinished):
             part = _Partial(engine.finished, max(planned, len(engine.finished)))

@@ -40,7 +40,11 @@ def test_probe_at_rates_replays_conversations_and_reports_lag_and_goodput(server
     assert [r.turn for r in recs if r.prompt_id == "c1" and r.request_rate == 40.0] == [0, 1, 2]
     # the schedule: first turns carry it, later turns none
     at40 = [r for r in recs if r.request_rate == 40.0]
-    assert [r.scheduled_at_ns for r in at40 if r.turn == 0] == schedule_ns(40.0, 3, 1.0, 3)
+    sched = [r.scheduled_at_ns for r in at40 if r.turn == 0]  # the seeded schedule, from the level's start
+    assert [x - sched[0] for x in sched] == schedule_ns(40.0, 3, 1.0, 3)
+    at_inf = [r for r in recs if r.request_rate == math.inf and r.turn == 0]
+    assert len({r.scheduled_at_ns for r in at_inf}) == 1  # all at once, after the previous rate had finished
+    assert at_inf[0].scheduled_at_ns >= max(r.sent_at_ns + (r.e2e_ns or 0) for r in at40)
     assert all(r.scheduled_at_ns is None for r in at40 if r.turn > 0)
     # the server saw turn 2 with the whole history: its own answers as the assistant messages
     log = httpx.get(scripted_url + "/_script/log").json()
