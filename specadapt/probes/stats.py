@@ -108,7 +108,7 @@ def find_crossover(levels: Sequence[float], ratios: Sequence[RatioCI], speculati
     faster = [c for c, v in verdicts.items() if v == "faster"]
     slower = [c for c, v in verdicts.items() if v == "slower"]
     unclear = [c for c, v in verdicts.items() if v == "no clear difference"]
-    few = "; ".join(f"{c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few)
+    few = "; ".join(f"{_levels_text([c])}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few)
     few = f" (no interval at {few})" if few else ""
     tail = f"; no clear difference at {_levels_text(unclear)}{few}" if unclear else ""
     if len(faster) == len(pts):
@@ -117,7 +117,7 @@ def find_crossover(levels: Sequence[float], ratios: Sequence[RatioCI], speculati
     if not faster and not slower:
         covered = [c for c, r in pts if not r.too_few]
         why = ([f"every interval includes 1.0x ({_levels_text(covered)})"] if covered else []) + [
-            f"no interval at {c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few]
+            f"no interval at {_levels_text([c])}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few]
         return Crossover(status="no-clear-difference", verdicts=verdicts,
                          text=f"no clear difference at any tested {what} ({_levels_text(unclear)}): "
                               + "; ".join(why))

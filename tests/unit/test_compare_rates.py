@@ -207,3 +207,10 @@ def test_goodput_at_concurrency_1_divides_by_each_sides_busy_time():
     assert g.on.duration_s == pytest.approx(MIN_UNITS * 0.1)
     assert g.units_without_good == MIN_UNITS and g.ratio.point is None
     assert g.share_difference.point == pytest.approx(1.0)
+
+
+def test_crossover_names_rates_without_a_trailing_zero():
+    few = RatioCI(point=1.1, n=2, unit="blocks", method="t", min_n=5, too_few=True)
+    c = find_crossover([1.0, math.inf], [few, few], what="request rate")
+    assert c.text == ("no clear difference at any tested request rate (1, inf): no interval at 1: 2 blocks, "
+                      "fewer than 5; no interval at inf: 2 blocks, fewer than 5")
