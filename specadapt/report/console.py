@@ -44,7 +44,7 @@ def render_rates(report: ProbeReport, console: Console) -> None:
     table = Table(title="by request rate (open loop)")
     for col in ("rate req/s", "sent req/s", "ok", "tokens/s", "TTFT p50", "TPOT p50", "E2E p50", "send lag",
                 "goodput"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", overflow="fold")
     for lv in report.rates:
         lat = lv.latency
         table.add_row(rate_text(lv.request_rate),
