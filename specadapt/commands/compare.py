@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from specadapt.commands._console import progress_bar, stderr
+from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers, server_options
 from specadapt.errors import UsageError
 from specadapt.probes.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
@@ -65,7 +66,7 @@ def ab_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return f
+    return load_options(f)
 
 
 def _sides(off_url: str | None, on_url: str | None) -> list[Side]:
@@ -80,7 +81,8 @@ def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool) -> Compa
                            request=request, on_temperature=kw["on_temperature"],
                            prompts_source=str(kw["prompts_file"] or "built-in"), draft_cost=kw["draft_cost"],
                            near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
-                           reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved)
+                           reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved,
+                           load=kw.get("load"))
 
 
 def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],
@@ -117,13 +119,13 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
 def _side_by_side(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
     """Both servers up at once, requests interleaved."""
     with open_servers(plan) as (off, on), progress_bar() as bar:
-        task = bar.add_task("comparing", total=total_requests(len(prompts), settings))
+        task = bar.add_task("comparing", total=total_requests(len(prompts), settings, prompts))
         return run_compare(off, on, prompts, settings, lambda rec: bar.advance(task))
 
 
 def _one_after_the_other(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
     """Spec on alone first, then spec off alone (kept up until its triage is done)."""
-    per_side = total_requests(len(prompts), settings) // 2
+    per_side = total_requests(len(prompts), settings, prompts) // 2
     with open_servers(plan.only("spec-on")) as (on,), progress_bar() as bar:
         task = bar.add_task("spec on", total=per_side)
         on_info, on_recs, on_counters = run_one_side(on, "on", prompts, settings, lambda rec: bar.advance(task))

@@ -14,6 +14,8 @@ from specadapt.errors import ServerDied
 from specadapt.probes.prompts import load_prompts
 from specadapt.probes.runner import failed_count, run_probe, server_log_tail
 from specadapt.records import RequestSettings, write_report
+from specadapt.commands._load import load_options
+from specadapt.probes.runner import planned_requests
 from specadapt.report.console import render_probe
 
 
@@ -33,8 +35,9 @@ from specadapt.report.console import render_probe
               help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
                    "retried requests are reported apart. Off by default: retries distort latency.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
+@load_options
 def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repeat, warmup, max_tokens, temperature,
-          seed, top_logprobs, no_logprobs, request_timeout, retries, json_out) -> None:
+          seed, top_logprobs, no_logprobs, request_timeout, retries, json_out, load) -> None:
     """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
 
     Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
@@ -47,10 +50,10 @@ def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repe
                                request_timeout_s=request_timeout, retries=retries)
     plan = plan_servers(server_opts, [Side(url=url, port=port)])
     with open_servers(plan) as (server,), progress_bar() as bar:
-        task = bar.add_task("probing", total=len(prompts) * repeat + warmup)
+        task = bar.add_task("probing", total=planned_requests(prompts, repeat, load) + warmup)
         report = run_probe(server, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
                            prompts_source=str(prompts_file) if prompts_file else "built-in",
-                           progress=lambda rec: bar.advance(task))
+                           progress=lambda rec: bar.advance(task), load=load)
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())

@@ -79,8 +79,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         import uvloop
     except ImportError:
         return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+    return uvloop.run(coro)
 
 
 # ------------------------------------------------------------------------------ request body

@@ -26,12 +26,16 @@ from typing import Callable
 from specadapt.adapters.base import Server
 from specadapt.native_reference import theory
 from specadapt.probes.acceptance import acceptance_summary
+from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag_blocks
+from specadapt.probes.client import run as run_loop
 from specadapt.probes.client import stream_request
 from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 from specadapt.probes.latency import latency_summary, tpot_ns
+from specadapt.probes.load import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
 from specadapt.probes.reference_check import ReferenceScorer
 from specadapt.probes.runner import counting, server_client, settle_counters
 from specadapt.probes.sides import side_differences
+from specadapt.probes.slo import compare_goodput
 from specadapt.probes.stats import find_crossover, log_latency_ratio, log_rate_ratio, ratio_ci
 from specadapt.records import (
     CompareReport,
@@ -46,6 +50,7 @@ from specadapt.records import (
     SpeedRatios,
     TheoryCheck,
 )
+from specadapt.records.load import GoodputComparison, LoadSettings, SendLag
 
 Progress = Callable[[RequestRecord], None]
 
@@ -59,15 +64,33 @@ def side_settings(server: Server, base: RequestSettings, temperature: float | No
     return base.model_copy(update=update)
 
 
+def rate_jobs(prompts: list[Prompt], rate: float, load: LoadSettings, repeat: int) -> list[Job]:
+    """One block at an arrival rate: ceil(rate * duration) arrivals with --duration (else, and at
+    rate inf, the prompt set once), prompts cycled, on the schedule of seed + repeat."""
+    n = len(prompts)
+    if load.duration_s is not None and not math.isinf(rate):
+        n = arrivals_for_duration(rate, load.duration_s)
+    offsets = schedule_ns(rate, n, load.burstiness, load.seed + repeat)
+    return [Job(prompt=prompts[i % len(prompts)], repeat=repeat, copy_index=i // len(prompts), offset_ns=off)
+            for i, off in enumerate(offsets)]
+
+
 def copies_for(concurrency: int, n_prompts: int) -> int:
     """Copies of the prompt set in one block: blocks at concurrency N hold at least 2N requests."""
     return 1 if concurrency == 1 else max(1, math.ceil(2 * concurrency / n_prompts))
 
 
-def total_requests(n_prompts: int, settings: CompareSettings) -> int:
-    """Requests of a whole A/B run, both sides and the warm-up included (for progress bars)."""
-    return 2 * settings.warmup + sum(2 * settings.repeat * n_prompts * copies_for(c, n_prompts)
-                                     for c in settings.concurrency)
+def total_requests(n_prompts: int, settings: CompareSettings, prompts: list[Prompt] | None = None) -> int:
+    """Requests of a whole A/B run, both sides and the warm-up included (for progress bars; with
+    ``prompts``, a conversation counts its turns; --duration at a concurrency is not foreseen)."""
+    per_set = sum(turns_of(p) for p in prompts) if prompts else n_prompts
+    total = 2 * settings.warmup + sum(2 * settings.repeat * per_set * copies_for(c, n_prompts)
+                                      for c in settings.concurrency)
+    load = settings.load
+    for rate in (load.request_rates if load else []):
+        n = arrivals_for_duration(rate, load.duration_s) if load.duration_s and not math.isinf(rate) else n_prompts
+        total += 2 * settings.repeat * n * per_set // max(1, n_prompts)
+    return total
 
 
 class ABRunner:
@@ -78,15 +101,23 @@ class ABRunner:
         self.off, self.on, self.prompts, self.settings, self.progress = off, on, prompts, settings, progress
         self.req_off = side_settings(off, settings.request)
         self.req_on = side_settings(on, settings.request, settings.on_temperature)
+        self.rate_counters: dict[str, dict[str, CounterPair]] = {"off": {}, "on": {}}
 
     async def _send(self, client, side: str, prompt: Prompt, t0: int, level: int, repeat: int, copy: int,
-                    warmup: bool = False) -> RequestRecord:
+                    warmup: bool = False, rate: float | None = None) -> RequestRecord:
         req = self.req_on if side == "on" else self.req_off
         rec = await stream_request(client, prompt, self._model[side], req, t0, repeat=repeat, warmup=warmup)
         rec.side, rec.concurrency, rec.replica = side, level, copy  # type: ignore[assignment]
+        rec.request_rate = rate
         if self.progress:
             self.progress(rec)
         return rec
+
+    def _engine(self, client, side: str, t0: int, level: int, rate: float | None = None) -> LoadEngine:
+        """The load engine of one side at one level, every request timed from ``t0``."""
+        async def send(prompt: Prompt, job: Job, turn: int) -> RequestRecord:
+            return await self._send(client, side, prompt, t0, level, job.repeat, job.copy_index, rate=rate)
+        return LoadEngine(send)
 
     async def run(self, sides: tuple[str, ...] = ("off", "on")
                   ) -> tuple[list[RequestRecord], dict[int, CounterPair], dict[int, CounterPair]]:
@@ -114,42 +145,69 @@ class ABRunner:
                 for side in sides:
                     counters[side][level] = CounterPair(
                         before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
+            for rate in (s.load.request_rates if s.load else []):
+                before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
+                records += await self._rate_level(clients, rate)
+                for side in sides:
+                    self.rate_counters[side][rate_label(rate)] = CounterPair(
+                        before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
         return records, on_counters, off_counters
+
+    async def _rate_level(self, clients, rate: float) -> list[RequestRecord]:
+        """Per repeat an off block and an on block on the same arrival schedule (seed + repeat),
+        the order alternating off/on, on/off; each block timed from its own start."""
+        s = self.settings
+        out: list[RequestRecord] = []
+        for r in range(s.repeat):
+            jobs = rate_jobs(self.prompts, rate, s.load, r)
+            order = ("off", "on") if r % 2 == 0 else ("on", "off")
+            for side in (x for x in order if x in self._sides):
+                t0 = time.perf_counter_ns()
+                out += await self._engine(clients[side], side, t0, 0, rate).open_loop(jobs, t0)
+        return out
 
     async def _level(self, clients, level: int, t0: int) -> list[RequestRecord]:
         s = self.settings
         out: list[RequestRecord] = []
+        engines = {side: self._engine(clients[side], side, t0, level) for side in self._sides}
         if level == 1:
             for r in range(s.repeat):
                 for i, p in enumerate(self.prompts):
                     order = ("off", "on") if (r + i) % 2 == 0 else ("on", "off")
-                    for side in (x for x in order if x in self._sides):
-                        out.append(await self._send(clients[side], side, p, t0, 1, r, 0))
+                    for side in (x for x in order if x in self._sides):  # a conversation's turns: back to back
+                        out += await engines[side].conversation(Job(prompt=p, repeat=r), t0) or []
             return out
         copies = copies_for(level, len(self.prompts))
         for r in range(s.repeat):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
             for side in (x for x in order if x in self._sides):
-                sem = asyncio.Semaphore(level)
-
-                async def one(p: Prompt, cp: int, side=side, r=r) -> RequestRecord:
-                    async with sem:
-                        return await self._send(clients[side], side, p, t0, level, r, cp)
-
-                out += await asyncio.gather(*(one(p, cp) for cp in range(copies) for p in self.prompts))
+                duration = s.load.duration_s if s.load else None
+                if duration is None:
+                    jobs = [Job(prompt=p, repeat=r, copy_index=cp) for cp in range(copies) for p in self.prompts]
+                    out += await engines[side].closed_loop(jobs, t0, level)
+                else:  # the block keeps N streams busy for the duration, cycling the prompts
+                    jobs = (Job(prompt=j.prompt, repeat=r, copy_index=j.repeat) for j in cycle_jobs(self.prompts))
+                    out += await engines[side].closed_loop(jobs, time.perf_counter_ns(), level, duration)
         return out
 
 
 Pair = tuple[RequestRecord, RequestRecord]
 
 
-def pair_records(records: list[RequestRecord], level: int) -> list[Pair]:
-    """(off, on) pairs of the same prompt, repeat and copy at one level; both must have succeeded."""
+def pair_records(records: list[RequestRecord], level: int, rate: float | None = None) -> list[Pair]:
+    """(off, on) pairs of the same prompt, repeat, copy and turn at one level (a concurrency, or
+    with ``rate`` an arrival rate, whose records have concurrency 0); both must have succeeded."""
     keyed: dict[tuple, dict[str, RequestRecord]] = {}
-    for r in records:
-        if r.concurrency == level and not r.warmup:
-            keyed.setdefault((r.prompt_id, r.repeat, r.replica), {})[r.side] = r
+    for r in level_records(records, level, rate):
+        keyed.setdefault((r.prompt_id, r.repeat, r.replica, r.turn), {})[r.side] = r
     return [(v["off"], v["on"]) for v in keyed.values() if "off" in v and "on" in v and v["off"].ok and v["on"].ok]
+
+
+def level_records(records: list[RequestRecord], level: int, rate: float | None = None) -> list[RequestRecord]:
+    """The measured (not warm-up) records of one level."""
+    if rate is not None:
+        level = 0
+    return [r for r in records if r.concurrency == level and r.request_rate == rate and not r.warmup]
 
 
 def _latency_logs(units: list[list[Pair]]) -> tuple[list[float | None], list[float | None]]:
@@ -203,33 +261,64 @@ def block_speed_ratios(units: list[tuple[int, list[Pair]]], throughput_logs: lis
                        throughput=ratio_ci(throughput_logs, "blocks"))
 
 
-def _block_rate_log(records: list[RequestRecord], level: int, repeat: int) -> float | None:
+def _block_rate_log(records: list[RequestRecord], level: int, repeat: int, rate: float | None = None) -> float | None:
     """log(rate_on / rate_off) of one repeat's blocks, each rate its block's tokens over its wall time
     (every succeeded request of the block, paired or not)."""
+    recs = level_records(records, level, rate)
     (tok_off, t_off), (tok_on, t_on) = (
-        block_rate([x for x in records if x.concurrency == level and not x.warmup and x.repeat == repeat
-                    and x.side == side]) for side in ("off", "on"))
+        block_rate([x for x in recs if x.repeat == repeat and x.side == side]) for side in ("off", "on"))
     return log_rate_ratio(tok_off, t_off, tok_on, t_on)
 
 
-def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair]) -> tuple[SpeedRatios, list[PromptSpeed]]:
+def _subset_ratios(level: int, pp: list[Pair]) -> SpeedRatios:
+    """A prompt's or a category's ratios: its pairs at concurrency 1; at N > 1 and at rates its
+    share of each block (its requests' tokens over their E2E), one unit per block pair."""
+    if level == 1:
+        return speed_ratios(pp)
+    units = block_units(pp)
+    return block_speed_ratios(units, [_request_rate_log(u) for _, u in units])
+
+
+def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair],
+                rate: float | None = None) -> tuple[SpeedRatios, list[PromptSpeed]]:
     """The level's ratios and each prompt's, on the level's unit of independence. Per prompt at
     N > 1 the throughput is its requests' tokens over their E2E (its share of each block)."""
-    if level == 1:
+    if level == 1 and rate is None:
         speed = speed_ratios(pairs)
     else:
         units = block_units(pairs)
-        speed = block_speed_ratios(units, [_block_rate_log(records, level, r) for r, _ in units])
+        speed = block_speed_ratios(units, [_block_rate_log(records, level, r, rate) for r, _ in units])
     by_prompt = []
     for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
         pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
-        if level == 1:
-            ratios = speed_ratios(pp)
-        else:
-            units = block_units(pp)
-            ratios = block_speed_ratios(units, [_request_rate_log(u) for _, u in units])
-        by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category, ratios=ratios))
+        by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category,
+                                     ratios=_subset_ratios(0 if rate is not None else level, pp)))
     return speed, by_prompt
+
+
+def category_speed(pairs: list[Pair], level: int, rate: float | None = None) -> dict[str, SpeedRatios]:
+    """Per prompt category: its ratios on the level's units (see _subset_ratios)."""
+    cats = sorted({a.category for a, _ in pairs})
+    return {c: _subset_ratios(0 if rate is not None else level, [(a, b) for a, b in pairs if a.category == c])
+            for c in cats}
+
+
+def level_goodput(records: list[RequestRecord], level: int, slo_ms: dict[str, float],
+                  rate: float | None = None) -> GoodputComparison:
+    """Goodput per side and the on/off ratio: one unit per repeat (its off block + on block; at
+    concurrency 1 its pairs, each side's time the sum of its requests' E2E, as the sides alternate)."""
+    recs = level_records(records, level, rate)
+    units = [([r for r in recs if r.repeat == rep and r.side == "off"],
+              [r for r in recs if r.repeat == rep and r.side == "on"]) for rep in sorted({r.repeat for r in recs})]
+    return compare_goodput(units, slo_ms, busy_time=(level == 1 and rate is None))
+
+
+def level_lag(records: list[RequestRecord], rate: float, side: str) -> SendLag:
+    """Send lag of one side at an arrival rate, over its blocks (each timed from its own start)."""
+    recs = [r for r in level_records(records, 0, rate) if r.side == side and r.scheduled_at_ns is not None]
+    return send_lag_blocks([([r.scheduled_at_ns for r in recs if r.repeat == rep],
+                             [r.sent_at_ns for r in recs if r.repeat == rep])
+                            for rep in sorted({r.repeat for r in recs})])
 
 
 def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: float | None,
@@ -260,24 +349,39 @@ def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: floa
                        best_k_iid=best[0] if best else None, best_k_measured_positions=best_measured)
 
 
-def analyse(report: CompareReport) -> None:
-    """Fill per-level speed, acceptance, theory and the crossover from the raw records."""
+def _level_result(report: CompareReport, level: int, rate: float | None, counters: CounterPair | None) -> LevelResult:
     s = report.settings
-    report.levels = []
-    for level in s.concurrency:
-        pairs = pair_records(report.requests, level)
-        speed, by_prompt = level_speed(report.requests, level, pairs)
-        recs = [r for r in report.requests if r.concurrency == level and not r.warmup]
-        off_lat = latency_summary([r for r in recs if r.side == "off"])
-        on_lat = latency_summary([r for r in recs if r.side == "on"])
-        counters = report.counters_on.get(level) or CounterPair(before=CounterSnapshot(), after=CounterSnapshot())
-        acc = acceptance_summary(counters.before, counters.after)
-        lr = LevelResult(concurrency=level, pairs=len(pairs), speed=speed, by_prompt=by_prompt,
-                         off=off_lat, on=on_lat, acceptance=acc)
-        lr.theory = theory_check(lr, off_lat.tpot_ms.mean, on_lat.tpot_ms.mean, s.draft_cost)
-        report.levels.append(lr)
+    pairs = pair_records(report.requests, level, rate)
+    speed, by_prompt = level_speed(report.requests, level, pairs, rate)
+    recs = level_records(report.requests, level, rate)
+    off_lat = latency_summary([r for r in recs if r.side == "off"])
+    on_lat = latency_summary([r for r in recs if r.side == "on"])
+    counters = counters or CounterPair(before=CounterSnapshot(), after=CounterSnapshot())
+    acc = acceptance_summary(counters.before, counters.after)
+    lr = LevelResult(concurrency=level if rate is None else 0, request_rate=rate, pairs=len(pairs), speed=speed,
+                     by_prompt=by_prompt, by_category=category_speed(pairs, level, rate),
+                     off=off_lat, on=on_lat, acceptance=acc)
+    if rate is not None:
+        lr.send_lag_off, lr.send_lag_on = level_lag(report.requests, rate, "off"), level_lag(report.requests, rate, "on")
+    slo = s.load.slo_ms if s.load else {}
+    if slo:
+        lr.goodput = level_goodput(report.requests, level, slo, rate)
+    lr.theory = theory_check(lr, off_lat.tpot_ms.mean, on_lat.tpot_ms.mean, s.draft_cost)
+    return lr
+
+
+def analyse(report: CompareReport) -> None:
+    """Fill per-level speed, acceptance, theory, goodput and the crossovers from the raw records."""
+    s = report.settings
+    report.levels = [_level_result(report, level, None, report.counters_on.get(level)) for level in s.concurrency]
     report.crossover = find_crossover([lv.concurrency for lv in report.levels],
                                       [lv.speed.throughput for lv in report.levels], report.on_server.spec_enabled)
+    rates = s.load.request_rates if s.load else []
+    report.rate_levels = [_level_result(report, 0, rate, report.counters_on_rate.get(rate_label(rate)))
+                          for rate in rates]
+    if rates:
+        report.rate_crossover = find_crossover(rates, [lv.speed.throughput for lv in report.rate_levels],
+                                               report.on_server.spec_enabled, what="request rate")
 
 
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
@@ -287,9 +391,10 @@ def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: Compar
     off_info, on_info = off.describe(), on.describe()
     runner = ABRunner(off, on, prompts, settings, progress)
     with counting(off, on):
-        records, on_counters, off_counters = asyncio.run(runner.run())
+        records, on_counters, off_counters = run_loop(runner.run())
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
-                           counters_on=on_counters, counters_off=off_counters)
+                           counters_on=on_counters, counters_off=off_counters,
+                           counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"])
     return finish_compare(report, off, prompts, runner.req_off)
 
 
@@ -301,7 +406,7 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
     off, on = (server, server)
     runner = ABRunner(off, on, prompts, settings, progress)
     with counting(server):
-        records, on_c, off_c = asyncio.run(runner.run(sides=(side,)))
+        records, on_c, off_c = run_loop(runner.run(sides=(side,)))
     return info, records, (on_c if side == "on" else off_c)
 
 
@@ -319,6 +424,7 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
         scorer = ReferenceScorer(settings.reference)
 
     def triage(prompt: Prompt, div, off_rec: RequestRecord):
+        prompt = turn_request(records, prompt, off_rec)
         t = server_triage(off, prompt, off_request, div, off_rec.tokens, threshold) if settings.triage else None
         if scorer is not None:
             t = scorer.triage(off, prompt, div, off_rec, threshold, t)
@@ -330,6 +436,18 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                      for v in ("identical", "near-tie", "suspect", "unknown")}
     report.notes += _compare_notes(report)
     return report
+
+
+def turn_request(records: list[RequestRecord], prompt: Prompt, rec: RequestRecord) -> Prompt:
+    """The request ``rec`` was: for a later turn of a conversation, the prompt's messages with
+    the same side's earlier answers and user turns (what was sent, so triage asks the same)."""
+    if rec.turn == 0:
+        return prompt
+    earlier = {r.turn: r.text for r in records
+               if (r.prompt_id, r.side, r.concurrency, r.request_rate, r.repeat, r.replica, r.warmup)
+               == (rec.prompt_id, rec.side, rec.concurrency, rec.request_rate, rec.repeat, rec.replica, False)
+               and r.turn < rec.turn}
+    return turn_prompt(prompt, rec.turn, [earlier.get(i, "") for i in range(rec.turn)])
 
 
 def _compare_notes(report: CompareReport) -> list[str]:
@@ -350,4 +468,13 @@ def _compare_notes(report: CompareReport) -> list[str]:
         notes.append(f"{len(failed)} request(s) failed and were left out of the pairs")
     if not report.settings.interleaved:
         notes.append("the servers ran one after the other (not interleaved): machine drift can bias the ratios")
+    for lv in report.rate_levels:
+        for side, lag in (("spec-off", lv.send_lag_off), ("spec-on", lv.send_lag_on)):
+            if lag is not None and lag.client_limited:
+                notes.append(f"request rate {rate_label(lv.request_rate or 0)}, {side}: {lag.reason}; the ratios at "
+                             "this rate describe the client's pace, not the servers'")
+    later = sum(p.different_history_pairs for p in report.identity)
+    if later:
+        notes.append(f"{later} pair(s) of later conversation turns followed a diverged turn: the sides' "
+                     "histories differ there, so those pairs are not identity verdicts of their own")
     return notes

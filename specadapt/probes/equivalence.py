@@ -87,7 +87,7 @@ def first_divergence(off: RequestRecord, on: RequestRecord) -> Divergence | None
     j = _common_prefix(off.text, on.text)
     lo = max(0, j - CONTEXT_CHARS)
     return Divergence(prompt_id=off.prompt_id, category=off.category, concurrency=off.concurrency,
-                      repeat=off.repeat, replica=off.replica, kind=kind, token_index=i, char_index=j,
+                      repeat=off.repeat, replica=off.replica, turn=off.turn, kind=kind, token_index=i, char_index=j,
                       off_token=off_tok, on_token=on_tok, off_context=off.text[lo:j + CONTEXT_CHARS],
                       on_context=on.text[lo:j + CONTEXT_CHARS], off_tokens=len(off.tokens) or off.output_tokens,
                       on_tokens=len(on.tokens) or on.output_tokens)
@@ -190,19 +190,26 @@ def identity_report(records: list[RequestRecord], prompts: list[Prompt],
     keyed: dict[tuple, dict[str, RequestRecord]] = {}
     for r in records:
         if not r.warmup and r.ok:
-            keyed.setdefault((r.prompt_id, r.concurrency, r.repeat, r.replica), {})[r.side] = r
+            keyed.setdefault((r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn), {})[r.side] = r
+    diverged_at: dict[tuple, int] = {}  # conversation -> its first diverging turn
+    for key, v in keyed.items():
+        if "off" in v and "on" in v and first_divergence(v["off"], v["on"]) is not None:
+            diverged_at[key[:-1]] = min(diverged_at.get(key[:-1], key[-1]), key[-1])
     out: list[PromptIdentity] = []
     for pid in by_prompt:
-        pairs = [(v["off"], v["on"]) for (p, *_), v in keyed.items() if p == pid and "off" in v and "on" in v]
-        if not pairs:
+        both = [(k, v["off"], v["on"]) for k, v in keyed.items() if k[0] == pid and "off" in v and "on" in v]
+        if not both:
             continue
+        later = [k for k, *_ in both if k[-1] > diverged_at.get(k[:-1], k[-1])]
+        pairs = [(off, on) for k, off, on in both if k not in later]
         divs = [(d, off) for off, on in pairs if (d := first_divergence(off, on)) is not None]
         ident = PromptIdentity(prompt_id=pid, category=by_prompt[pid].category, pairs=len(pairs),
-                               identical_pairs=len(pairs) - len(divs), verdict="identical")
+                               identical_pairs=len(pairs) - len(divs), verdict="identical",
+                               different_history_pairs=len(later))
         if divs:
             origins: dict[tuple, tuple[Divergence, RequestRecord]] = {}
-            for d, off in sorted(divs, key=lambda x: (x[0].token_index, x[0].concurrency, x[0].repeat)):
-                origins.setdefault((d.token_index, d.off_token, d.on_token), (d, off))
+            for d, off in sorted(divs, key=lambda x: (x[0].turn, x[0].token_index, x[0].concurrency, x[0].repeat)):
+                origins.setdefault((d.turn, d.token_index, d.off_token, d.on_token), (d, off))
             worst = None
             for d, off in origins.values():
                 d.triage = triage(by_prompt[pid], d, off) if triage else None

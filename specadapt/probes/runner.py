@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,8 +19,12 @@ from typing import Callable
 from specadapt.adapters.base import Server
 from specadapt.errors import SpecadaptError
 from specadapt.probes.acceptance import acceptance_summary
+from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag
 from specadapt.probes.client import StreamClient, open_client, stream_request
+from specadapt.probes.client import run as run_loop
 from specadapt.probes.latency import latency_summary
+from specadapt.probes.load import Job, LoadEngine, NotFinished, cycle_jobs
+from specadapt.probes.slo import goodput_summary
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -28,6 +33,7 @@ from specadapt.records import (
     RequestRecord,
     RequestSettings,
 )
+from specadapt.records.load import LoadSettings, RateLevel
 
 Progress = Callable[[RequestRecord], None]
 
@@ -79,36 +85,39 @@ async def _watch_process(process, poll_s: float = 0.2) -> None:
         await asyncio.sleep(poll_s)
 
 
-async def _gather_or_death(jobs: list, process) -> list[RequestRecord]:
-    """Run ``jobs`` (each returns a record, or None when the server was gone); if
-    ``process`` exits first, cancel the rest and raise _Partial."""
-    tasks = [asyncio.ensure_future(j) for j in jobs]
-    if process is None:
-        return list(await asyncio.gather(*tasks))
-    watcher = asyncio.ensure_future(_watch_process(process))
-    all_done = asyncio.gather(*tasks)
-    await asyncio.wait({all_done, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    watcher.cancel()
-    if not all_done.done():
-        for t in tasks:
-            t.cancel()
-    await asyncio.gather(all_done, watcher, return_exceptions=True)
-    results = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
-    finished = [r for r in results if r is not None]
-    if len(finished) < len(tasks):
-        raise _Partial(finished, len(tasks))
-    return finished
-
-
 def server_client(server: Server, settings: RequestSettings,
                   concurrency: int) -> contextlib.AbstractAsyncContextManager[StreamClient]:
     """The streaming client for one server: its auth and TLS settings, a connection per stream."""
     return open_client(server, settings, concurrency)
 
 
+def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:
+    """Requests a probe plans to send (a progress bar's total; a conversation counts its turns;
+    --duration at a concurrency is open-ended and counts one pass)."""
+    per_set = sum(1 + len(p.turns or []) for p in prompts)
+    rates = load.request_rates if load else []
+    if not rates:
+        return per_set * repeat
+    return sum(len(rate_jobs(prompts, r, repeat, load)) for r in rates) * per_set // len(prompts)
+
+
+def rate_jobs(prompts: list[Prompt], rate: float, repeat: int, load: LoadSettings) -> list[Job]:
+    """The jobs of one arrival-rate level: the prompt set cycled, each with its scheduled offset.
+    Count: ceil(rate * duration) with --duration (the prompt set x repeat at rate inf), else the
+    prompt set x repeat."""
+    n = len(prompts) * repeat
+    if load.duration_s is not None and not math.isinf(rate):
+        n = arrivals_for_duration(rate, load.duration_s)
+    offsets = schedule_ns(rate, n, load.burstiness, load.seed)
+    return [Job(prompt=prompts[i % len(prompts)], repeat=i // len(prompts), offset_ns=off)
+            for i, off in enumerate(offsets)]
+
+
 async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
-                        repeat: int, warmup: int, progress: Progress | None) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
-    async with server_client(server, settings, concurrency) as client:
+                        repeat: int, warmup: int, progress: Progress | None,
+                        load: LoadSettings | None = None) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
+    rates = load.request_rates if load else []
+    async with server_client(server, settings, concurrency if not rates else 1024) as client:
         model = server.model_id
         t0 = time.perf_counter_ns()
         for i in range(warmup):  # discarded: the first requests after start-up are slow
@@ -116,30 +125,65 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
             if progress:
                 progress(rec)
         before = await asyncio.to_thread(settle_counters, server)
-        sem = asyncio.Semaphore(concurrency)
-        t0 = time.perf_counter_ns()
-
         process = server.process  # None unless specadapt started the server
+        run_t0 = 0
 
-        async def one(prompt: Prompt, r: int) -> RequestRecord | None:
-            async with sem:
-                if process is not None and not process.alive():
-                    return None  # not sent: the server is gone
-                rec = await stream_request(client, prompt, model, settings, t0, repeat=r)
+        async def send(prompt: Prompt, job: Job, turn: int) -> RequestRecord | None:
+            if process is not None and not process.alive():
+                return None  # not sent: the server is gone
+            rec = await stream_request(client, prompt, model, settings, run_t0, repeat=job.repeat)
             if process is not None and not rec.ok and await _exits_soon(process):
                 return None  # it failed because the server died under it: not a finished request
+            if rates:
+                rec.concurrency, rec.request_rate = 0, level_rate
             if progress:
                 progress(rec)
             return rec
 
-        jobs = [one(p, r) for r in range(repeat) for p in prompts]
+        engine = LoadEngine(send)
+        records: list[RequestRecord] = []
+        planned = 0
         try:
-            records = await _gather_or_death(jobs, process)
-        except _Partial as part:
+            if not rates:
+                duration = load.duration_s if load else None
+                jobs = cycle_jobs(prompts) if duration is not None else \
+                    [Job(prompt=p, repeat=r) for r in range(repeat) for p in prompts]
+                planned = len(jobs) if isinstance(jobs, list) else 0
+                level_rate = None
+                run_t0 = time.perf_counter_ns()
+                records = await _engine_or_death(engine.closed_loop(jobs, run_t0, concurrency, duration), process)
+            else:
+                run_t0 = time.perf_counter_ns()
+                for level_rate in rates:  # each schedule starts when the previous rate's requests are done
+                    shift = time.perf_counter_ns() - run_t0
+                    jobs = [j.model_copy(update={"offset_ns": j.offset_ns + shift})
+                            for j in rate_jobs(prompts, level_rate, repeat, load)]
+                    planned += len(jobs)
+                    records += await _engine_or_death(engine.open_loop(jobs, run_t0), process)
+        except (_Partial, NotFinished):
+            part = _Partial(engine.finished, max(planned, len(engine.finished)))
             part.before = before
-            raise
+            raise part from None
         after = await asyncio.to_thread(settle_counters, server, None)
     return records, before, after
+
+
+async def _engine_or_death(run, process) -> list[RequestRecord]:
+    """The engine's records; _Partial if ``process`` (the managed server) exits first."""
+    if process is None:
+        return await run
+    task = asyncio.ensure_future(run)
+    watcher = asyncio.ensure_future(_watch_process(process))
+    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    watcher.cancel()
+    if not task.done():
+        task.cancel()
+    await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled() or task.exception() is not None:
+        if task.done() and not task.cancelled() and not isinstance(task.exception(), NotFinished):
+            raise task.exception()
+        raise _Partial([], 0)
+    return task.result()
 
 
 def _death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
@@ -167,14 +211,15 @@ def counting(*servers: Server) -> Iterator[None]:
 
 def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,
               repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
-              progress: Progress | None = None) -> ProbeReport:
-    """Probe ``server`` with ``prompts`` and return the full report."""
+              progress: Progress | None = None, load: LoadSettings | None = None) -> ProbeReport:
+    """Probe ``server`` with ``prompts`` and return the full report. ``load``: arrival rates
+    (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs."""
     info = server.describe()
     partial_reason, log_tail = None, ""
     with counting(server):
         try:
-            records, before, after = asyncio.run(
-                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress))
+            records, before, after = run_loop(
+                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress, load))
         except _Partial as part:
             records, before = part.records, part.before
             after = CounterSnapshot(source="unavailable: the server exited during the run")
@@ -185,7 +230,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     report = ProbeReport(
         server=info,
         settings=ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
-                               prompts_source=prompts_source, request=settings),
+                               prompts_source=prompts_source, request=settings, load=load),
         partial=partial_reason is not None, partial_reason=partial_reason,
         latency=latency_summary([r for r in records if r.attempts == 1]),
         latency_retried=latency_summary(retried) if (retried := [r for r in records if r.attempts > 1]) else None,
@@ -196,6 +241,16 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
         token_sources=dict(Counter(r.token_source or "none" for r in records if r.ok)),
         requests=records,
     )
+    slo = load.slo_ms if load else {}
+    if slo:
+        report.goodput = goodput_summary([r for r in records if not r.warmup], slo)
+    for rate in (load.request_rates if load else []):
+        recs = [r for r in records if r.request_rate == rate and not r.warmup]
+        first = [r for r in recs if r.scheduled_at_ns is not None]
+        report.rates.append(RateLevel(
+            request_rate=rate, latency=latency_summary(recs),
+            send_lag=send_lag([r.scheduled_at_ns for r in first], [r.sent_at_ns for r in first]),
+            goodput=goodput_summary(recs, slo) if slo else None))
     report.notes += _notes(report)
     if log_tail:
         report.notes.append(LOG_NOTE + log_tail)
@@ -235,6 +290,10 @@ def _notes(report: ProbeReport) -> list[str]:
     if failed:
         kinds = ", ".join(f"{k} {n}" for k, n in report.failures.items())
         notes.append(f"{failed} request(s) failed ({kinds}); see the requests list for reasons")
+    for lv in report.rates:
+        if lv.send_lag.client_limited:
+            notes.append(f"request rate {rate_label(lv.request_rate)}: {lv.send_lag.reason}; its figures describe "
+                         "the client's pace, not the server's")
     if report.latency_retried is not None:
         notes.append(f"{report.latency_retried.requests} request(s) were sent more than once (--retries): "
                      "their latency is reported apart, not in the main figures")

@@ -81,12 +81,16 @@ def log_rate_ratio(tokens_off: float, time_off: float, tokens_on: float, time_on
     return math.log((tokens_on / time_on) / (tokens_off / time_off))
 
 
-def _levels_text(levels: Sequence[int]) -> str:
-    return ", ".join(str(c) for c in levels)
+def _levels_text(levels: Sequence[float]) -> str:
+    return ", ".join("inf" if math.isinf(c) else f"{c:g}" for c in levels)
 
 
-def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation: bool | None = True) -> Crossover:
+def find_crossover(levels: Sequence[float], ratios: Sequence[RatioCI], speculation: bool | None = True,
+                   what: str = "concurrency") -> Crossover:
     """Per-level verdicts of the throughput ratio and where spec on stops being faster.
+
+    ``levels``: concurrencies, or request rates (``what="request rate"``; inf allowed: the
+    estimate is then not interpolated past the last finite rate).
 
     ``speculation``: whether the spec-on server showed speculation counters; unless True no
     level gets a speed verdict (the ratio would compare two servers that do not speculate,
@@ -104,18 +108,18 @@ def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation
     faster = [c for c, v in verdicts.items() if v == "faster"]
     slower = [c for c, v in verdicts.items() if v == "slower"]
     unclear = [c for c, v in verdicts.items() if v == "no clear difference"]
-    few = "; ".join(f"{c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few)
+    few = "; ".join(f"{_levels_text([c])}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few)
     few = f" (no interval at {few})" if few else ""
     tail = f"; no clear difference at {_levels_text(unclear)}{few}" if unclear else ""
     if len(faster) == len(pts):
         return Crossover(status="faster-everywhere", last_faster=faster[-1], verdicts=verdicts,
-                         text=f"spec on is faster at every tested concurrency ({_levels_text(faster)})")
+                         text=f"spec on is faster at every tested {what} ({_levels_text(faster)})")
     if not faster and not slower:
         covered = [c for c, r in pts if not r.too_few]
         why = ([f"every interval includes 1.0x ({_levels_text(covered)})"] if covered else []) + [
-            f"no interval at {c}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few]
+            f"no interval at {_levels_text([c])}: {r.n} {r.unit}, fewer than {r.min_n}" for c, r in pts if r.too_few]
         return Crossover(status="no-clear-difference", verdicts=verdicts,
-                         text=f"no clear difference at any tested concurrency ({_levels_text(unclear)}): "
+                         text=f"no clear difference at any tested {what} ({_levels_text(unclear)}): "
                               + "; ".join(why))
     if not faster:
         return Crossover(status="never-faster", first_slower=slower[0], verdicts=verdicts,
@@ -127,12 +131,16 @@ def find_crossover(levels: Sequence[int], ratios: Sequence[RatioCI], speculation
         span = [(c, r.point) for c, r in pts if last_faster <= c <= first_slower]
         # the points cross 1 somewhere in the span: it starts above 1 (faster) and ends below (slower)
         (c0, r0), (c1, r1) = next((a, b) for a, b in zip(span, span[1:]) if a[1] >= 1 > b[1])
-        x0, x1 = math.log2(c0), math.log2(c1)
-        est = 2 ** (x0 + (r0 - 1) / (r0 - r1) * (x1 - x0))
+        if math.isinf(c1):  # all at once: no log-scale position to interpolate to
+            est, near = None, f"crossover above {_levels_text([c0])}"
+        else:
+            x0, x1 = math.log2(c0), math.log2(c1)
+            est = 2 ** (x0 + (r0 - 1) / (r0 - r1) * (x1 - x0))
+            near = f"crossover near {est:.1f}"
         return Crossover(status="crosses", last_faster=last_faster, first_slower=first_slower, estimate=est,
                          verdicts=verdicts,
                          text=f"spec on is faster at {_levels_text(faster)} and slower at {_levels_text(slower)} "
-                              f"(crossover near {est:.1f})" + tail)
+                              f"({near})" + tail)
     if slower:
         return Crossover(status="mixed", last_faster=faster[-1], first_slower=slower[0], verdicts=verdicts,
                          text=f"spec on is slower at {_levels_text(slower)} but faster at the higher "

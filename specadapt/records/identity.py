@@ -29,6 +29,7 @@ class Divergence(BaseModel):
     concurrency: int
     repeat: int
     replica: int = 0
+    turn: int = Field(0, description="Multi-turn conversations: the turn whose outputs diverge.")
     kind: Literal["token", "length"] = Field(description="token: different token; length: one output ended first.")
     token_index: int
     char_index: int
@@ -49,3 +50,6 @@ class PromptIdentity(BaseModel):
     verdict: Verdict
     divergence: Divergence | None = Field(None, description="The origin: the earliest first-divergence seen.")
     same_origin_pairs: int = Field(0, description="Other pairs diverging at the same token: reported once.")
+    different_history_pairs: int = Field(0, description="Multi-turn: pairs of a later turn after an earlier turn "
+                                                        "diverged; the two sides' histories differ, so their "
+                                                        "differences are not verdicts of their own.")

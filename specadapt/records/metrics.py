@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 class Distribution(BaseModel):
@@ -92,15 +92,18 @@ class RatioCI(BaseModel):
 
 
 class Crossover(BaseModel):
-    """Where spec on stops being faster, from the throughput interval (on/off) at each concurrency."""
+    """Where spec on stops being faster, from the throughput interval (on/off) at each concurrency
+    (or each request rate: levels may then be floats, inf written "Infinity")."""
+
+    model_config = ConfigDict(ser_json_inf_nan="strings")
 
     status: str = Field(description="faster-everywhere | crosses | faster-at-some | never-faster | "
                                     "no-clear-difference | mixed | no-speculation | unknown")
-    last_faster: int | None = None
-    first_slower: int | None = None
+    last_faster: int | float | None = None
+    first_slower: int | float | None = None
     estimate: float | None = Field(None, description="Concurrency where the point ratios cross 1 (log2 "
                                                      "interpolation), only when a faster level is followed by a "
                                                      "slower one.")
-    verdicts: dict[int, str] = Field(default_factory=dict, description="Per concurrency: faster, slower, no clear "
+    verdicts: dict[int | float, str] = Field(default_factory=dict, description="Per concurrency: faster, slower, no clear "
                                                                        "difference, or no speculation.")
     text: str

@@ -12,11 +12,12 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specadapt import __version__
 from specadapt.errors import UsageError
 from specadapt.records.identity import PromptIdentity
+from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
     AcceptanceSummary,
     Crossover,
@@ -35,6 +36,7 @@ class ProbeSettings(BaseModel):
     warmup: int
     prompts_source: str
     request: RequestSettings
+    load: LoadSettings | None = None
 
 
 class ReportEnvelope(BaseModel):
@@ -63,6 +65,8 @@ class ProbeReport(ReportEnvelope):
     counters_before: CounterSnapshot
     counters_after: CounterSnapshot
     token_sources: dict[str, int] = Field(default_factory=dict, description="Requests per token-count source.")
+    goodput: Goodput | None = Field(None, description="With --slo: requests within every SLO per second, all levels.")
+    rates: list[RateLevel] = Field(default_factory=list, description="With --request-rate: figures per arrival rate.")
     notes: list[str] = Field(default_factory=list)
     requests: list[RequestRecord] = Field(default_factory=list)
 
@@ -82,6 +86,7 @@ class CompareSettings(BaseModel):
     triage: bool = True
     reference: str | None = Field(None, description="Local HF model dir for float64 recomputation.")
     interleaved: bool = True
+    load: LoadSettings | None = Field(None, description="Arrival rates (levels besides concurrency), --duration, SLOs.")
 
 
 class CounterPair(BaseModel):
@@ -121,10 +126,17 @@ class TheoryCheck(BaseModel):
 
 
 class LevelResult(BaseModel):
-    concurrency: int
+    model_config = ConfigDict(ser_json_inf_nan="strings")
+    concurrency: int = Field(description="Closed-loop level; 0 at an arrival rate.")
+    request_rate: float | None = Field(None, description="Arrival-rate level (requests/s, inf: all at once).")
     pairs: int
     speed: SpeedRatios
     by_prompt: list[PromptSpeed] = Field(default_factory=list)
+    by_category: dict[str, SpeedRatios] = Field(default_factory=dict, description="Per prompt category, on the "
+                                                "level's units (pairs at concurrency 1, block pairs otherwise).")
+    send_lag_off: SendLag | None = None
+    send_lag_on: SendLag | None = None
+    goodput: GoodputComparison | None = None
     off: LatencySummary
     on: LatencySummary
     acceptance: AcceptanceSummary
@@ -146,12 +158,16 @@ class CompareReport(ReportEnvelope):
     on_server: ServerInfo
     levels: list[LevelResult] = Field(default_factory=list)
     crossover: Crossover | None = None
+    rate_levels: list[LevelResult] = Field(default_factory=list, description="Arrival-rate levels (--request-rate).")
+    rate_crossover: Crossover | None = Field(None, description="Where spec on stops being faster, in request rate.")
     identity: list[PromptIdentity] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
     gate: Gate | None = None
     notes: list[str] = Field(default_factory=list)
     counters_on: dict[int, CounterPair] = Field(default_factory=dict)
     counters_off: dict[int, CounterPair] = Field(default_factory=dict)
+    counters_on_rate: dict[str, CounterPair] = Field(default_factory=dict, description="Per request rate ('inf', '2').")
+    counters_off_rate: dict[str, CounterPair] = Field(default_factory=dict)
     requests: list[RequestRecord] = Field(default_factory=list)
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 TokenSource = Literal["usage", "logprobs", "chunks"]
 
 
 ErrorKind = Literal["timeout", "http_status", "connect", "disconnect", "malformed", "no_done", "no_tokens",
-                    "server_error", "other"]
+                    "server_error", "not_sent", "other"]
 
 
 class RequestSettings(BaseModel):
@@ -29,6 +29,8 @@ class RequestSettings(BaseModel):
 class RequestRecord(BaseModel):
     """What happened to one request. Times are integer nanoseconds from the send."""
 
+    model_config = ConfigDict(ser_json_inf_nan="strings")  # request_rate inf ("all at once") survives JSON
+
     prompt_id: str
     category: str
     api: Literal["chat", "completions"]
@@ -36,7 +38,9 @@ class RequestRecord(BaseModel):
     turn: int = Field(0, description="Multi-turn conversations: 0 for the first user message, n for turn n.")
     warmup: bool = False
     side: Literal["on", "off", ""] = Field("", description="A/B runs: which server answered.")
-    concurrency: int = 1
+    concurrency: int = Field(1, description="Closed-loop level; 0 for an arrival-rate run (see request_rate).")
+    request_rate: float | None = Field(None, description="Arrival-rate runs: the rate level (requests/s; inf: "
+                                                         "all at once).")
     replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
     ok: bool = False
     error: str | None = None

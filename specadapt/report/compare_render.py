@@ -7,7 +7,10 @@ from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.probes.slo import slo_text
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
+from specadapt.records.load import DiffCI, GoodputComparison
+from specadapt.report.console import goodput_text, lag_text, rate_text
 
 INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
                  "off/on pairs at concurrency 1, off+on blocks above")
@@ -26,9 +29,37 @@ def ci(r: RatioCI) -> str:
 
 def level_verdict(report: CompareReport, lv: LevelResult) -> str:
     """The level's speed verdict as the crossover decided it (faster only with speculation seen)."""
-    if report.crossover and lv.concurrency in report.crossover.verdicts:
-        return report.crossover.verdicts[lv.concurrency]
+    if lv.request_rate is not None:
+        cross, key = report.rate_crossover, lv.request_rate
+    else:
+        cross, key = report.crossover, lv.concurrency
+    if cross and key in cross.verdicts:
+        return cross.verdicts[key]
     return "-"
+
+
+def level_name(lv: LevelResult) -> str:
+    """'4' for a concurrency, '2 req/s' for an arrival rate."""
+    return str(lv.concurrency) if lv.request_rate is None else f"{rate_text(lv.request_rate)} req/s"
+
+
+def diff_text(d: DiffCI) -> str:
+    if d.point is None:
+        return "-"
+    if d.low is None:
+        return f"{100 * d.point:+.1f} pts (too few units, n = {d.n})"
+    return f"{100 * d.point:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
+
+
+def goodput_rows(g: GoodputComparison) -> tuple[str, str, str, str]:
+    """(off, on, on/off ratio, share difference) of one level's goodput."""
+    ratio = ci(g.ratio) + (f" ({g.units_without_good} unit(s) without a good request left out)"
+                           if g.units_without_good else "")
+    return goodput_text(g.off), goodput_text(g.on), ratio, diff_text(g.share_difference)
+
+
+def all_levels(report: CompareReport) -> list[LevelResult]:
+    return [*report.levels, *report.rate_levels]
 
 
 def _pct(v: float | None) -> str:
@@ -54,17 +85,20 @@ def render_console(report: CompareReport, console: Console) -> None:
                   f"{'ON' if on.spec_enabled else 'off?'}{', k=' + str(on.num_speculative_tokens) if on.num_speculative_tokens else ''})"
                   f"; model {on.model_id}")
     table = Table(title=f"speed, spec on vs off ({INTERVAL_NOTE})")
-    for col in ("concurrency", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "tokens/s verdict", "acceptance",
-                "mean len"):
+    for col in ("concurrency / rate", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "tokens/s verdict",
+                "acceptance", "mean len"):
         table.add_column(col, justify="right")
-    for lv in report.levels:
-        table.add_row(str(lv.concurrency), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
+    for lv in all_levels(report):
+        table.add_row(level_name(lv), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
                       level_verdict(report, lv),
                       _pct(lv.acceptance.acceptance_rate),
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
-    if report.crossover:
+    if report.crossover and report.levels:
         console.print(f"load: {report.crossover.text}")
+    if report.rate_crossover:
+        console.print(f"load by request rate: {report.rate_crossover.text}")
+    render_load(report, console)
     first = report.levels[0] if report.levels else None
     if first and first.by_prompt:
         per = Table(title=f"per prompt at concurrency {first.concurrency}")
@@ -101,6 +135,60 @@ def render_console(report: CompareReport, console: Console) -> None:
         console.print(f"gate: [bold]{'PASS' if g.passed else 'FAIL'}[/]" + ("" if g.passed else ": " + "; ".join(g.reasons)))
 
 
+def render_load(report: CompareReport, console: Console) -> None:
+    """Send lag per rate, goodput per level, ratios per prompt category."""
+    if report.rate_levels:
+        lag = Table(title="send lag per request rate (sent - scheduled)")
+        for col in ("rate", "spec-off", "spec-on"):
+            lag.add_column(col, justify="right")
+        for lv in report.rate_levels:
+            lag.add_row(level_name(lv), lag_text(lv.send_lag_off), lag_text(lv.send_lag_on))
+        console.print(lag)
+    with_goodput = [lv for lv in all_levels(report) if lv.goodput is not None]
+    if with_goodput:
+        g = Table(title=f"goodput ({slo_text(with_goodput[0].goodput.off.slo_ms)}; ratio and share difference "
+                        "over units)")
+        for col in ("level", "spec-off", "spec-on", "goodput ratio on/off", "good share on - off"):
+            g.add_column(col, justify="right")
+        for lv in with_goodput:
+            g.add_row(level_name(lv), *goodput_rows(lv.goodput))
+        console.print(g)
+    cats = [lv for lv in all_levels(report) if len(lv.by_category) > 1]
+    if cats:
+        t = Table(title="tokens/s ratio per prompt category")
+        t.add_column("level", justify="right")
+        names = sorted({c for lv in cats for c in lv.by_category})
+        for n in names:
+            t.add_column(n, justify="right")
+        for lv in cats:
+            t.add_row(level_name(lv), *(ci(lv.by_category[n].throughput) if n in lv.by_category else "-"
+                                        for n in names))
+        console.print(t)
+
+
+def load_markdown(report: CompareReport) -> list[str]:
+    out: list[str] = []
+    if report.rate_levels:
+        out += ["", "Send lag (sent - scheduled) per request rate:", "", "| rate | spec-off | spec-on |",
+                "| --- | --- | --- |"]
+        out += [f"| {level_name(lv)} | {lag_text(lv.send_lag_off)} | {lag_text(lv.send_lag_on)} |"
+                for lv in report.rate_levels]
+    with_goodput = [lv for lv in all_levels(report) if lv.goodput is not None]
+    if with_goodput:
+        out += ["", f"Goodput ({slo_text(with_goodput[0].goodput.off.slo_ms)}):", "",
+                "| level | spec-off | spec-on | goodput ratio on/off | good share on - off |",
+                "| --- | --- | --- | --- | --- |"]
+        out += ["| " + " | ".join([level_name(lv), *goodput_rows(lv.goodput)]) + " |" for lv in with_goodput]
+    cats = [lv for lv in all_levels(report) if len(lv.by_category) > 1]
+    if cats:
+        names = sorted({c for lv in cats for c in lv.by_category})
+        out += ["", "Tokens/s ratio per prompt category:", "", "| level | " + " | ".join(names) + " |",
+                "| --- |" + " --- |" * len(names)]
+        out += ["| " + " | ".join([level_name(lv), *(ci(lv.by_category[n].throughput) if n in lv.by_category
+                                                     else "-" for n in names)]) + " |" for lv in cats]
+    return out
+
+
 def to_markdown(report: CompareReport) -> str:
     out = ["## specadapt: speculative decoding on vs off", ""]
     if report.gate:
@@ -110,14 +198,17 @@ def to_markdown(report: CompareReport) -> str:
     out += [f"Model `{on.model_id}`, {on.backend} {on.version or '?'}, k={on.num_speculative_tokens or '?'}; "
             f"{len(report.identity)} prompts, repeat {report.settings.repeat}.", "",
             f"Speed ({INTERVAL_NOTE}):", "",
-            "| concurrency | pairs | tokens/s ratio [95% CI] | TPOT ratio | tokens/s verdict | acceptance | mean length |",
+            "| concurrency / rate | pairs | tokens/s ratio [95% CI] | TPOT ratio | tokens/s verdict | acceptance | mean length |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for lv in report.levels:
+    for lv in all_levels(report):
         a = lv.acceptance
-        out.append(f"| {lv.concurrency} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
+        out.append(f"| {level_name(lv)} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
                    f"{level_verdict(report, lv)} | {_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
-    if report.crossover:
+    if report.crossover and report.levels:
         out += ["", f"Load: {report.crossover.text}."]
+    if report.rate_crossover:
+        out += ["", f"Load by request rate: {report.rate_crossover.text}."]
+    out += load_markdown(report)
     c = report.counts
     out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                 f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]

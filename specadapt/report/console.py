@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.probes.slo import slo_text
 from specadapt.records import Distribution, ProbeReport
+from specadapt.records.load import Goodput, SendLag
 
 
 def _ms(v: float | None) -> str:
@@ -14,6 +16,47 @@ def _ms(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def rate_text(rate: float | None) -> str:
+    return "-" if rate is None else ("inf" if rate == float("inf") else f"{rate:g}")
+
+
+def lag_text(lag: SendLag | None) -> str:
+    """'p50 0.4 / p99 2.1 / max 3.0 ms' with CLIENT-LIMITED when the client could not keep the schedule."""
+    if lag is None or not lag.requests:
+        return "-"
+    text = f"p50 {lag.p50_ms:.1f} / p99 {lag.p99_ms:.1f} / max {lag.max_ms:.1f} ms"
+    return text + (" CLIENT-LIMITED" if lag.client_limited else "")
+
+
+def goodput_text(g: Goodput | None) -> str:
+    """'1.20 req/s (75.0% good; ttft 80.0%, e2e 90.0%)'."""
+    if g is None:
+        return "-"
+    rate = "-" if g.goodput is None else f"{g.goodput:.2f} req/s"
+    per = ", ".join(f"{m} {_pct(v)}" for m, v in g.share_per_slo.items())
+    return f"{rate} ({_pct(g.share_good)} good; {per})"
+
+
+def render_rates(report: ProbeReport, console: Console) -> None:
+    """One row per arrival rate: latency, send lag (flagged when the client limited the run), goodput."""
+    table = Table(title="by request rate (open loop)")
+    for col in ("rate req/s", "sent req/s", "ok", "tokens/s", "TTFT p50", "TPOT p50", "E2E p50", "send lag",
+                "goodput"):
+        table.add_column(col, justify="right", overflow="fold")
+    for lv in report.rates:
+        lat = lv.latency
+        table.add_row(rate_text(lv.request_rate),
+                      "-" if lv.send_lag.achieved_rate is None else f"{lv.send_lag.achieved_rate:.2f}",
+                      f"{lat.succeeded}/{lat.requests}",
+                      "-" if lat.output_tokens_per_s is None else f"{lat.output_tokens_per_s:.1f}",
+                      _ms(lat.ttft_ms.p50), _ms(lat.tpot_ms.p50), _ms(lat.e2e_ms.p50), lag_text(lv.send_lag),
+                      goodput_text(lv.goodput))
+    console.print(table)
+    for lv in report.rates:
+        if lv.send_lag.client_limited:
+            console.print(f"[red]rate {rate_text(lv.request_rate)}[/]: {lv.send_lag.reason}")
 
 
 def render_probe(report: ProbeReport, console: Console) -> None:
@@ -29,7 +72,10 @@ def render_probe(report: ProbeReport, console: Console) -> None:
     console.print(f"speculative decoding: [bold]{spec}[/]" + (f" ({', '.join(details)})" if details else ""))
 
     lat = report.latency
-    table = Table(title=f"latency, ms  (concurrency {report.settings.concurrency}, "
+    load = report.settings.load
+    level = (f"request rates {', '.join(rate_text(r) for r in load.request_rates)} req/s, all together"
+             if load and load.request_rates else f"concurrency {report.settings.concurrency}")
+    table = Table(title=f"latency, ms  ({level}, "
                         f"{lat.succeeded}/{lat.requests} requests ok)")
     table.add_column("metric")
     for col in ("mean", "p50", "p90", "p99", "n"):
@@ -44,6 +90,10 @@ def render_probe(report: ProbeReport, console: Console) -> None:
     console.print(f"output tokens {lat.output_tokens} in {lat.duration_s:.2f} s: [bold]{tps} tokens/s[/]; "
                   f"tokens per chunk {tpc}; token counts from {', '.join(report.token_sources) or '-'}")
 
+    if report.rates:
+        render_rates(report, console)
+    if report.goodput is not None:
+        console.print(f"goodput ({slo_text(report.goodput.slo_ms)}): [bold]{goodput_text(report.goodput)}[/]")
     if len(report.by_category) > 1:
         cat = Table(title="by prompt category")
         for col in ("category", "requests", "tokens/s", "TPOT mean", "E2E mean"):

@@ -9,7 +9,17 @@ from markupsafe import Markup
 
 from specadapt.probes.latency import tpot_ns
 from specadapt.records import CompareReport
-from specadapt.report.compare_render import INTERVAL_NOTE, ci, identity_line, level_verdict
+from specadapt.probes.slo import slo_text
+from specadapt.report.compare_render import (
+    INTERVAL_NOTE,
+    all_levels,
+    ci,
+    goodput_rows,
+    identity_line,
+    lag_text,
+    level_name,
+    level_verdict,
+)
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -32,14 +42,32 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 {% for reason in r.gate.reasons %}<br>{{ reason }}{% endfor %}</p>{% endif %}
 <h2>Speed</h2>
 <p>{{ interval_note }}.</p>
-<table><tr><th>concurrency</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
+<table><tr><th>concurrency / rate</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
 <th>tokens/s verdict</th><th>acceptance</th><th>mean length</th></tr>
-{% for lv in r.levels %}<tr><td class="num">{{ lv.concurrency }}</td><td class="num">{{ lv.pairs }}</td>
+{% for lv in levels %}<tr><td class="num">{{ level_name(lv) }}</td><td class="num">{{ lv.pairs }}</td>
 <td class="num">{{ ci(lv.speed.throughput) }}</td><td class="num">{{ ci(lv.speed.tpot) }}</td><td class="num">{{ ci(lv.speed.e2e) }}</td>
 <td>{{ level_verdict(r, lv) }}</td>
 <td class="num">{{ pct(lv.acceptance.acceptance_rate) }}</td><td class="num">{{ num(lv.acceptance.mean_acceptance_length) }}</td></tr>{% endfor %}
 </table>
-{% if r.crossover %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
+{% if r.crossover and r.levels %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
+{% if r.rate_crossover %}<p>Load by request rate: {{ r.rate_crossover.text }}.</p>{% endif %}
+{% if r.rate_levels %}<h2>Send lag</h2><p>Sent - scheduled, per request rate; CLIENT-LIMITED: the client could not keep
+the schedule, so the figures at that rate describe the client, not the server.</p>
+<table><tr><th>rate</th><th>spec-off</th><th>spec-on</th></tr>
+{% for lv in r.rate_levels %}<tr><td class="num">{{ level_name(lv) }}</td><td class="num">{{ lag_text(lv.send_lag_off) }}</td>
+<td class="num">{{ lag_text(lv.send_lag_on) }}</td></tr>{% endfor %}</table>{% endif %}
+{% set with_goodput = levels|selectattr("goodput")|list %}
+{% if with_goodput %}<h2>Goodput</h2><p>Requests within every SLO ({{ slo_text(with_goodput[0].goodput.off.slo_ms) }}) per second;
+ratio and share difference over units.</p>
+<table><tr><th>level</th><th>spec-off</th><th>spec-on</th><th>goodput ratio on/off</th><th>good share on - off</th></tr>
+{% for lv in with_goodput %}{% set g = goodput_rows(lv.goodput) %}<tr><td class="num">{{ level_name(lv) }}</td>
+<td class="num">{{ g[0] }}</td><td class="num">{{ g[1] }}</td><td class="num">{{ g[2] }}</td><td class="num">{{ g[3] }}</td></tr>{% endfor %}
+</table>{% endif %}
+{% set cats = levels|selectattr("by_category")|list %}
+{% if cats and cats[0].by_category|length > 1 %}<h2>Per prompt category</h2><table><tr><th>level</th><th>category</th>
+<th>tokens/s ratio</th><th>TPOT ratio</th></tr>
+{% for lv in cats %}{% for name, sr in lv.by_category.items() %}<tr><td class="num">{{ level_name(lv) }}</td><td>{{ name }}</td>
+<td class="num">{{ ci(sr.throughput) }}</td><td class="num">{{ ci(sr.tpot) }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
 <div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
 {% if theory %}<p>Theory: {{ num(theory.tokens_per_pass) }} tokens per target pass; predicted speedup {{ num(theory.predicted_speedup) }}x
 (draft cost c={{ theory.draft_cost_assumed }}), measured TPOT ratio {{ num(theory.measured_speedup) }}x
@@ -135,7 +163,8 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
 def to_html(report: CompareReport) -> str:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
+                       level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
                        pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     theory = report.levels[0].theory if report.levels else None
-    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), theory=theory)
+    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), theory=theory, levels=all_levels(report))

@@ -26,7 +26,8 @@ Fields (all optional; a prompt that is not a JSON object gets the defaults):
 Timing truth: chunks are scheduled at absolute times (received + ttft + i * itl) and the
 moment each one is handed to the socket is logged with ``time.perf_counter_ns()``
 (CLOCK_MONOTONIC, the same clock in every process on the machine). ``GET /_script/log``
-returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}``;
+returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "itl_ms"}}`` (chat
+requests also ``"messages": [[role, content], ...]``, to check multi-turn histories);
 ``GET /_script/log?pop=1`` returns the finished entries and forgets them (for long runs).
 
 ``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
@@ -181,6 +182,8 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
     st.attempts[key] = attempt
     entry: dict[str, Any] = {"recv_ns": recv_ns, "chunk_ns": [], "done_ns": None, "attempt": attempt,
                              "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"]}
+    if api == "chat":  # what a multi-turn request carried: [role, content] per message
+        entry["messages"] = [[m.get("role"), m.get("content")] for m in req["messages"]]
     st.log[key] = entry
     if st.metrics_mode == "reset" and st.base:
         st.base, st.chunks, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
