@@ -39,11 +39,12 @@ from specadapt.records.requests import (
     TokenSource,
 )
 from specadapt.records.server import CounterSnapshot, ServerInfo
+from specadapt.records.workload import WorkloadInfo
 
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "CompareReport", "CompareSettings", "CounterPair",
     "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
     "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",
-    "Triage", "TokenSource", "Verdict", "read_compare_report", "read_report", "report_kind", "write_report",
+    "Triage", "TokenSource", "Verdict", "WorkloadInfo", "read_compare_report", "read_report", "report_kind", "write_report",
 ]
