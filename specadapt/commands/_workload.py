@@ -26,11 +26,11 @@ WORKLOAD_PARAMS = ("dataset", "prompts_file", "workload", "dataset_format", "dat
 
 def _options() -> list[Callable]:
     return [
-        click.option("--dataset", type=click.Path(path_type=Path),
+        click.option("--dataset", type=click.Path(),  # str: a Path would fold "hf://x" into "hf:/x"
                      help="Local prompt data: specadapt JSONL, ShareGPT JSON, Spec-Bench question.jsonl, Parquet, "
                           "Arrow or a datasets save_to_disk folder (see docs/workloads.md). Default: the built-in "
                           "workload."),
-        click.option("--prompts", "prompts_file", type=click.Path(path_type=Path),
+        click.option("--prompts", "prompts_file", type=click.Path(),
                      help="Same as --dataset (kept for JSONL prompt files)."),
         click.option("--workload", type=click.Choice(list(WORKLOADS)),
                      help="A built-in prompt set (default: default, single-turn; spec-bench: the six Spec-Bench "
@@ -68,7 +68,7 @@ def workload_options(command: Callable) -> Callable:
     return with_workload_options
 
 
-def load_workload(*, dataset: Path | None = None, prompts_file: Path | None = None, workload: str | None = None,
+def load_workload(*, dataset: str | Path | None = None, prompts_file: str | Path | None = None, workload: str | None = None,
                   quiet: bool = False, **options: Any) -> tuple[list[Prompt], WorkloadInfo]:
     """The run's prompts and their WorkloadInfo; prints the selection summary and its warnings to stderr."""
     if dataset is not None and prompts_file is not None:

@@ -48,7 +48,7 @@ HUMAN = frozenset({"human", "user"})
 ASSISTANT = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
 SYSTEM = frozenset({"system"})
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # scheme:/ (two letters or more: C:/ is a path)
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TEXT_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt")
 
