@@ -77,5 +77,7 @@ def load_workload(*, dataset: str | Path | None = None, prompts_file: str | Path
     if not quiet:
         for note in info.notes:
             stderr.print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
-        stderr.print(summary_line(info), highlight=False, markup=False)
+        dropped = info.unusable or info.filtered_category or info.filtered_length or info.sampled_out
+        if dataset is not None or workload is not None or dropped:  # plain --prompts runs print as before
+            stderr.print(summary_line(info), highlight=False, markup=False)
     return prompts, info

@@ -75,7 +75,7 @@ def local_path(value: str | Path) -> Path:
         if _HUB_NAME.match(text) and not path.suffix:
             raise UsageError(f"--dataset {text}: no such local file or folder (hub names are not fetched; "
                              "download the dataset first and give its local path)")
-        raise UsageError(f"--dataset {text}: file does not exist")
+        raise UsageError(f"prompt file {text} does not exist")
     return path
 
 
@@ -99,7 +99,9 @@ def detect_format(path: Path) -> str:
     start = head.lstrip()[:1]
     if start == b"[":
         first = _first_list_item(path)
-        fmt = _record_format(first) if isinstance(first, dict) else "sharegpt"
+        if not isinstance(first, dict):
+            return "jsonl"  # its parser says the line is no JSON object
+        fmt = _record_format(first)
         return "sharegpt" if fmt == "jsonl" else fmt  # a JSON list of chats: the messages variant
     if start == b"{":
         line = next((ln for ln in head.splitlines() if ln.strip()), b"")
@@ -120,9 +122,7 @@ def _record_format(record: dict[str, Any]) -> str:
     if "question_id" in record or ("turns" in record and "messages" not in record and "prompt" not in record):
         return "spec-bench"
     messages = record.get("messages")
-    if isinstance(messages, list) and any(isinstance(m, dict) and ("from" in m or "value" in m or m.get("role") not in
-                                                                    ("system", "user", "assistant"))
-                                          for m in messages):
+    if isinstance(messages, list) and any(isinstance(m, dict) and ("from" in m or "value" in m) for m in messages):
         return "sharegpt"
     if set(record) - set(Prompt.model_fields) and "messages" in record:
         return "sharegpt"

@@ -135,6 +135,9 @@ def test_detection_by_suffix_and_first_record(tmp_path):
     assert detect_format(write_lines(tmp_path / "a.txt", [{"prompt": "x"}])) == "jsonl"
     assert detect_format(write_lines(tmp_path / "b.data", [{"turns": ["x"]}])) == "spec-bench"
     assert detect_format(tmp_path / "c.parquet") == "parquet"
+    assert detect_format(write_lines(tmp_path / "l.jsonl", [["a"]])) == "jsonl"  # its parser names the line
+    assert detect_format(write_json(tmp_path / "m.json", [{"messages": [{"role": "user", "content": "x"}]}])) \
+        == "sharegpt"
     for suffix in (".arrow", ".feather"):
         assert detect_format(tmp_path / f"c{suffix}") == "arrow"
     (tmp_path / "PAR").write_bytes(b"PAR1....")
@@ -301,7 +304,7 @@ def test_load_builtin_workloads_with_selection():
     ("hf://datasets/x/y", "--dataset hf://datasets/x/y: not a local path; specadapt reads local files only"),
     ("https://example.com/d.json", "not a local path"),
     ("anon8231489123/ShareGPT_Vicuna_unfiltered", "no such local file or folder (hub names are not fetched"),
-    ("nope/missing.json", "--dataset nope/missing.json: file does not exist"),
+    ("nope/missing.json", "prompt file nope/missing.json does not exist"),
 ])
 def test_only_local_paths(value, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
