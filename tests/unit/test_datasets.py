@@ -408,3 +408,6 @@ def test_cli_probe_sends_the_selection_and_saves_the_workload(tmp_path):
     assert list(dict.fromkeys(r["prompt_id"] for r in report["requests"])) == [p.id for p in expected]
     assert set(report["by_category"]) == {p.category for p in expected}
     assert "prompts: 3 sent" in result.output and "8 read from" in result.output
+    shown = CliRunner().invoke(cli, ["report", "show", str(out)])
+    assert shown.exit_code == 0 and f"prompts: 3 from {SPEC_BENCH} (spec-bench): " in shown.output
+    assert "by prompt category" in shown.output
