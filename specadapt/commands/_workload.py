@@ -76,8 +76,8 @@ def load_workload(*, dataset: str | Path | None = None, prompts_file: str | Path
     prompts, info = load(dataset=dataset if dataset is not None else prompts_file, workload=workload, **options)
     if not quiet:
         for note in info.notes:
-            stderr.print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
+            stderr.print(f"[yellow]warning:[/] {escape(note)}", highlight=False, soft_wrap=True)
         dropped = info.unusable or info.filtered_category or info.filtered_length or info.sampled_out
         if dataset is not None or workload is not None or dropped:  # plain --prompts runs print as before
-            stderr.print(summary_line(info), highlight=False, markup=False)
+            stderr.print(summary_line(info), highlight=False, markup=False, soft_wrap=True)
     return prompts, info
