@@ -20,6 +20,7 @@ Every step that drops prompts is counted in the returned ``WorkloadInfo``.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from pathlib import Path
@@ -150,6 +151,16 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _json_document(path: Path) -> Any:
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed(path: Path, mtime_ns: int, size: int) -> Any:
+    """A JSON document, parsed once for detection and reading (ShareGPT files run to hundreds of MB)."""
     data = _read_bytes(path)
     try:
         return orjson.loads(data)
@@ -159,10 +170,10 @@ def _json_document(path: Path) -> Any:
 
 def _json_records(path: Path) -> list[tuple[str, Any]]:
     """(location, record) for a JSON list or for JSON lines; locations name the line or the record."""
-    data = _read_bytes(path)
-    if data.lstrip()[:1] == b"[":
+    if _read_head(path).lstrip()[:1] == b"[":
         items = _json_document(path)
         return [(f"{path}: record {i}", item) for i, item in enumerate(items, start=1)]
+    data = _read_bytes(path)
     records = []
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -391,7 +402,10 @@ def read_dataset(path: str | Path, fmt: str = "auto", column: str | None = None)
         prompts = parse_prompt_lines(text.splitlines(), str(path))
     else:
         convert = from_conversation if fmt == "sharegpt" else from_turns
-        prompts, unusable, notes = _collect(_json_records(path), convert, str(path))
+        try:
+            prompts, unusable, notes = _collect(_json_records(path), convert, str(path))
+        finally:
+            _parsed.cache_clear()
     info = WorkloadInfo(source=str(path), format=fmt, column=column, read=len(prompts), unusable=unusable,
                         notes=notes)
     return prompts, info
