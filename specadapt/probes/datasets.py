@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import ValidationError
-
 from specadapt.errors import MissingDependency, UsageError
 from specadapt.probes.prompts import MAX_LINE_BYTES, WORKLOADS, load_builtin, parse_prompt_lines
 from specadapt.records import ChatMessage, Prompt, WorkloadInfo
@@ -205,15 +203,12 @@ def _category(record: dict[str, Any], default: str) -> str:
     return value.strip() if isinstance(value, str) and value.strip() else default
 
 
-def _make(record: dict[str, Any], loc: str, rid: str, category: str, first: list[ChatMessage],
+def _make(record: dict[str, Any], rid: str, category: str, first: list[ChatMessage],
           later: list[str]) -> Prompt:
     grounding = record.get("grounding")
     if grounding not in ("input-grounded", "open"):
         grounding = grounding_of(category)
-    try:
-        return Prompt(id=rid, category=category, messages=first, turns=later or None, grounding=grounding)
-    except ValidationError as exc:  # pragma: no cover - the checks above keep the record valid
-        raise UsageError(f"{loc}: {exc.errors()[0]['msg']}") from exc
+    return Prompt(id=rid, category=category, messages=first, turns=later or None, grounding=grounding)
 
 
 def _record_id(record: dict[str, Any], fallback: str) -> str:
@@ -253,7 +248,7 @@ def from_conversation(record: dict[str, Any], loc: str, fallback_id: str, *, key
         return None
     first = ([ChatMessage(role="system", content=system)] if system else []) + [ChatMessage(role="user",
                                                                                             content=users[0])]
-    return _make(record, loc, _record_id(record, fallback_id), _category(record, "conversation"), first, users[1:])
+    return _make(record, _record_id(record, fallback_id), _category(record, "conversation"), first, users[1:])
 
 
 def from_turns(record: dict[str, Any], loc: str, fallback_id: str, *, key: str = "turns") -> Prompt | None:
@@ -266,14 +261,14 @@ def from_turns(record: dict[str, Any], loc: str, fallback_id: str, *, key: str =
     turns = [t for t in turns if t.strip()]
     if not turns:
         return None
-    return _make(record, loc, _record_id(record, fallback_id), _category(record, "default"),
+    return _make(record, _record_id(record, fallback_id), _category(record, "default"),
                  [ChatMessage(role="user", content=turns[0])], turns[1:])
 
 
 def _from_cell(row: dict[str, Any], column: str, loc: str, fallback_id: str) -> Prompt | None:
     """One table row: its prompt column holds text, a list of texts (turns) or a list of messages."""
     cell = row.get(column)
-    if cell is None or (isinstance(cell, str) and not cell.strip()):
+    if cell is None:
         return None
     if isinstance(cell, str):
         return from_turns({**row, column: [cell]}, loc, fallback_id, key=column)

@@ -411,3 +411,180 @@ def test_cli_probe_sends_the_selection_and_saves_the_workload(tmp_path):
     shown = CliRunner().invoke(cli, ["report", "show", str(out)])
     assert shown.exit_code == 0 and f"prompts: 3 from {SPEC_BENCH} (spec-bench): " in shown.output
     assert "by prompt category" in shown.output
+
+
+# --- the rules, one case each (mutation-tested: every branch and constant here can fail a test) ---------
+@pytest.mark.parametrize("record, fmt", [
+    ({"conversations": []}, "sharegpt"),
+    ({"question_id": 1, "prompt": "x"}, "spec-bench"),
+    ({"turns": ["a"]}, "spec-bench"),
+    ({"turns": ["a"], "messages": [{"role": "user", "content": "x"}]}, "jsonl"),
+    ({"turns": ["a"], "prompt": "x"}, "jsonl"),
+    ({"messages": [{"from": "human", "value": "x"}]}, "sharegpt"),
+    ({"messages": [{"role": "user", "value": "x"}]}, "sharegpt"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "jsonl"),
+    ({"messages": ["from", "value"]}, "jsonl"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": "m"}, "sharegpt"),
+    ({"prompt": "x", "model": "m"}, "jsonl"),
+])
+def test_record_format(record, fmt):
+    assert datasets._record_format(record) == fmt
+
+
+def test_system_messages_only_before_the_first_user_message_and_only_the_first():
+    conv = [{"from": "system", "value": "  "}, {"from": "system", "value": "S1"}, {"from": "system", "value": "S2"},
+            {"from": "human", "value": "Q1"}, {"from": "system", "value": "S3"}, {"from": "human", "value": " "},
+            {"from": "human", "value": None}, {"from": "gpt", "value": "A"}, {"from": "human", "value": "Q2"}]
+    p = datasets.from_conversation({"conversations": conv}, "f: record 1", "record1")
+    assert [(m.role, m.content) for m in p.messages] == [("system", "S1"), ("user", "Q1")]
+    assert p.turns == ["Q2"] and p.id == "record1"
+    only_system = [{"from": "system", "value": "S"}]
+    assert datasets.from_conversation({"conversations": only_system}, "f", "r") is None
+
+
+def test_content_parts_keep_their_text_parts_only():
+    parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}, {"text": "b"},
+             {"type": "text"}]
+    assert datasets._text(parts, "f", "v") == "ab"
+    assert datasets._text(None, "f", "v") == ""
+    with pytest.raises(UsageError) as err:
+        datasets._text(3, "f: record 2", "message 1's value")
+    assert str(err.value) == "f: record 2: message 1's value is int; expected text"
+    with pytest.raises(UsageError) as err:
+        datasets._text(["a"], "f", "v")
+    assert str(err.value) == "f: v is list; expected text"
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"conversations": "x"}, "L: 'conversations' must be a list of messages ({\"from\": \"human\", \"value\": ...} "
+                             "or {\"role\": \"user\", \"content\": ...})"),
+    ({"conversations": ["x"]}, "L: message 1 is str; expected an object with from/value or role/content"),
+    ({"conversations": [{"value": "x"}]}, "L: message 1 has no 'from' (or 'role')"),
+    ({"conversations": [{"from": "human", "value": "x"}, {"from": "Robot", "value": "y"}]},
+     "L: message 2 comes from 'robot'; expected human/user, gpt/assistant or system"),
+    ({"conversations": [{"from": "human", "value": 5}]}, "L: message 1's value is int; expected text"),
+])
+def test_conversation_errors_exactly(record, message):
+    with pytest.raises(UsageError) as err:
+        datasets.from_conversation(record, "L", "r")
+    assert str(err.value) == message
+
+
+def test_ids_categories_and_grounding_from_the_record():
+    rid = datasets._record_id
+    assert rid({"id": "a", "question_id": 2}, "f") == "a"
+    assert rid({"id": " ", "question_id": 2}, "f") == "2"
+    assert rid({"conversation_id": "c"}, "f") == "c" and rid({"id": None}, "f") == "f"
+    p = datasets.from_turns({"category": "rag", "grounding": "open", "turns": ["q"]}, "L", "r")
+    assert (p.category, p.grounding) == ("rag", "open")
+    p = datasets.from_turns({"category": "  ", "grounding": "sometimes", "turns": "q"}, "L", "r")
+    assert (p.category, p.grounding, p.turns) == ("default", None, None)
+    assert datasets.from_turns({"turns": [" ", ""]}, "L", "r") is None
+
+
+def test_unusable_records_counted_with_the_first_named(tmp_path):
+    empty = [{"from": "gpt", "value": "x"}]
+    f = write_json(tmp_path / "d.json", [{"conversations": empty}, {"conversations": [{"from": "human", "value": "q"}]},
+                                         {"conversations": empty}])
+    _, info = read_dataset(f)
+    assert info.notes == [f"{f}: record 1: no user message to send; skipped (2 such records)"] and info.unusable == 2
+    g = write_json(tmp_path / "none.json", [])
+    with pytest.raises(UsageError) as err:
+        read_dataset(g, "sharegpt")
+    assert str(err.value) == f"{g}: no record with a usable prompt (a non-empty user message)"
+    h = write_json(tmp_path / "gone.json", [{"conversations": empty}, {"conversations": empty}])
+    with pytest.raises(UsageError) as err:
+        read_dataset(h)
+    assert str(err.value) == f"{h}: no record with a usable prompt (a non-empty user message) (first: {h}: record 1)"
+
+
+def test_table_cells_any_column_name_and_row_numbers(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "d.parquet"
+    dialog = [[{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}],
+              [{"role": "user", "content": "q"}, {"role": "robot", "content": "x"}]]
+    pq.write_table(pa.table({"dialog": dialog, "lines": [["t1", "t2"], ["u1"]], "text": ["  ", "hi"]}), f)
+    prompts, _ = read_dataset(f, column="lines")
+    assert [(p.id, user(p), p.turns) for p in prompts] == [("record1", ["t1"], ["t2"]), ("record2", ["u1"], None)]
+    prompts, info = read_dataset(f, column="text")
+    assert [(p.id, user(p)) for p in prompts] == [("record2", ["hi"])] and info.unusable == 1
+    with pytest.raises(UsageError) as err:
+        read_dataset(f, column="dialog")
+    assert str(err.value) == (f"{f}: row 2: message 2 comes from 'robot'; expected human/user, gpt/assistant or "
+                              "system")
+    pq.write_table(pa.table({"dialog": dialog[:1]}), f)
+    prompts, _ = read_dataset(f, column="dialog")
+    assert user(prompts[0]) == ["q1"] and prompts[0].turns == ["q2"]
+    pq.write_table(pa.table({"prompt": [[1, 2]]}), f)
+    with pytest.raises(UsageError) as err:
+        read_dataset(f)
+    assert str(err.value) == (f"{f}: row 1: column 'prompt' holds list; expected text, a list of texts or a list of "
+                              "messages")
+
+
+def test_selection_rules_exactly():
+    prompts = many(6, ("qa", "rag", "math"))
+    assert [p.id for p in select(prompts, info(), num_prompts=3)] == \
+        [p.id for p in select(prompts, info(), num_prompts=3, seed=0)]
+    assert len(select(prompts, info(), num_prompts=1)) == 1
+    with pytest.raises(UsageError) as err:
+        select(prompts, info(), num_prompts=0)
+    assert str(err.value) == "--num-prompts 0: give 1 or more"
+    i = info()
+    select(prompts, i, categories=["qa", "nope", "gone"])
+    assert i.category_filter == ["qa", "nope", "gone"]
+    assert i.notes == ["--category: nope, gone not in f.jsonl (categories there: math, qa, rag)"]
+    with pytest.raises(UsageError) as err:
+        select(prompts, info(), categories=["x", "y"])
+    assert str(err.value) == "f.jsonl: no prompt left after --category x,y; categories in the file: math, qa, rag"
+    with pytest.raises(UsageError) as err:
+        select(prompts, WorkloadInfo(source="built-in:spec-bench", format="jsonl"), categories=["x"])
+    assert str(err.value) == ("built-in:spec-bench: no prompt left after --category x; categories in the workload: "
+                              "math, qa, rag")
+    blank = Prompt(id="blank", messages=[{"role": "user", "content": ""}])
+    assert [p.id for p in select([blank], info(), max_input_chars=5)] == ["blank"]
+    j = info()
+    assert len(select(many(1), j, num_prompts=2)) == 1
+    assert j.notes == ["--num-prompts 2: only 1 prompt left after filtering; using all of them"]
+    k = info()
+    select(many(2), k, num_prompts=3)
+    assert k.notes == ["--num-prompts 3: only 2 prompts left after filtering; using all of them"]
+
+
+def test_load_passes_every_option_through(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    f = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "bb", "ccc"], "question": ["x" * 10, "y", "z"]}), f)
+    prompts, i = load(dataset=f, dataset_column="question", min_input_chars=2)
+    assert [user(p) for p in prompts] == [["x" * 10]] and i.column == "question" and i.filtered_length == 2
+    prompts, i = load(dataset=f, max_input_chars=2, num_prompts=1, dataset_seed=4)
+    assert i.column == "prompt" and i.filtered_length == 1 and i.seed == 4 and i.selected == 1
+    same, _ = load(dataset=f, max_input_chars=2, num_prompts=1, dataset_seed=4)
+    assert same == prompts
+    default_seed, j = load(dataset=f, num_prompts=2)
+    assert j.seed == 0 and default_seed == select(read_dataset(f)[0], info(), num_prompts=2, seed=0)
+    prompts, i = load(dataset=SHAREGPT, max_turns=1)
+    assert i.multi_turn == 0 and i.max_turns == 1
+    for kwargs, message in (
+            (dict(dataset=SHAREGPT, workload="default"), "give --dataset (or --prompts) or --workload, not both"),
+            (dict(dataset_format="sharegpt"), "--dataset-format and --dataset-column need --dataset PATH"),
+            (dict(dataset_column="prompt"), "--dataset-format and --dataset-column need --dataset PATH"),
+            (dict(workload="nope"), "--workload nope: unknown; the built-in workloads are default, spec-bench"),
+            (dict(category=" , "), "--category ' , ': give comma-separated category names, e.g. qa,rag")):
+        with pytest.raises(UsageError) as err:
+            load(**kwargs)
+        assert str(err.value) == message
+
+
+def test_summary_line_names_every_step():
+    i = WorkloadInfo(source="d.json", format="sharegpt", read=50, unusable=2, filtered_category=10, filtered_length=5,
+                     sampled_out=30, selected=5, seed=3, categories={"qa": 2, "rag": 3}, multi_turn=1)
+    assert datasets.summary_line(i) == ("prompts: 5 sent (qa 2, rag 3; 1 multi-turn); 50 read from d.json (sharegpt); "
+                                        "2 without a user message; 10 dropped by --category; 5 dropped by input "
+                                        "length; 5 sampled with seed 3")
+    j = WorkloadInfo(source="t.parquet", format="parquet", column="prompt", read=4, selected=4, categories={"x": 4})
+    assert datasets.summary_line(j) == "prompts: 4 sent (x 4); 4 read from t.parquet (parquet, column prompt)"
