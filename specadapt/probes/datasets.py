@@ -103,14 +103,13 @@ def detect_format(path: Path) -> str:
         fmt = _record_format(first)
         return "sharegpt" if fmt == "jsonl" else fmt  # a JSON list of chats: the messages variant
     if start == b"{":
-        line = next((ln for ln in head.splitlines() if ln.strip()), b"")
         try:
-            first = orjson.loads(line)
+            first = orjson.loads(head.lstrip().splitlines()[0])
         except orjson.JSONDecodeError:
             return "jsonl"  # its parser names the line
-        return _record_format(first) if isinstance(first, dict) else "jsonl"
-    if not head.strip() and suffix in _TEXT_SUFFIXES:
-        return "jsonl"
+        return _record_format(first)
+    if suffix in _TEXT_SUFFIXES:
+        return "jsonl"  # empty, or not JSON: its parser says which line
     raise UsageError(f"cannot tell the format of {path}: give --dataset-format "
                      f"({', '.join(f for f in FORMATS if f != 'auto')})")
 

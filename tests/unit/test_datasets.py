@@ -422,6 +422,7 @@ def test_cli_probe_sends_the_selection_and_saves_the_workload(tmp_path):
     ({"turns": ["a"], "prompt": "x"}, "jsonl"),
     ({"messages": [{"from": "human", "value": "x"}]}, "sharegpt"),
     ({"messages": [{"role": "user", "value": "x"}]}, "sharegpt"),
+    ({"messages": [{"from": "human", "content": "x"}]}, "sharegpt"),
     ({"messages": [{"role": "user", "content": "x"}]}, "jsonl"),
     ({"messages": ["from", "value"]}, "jsonl"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "m"}, "sharegpt"),
@@ -444,7 +445,7 @@ def test_system_messages_only_before_the_first_user_message_and_only_the_first()
 
 def test_content_parts_keep_their_text_parts_only():
     parts = [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}, {"text": "b"},
-             {"type": "text"}]
+             {"type": "text"}, {"type": "refusal", "text": "no"}]
     assert datasets._text(parts, "f", "v") == "ab"
     assert datasets._text(None, "f", "v") == ""
     with pytest.raises(UsageError) as err:
@@ -588,3 +589,45 @@ def test_summary_line_names_every_step():
                                         "length; 5 sampled with seed 3")
     j = WorkloadInfo(source="t.parquet", format="parquet", column="prompt", read=4, selected=4, categories={"x": 4})
     assert datasets.summary_line(j) == "prompts: 4 sent (x 4); 4 read from t.parquet (parquet, column prompt)"
+
+
+def test_detection_rules_exactly(tmp_path):
+    for marker in ("dataset_info.json", "dataset_dict.json", "state.json"):
+        d = tmp_path / marker.split(".")[0]
+        d.mkdir()
+        (d / marker).write_text("{}")
+        assert detect_format(d) == "hf-disk"
+    with pytest.raises(UsageError) as err:
+        detect_format(tmp_path)
+    assert str(err.value) == (f"{tmp_path} is a folder but no datasets save_to_disk folder (no dataset_info.json or "
+                              "dataset_dict.json in it): give a file, or a folder written by save_to_disk")
+    assert detect_format(tmp_path / "x.ipc") == "arrow"
+    (tmp_path / "file.bin").write_bytes(b"ARROW1\x00\x00")
+    (tmp_path / "stream.bin").write_bytes(b"\xff\xff\xff\xff\x10\x00")
+    assert detect_format(tmp_path / "file.bin") == detect_format(tmp_path / "stream.bin") == "arrow"
+    (tmp_path / "lead.data").write_text('\n\n  {"turns": ["a"]}\n')
+    assert detect_format(tmp_path / "lead.data") == "spec-bench"
+    assert detect_format(write_json(tmp_path / "sb.json", [{"question_id": 1, "turns": ["a"]}])) == "spec-bench"
+    for name, text in (("empty.jsonl", ""), ("words.jsonl", "hello\n"), ("list.json", "[1]")):
+        (tmp_path / name).write_text(text)
+        assert detect_format(tmp_path / name) == "jsonl"
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(UsageError) as err:
+        detect_format(tmp_path / "empty.csv")
+    assert str(err.value) == (f"cannot tell the format of {tmp_path / 'empty.csv'}: give --dataset-format (jsonl, "
+                              "sharegpt, spec-bench, parquet, arrow, hf-disk)")
+
+
+def test_local_path_messages_exactly(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as err:
+        datasets.local_path("s3://bucket/d.json")
+    assert str(err.value) == ("--dataset s3://bucket/d.json: not a local path; specadapt reads local files only "
+                              "(download the dataset first and give the file or folder)")
+    with pytest.raises(UsageError) as err:
+        datasets.local_path("org/name")
+    assert str(err.value) == ("--dataset org/name: no such local file or folder (hub names are not fetched; download "
+                              "the dataset first and give its local path)")
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").write_text("{}")
+    assert datasets.local_path("org/name") == Path("org/name")
