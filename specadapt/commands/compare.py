@@ -12,11 +12,11 @@ from rich.console import Console
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers, server_options
+from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import UsageError
 from specadapt.probes.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
 from specadapt.probes.gate import apply_gate
-from specadapt.probes.prompts import load_prompts
-from specadapt.records import CompareReport, CompareSettings, Prompt, RequestSettings
+from specadapt.records import CompareReport, CompareSettings, Prompt, RequestSettings, WorkloadInfo
 from specadapt.report.compare_render import render_console
 from specadapt.report.outputs import write_outputs
 
@@ -35,8 +35,6 @@ def parse_levels(value: str) -> list[int]:
 def ab_options(f):
     """The load, analysis and output options of compare and equiv."""
     opts = [
-        click.option("--prompts", "prompts_file", type=click.Path(path_type=Path),
-                     help="JSONL prompt file (default: built-in set)."),
         click.option("--concurrency", default="1", show_default=True, help="Levels of the sweep, e.g. 1,2,4,8."),
         click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
                      help="Send the prompt set this many times per level."),
@@ -66,7 +64,7 @@ def ab_options(f):
     ]
     for opt in reversed(opts):
         f = opt(f)
-    return load_options(f)
+    return workload_options(load_options(f))
 
 
 def _sides(off_url: str | None, on_url: str | None) -> list[Side]:
@@ -74,15 +72,16 @@ def _sides(off_url: str | None, on_url: str | None) -> list[Side]:
             Side(url=on_url, spec=True, label="spec-on", url_flag="--on")]
 
 
-def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool) -> CompareSettings:
+def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
+              workload: WorkloadInfo | None = None) -> CompareSettings:
     request = RequestSettings(max_tokens=kw["max_tokens"], seed=kw["seed"], top_logprobs=0, logprobs=True,
                               request_timeout_s=kw["request_timeout"])
     return CompareSettings(concurrency=parse_levels(kw["concurrency"]), repeat=kw["repeat"], warmup=kw["warmup"],
                            request=request, on_temperature=kw["on_temperature"],
-                           prompts_source=str(kw["prompts_file"] or "built-in"), draft_cost=kw["draft_cost"],
+                           prompts_source=workload.source if workload else "built-in", draft_cost=kw["draft_cost"],
                            near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
                            reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved,
-                           load=kw.get("load"))
+                           load=kw.get("load"), workload=workload)
 
 
 def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],
@@ -94,8 +93,8 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
         raise UsageError("to start the servers, give the spec-on side's --spec-config (or --off and --on URLs)")
     if kw["reference"] and not (Path(kw["reference"]) / "config.json").is_file():
         raise UsageError(f"--reference {kw['reference']} is not a local HF model directory (no config.json)")
-    prompts = load_prompts(kw["prompts_file"])
-    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel")
+    prompts, workload = load_workload(**kw["workload_opts"])
+    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel", workload=workload)
     plan = plan_servers(server_opts, _sides(off_url, on_url))
     if settings.interleaved:
         report = _side_by_side(plan, prompts, settings)

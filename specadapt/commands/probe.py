@@ -10,8 +10,8 @@ from rich.console import Console
 
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._server import ServerOptions, Side, open_servers, plan_servers, server_options
+from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied
-from specadapt.probes.prompts import load_prompts
 from specadapt.probes.runner import failed_count, run_probe, server_log_tail
 from specadapt.records import RequestSettings, write_report
 from specadapt.commands._load import load_options
@@ -21,7 +21,7 @@ from specadapt.report.console import render_probe
 
 @click.command("probe")
 @server_options(sides=1)
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), help="JSONL prompt file (default: built-in set).")
+@workload_options
 @click.option("--concurrency", type=click.IntRange(1, 4096), default=1, show_default=True)
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True, help="Send the prompt set this many times.")
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Requests sent first and discarded.")
@@ -36,7 +36,7 @@ from specadapt.report.console import render_probe
                    "retried requests are reported apart. Off by default: retries distort latency.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @load_options
-def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repeat, warmup, max_tokens, temperature,
+def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, repeat, warmup, max_tokens, temperature,
           seed, top_logprobs, no_logprobs, request_timeout, retries, json_out, load) -> None:
     """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
 
@@ -44,7 +44,7 @@ def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repe
     2 on bad input, when the server cannot be reached or started, or when a server specadapt
     started dies mid-run (the partial report is still written).
     """
-    prompts = load_prompts(prompts_file)
+    prompts, workload = load_workload(**workload_opts)
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
                                logprobs=not no_logprobs, top_logprobs=top_logprobs,
                                request_timeout_s=request_timeout, retries=retries)
@@ -52,8 +52,8 @@ def probe(server_opts: ServerOptions, url, port, prompts_file, concurrency, repe
     with open_servers(plan) as (server,), progress_bar() as bar:
         task = bar.add_task("probing", total=planned_requests(prompts, repeat, load) + warmup)
         report = run_probe(server, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
-                           prompts_source=str(prompts_file) if prompts_file else "built-in",
-                           progress=lambda rec: bar.advance(task), load=load)
+                           prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load)
+    report.settings.workload = workload
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())

@@ -14,10 +14,10 @@ from rich.console import Console
 
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers
+from specadapt.commands._workload import load_workload
 from specadapt.errors import UsageError
 from specadapt.probes import sampling
 from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.prompts import load_prompts
 from specadapt.probes.runner import counting, settle_counters
 from specadapt.records import Prompt
 from specadapt.records.sampling_report import SamplingReport, SamplingSettings
@@ -87,7 +87,7 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
     if not on_url and not server_opts.spec_config:
         raise UsageError("to start the servers, give the spec-on side's --spec-config (or --on and --off URLs)")
     ref = sampling.ReferenceDistribution(reference) if reference else None
-    prompts = load_prompts(kw["prompts_file"])
+    prompts, workload = load_workload(**kw["workload_opts"])
     max_tokens = kw["max_tokens"] if _given(ctx, "max_tokens") else SAMPLING_MAX_TOKENS
     tokenizer = ("the spec-off server's /tokenize" if len(sides) == 2 and (on_url or launch == "parallel") else
                  "the spec-on server's /tokenize (servers started one after the other)" if len(sides) == 2 else
@@ -95,7 +95,7 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
     settings = SamplingSettings(samples=kw["samples"], max_tokens=max_tokens, alpha=kw["alpha"],
                                 top_logprobs=kw["top_logprobs"], concurrency=sampling_concurrency(ctx, kw["concurrency"]),
                                 seed=kw["seed"], request_timeout_s=kw["request_timeout"],
-                                prompts_source=str(kw["prompts_file"] or "built-in"),
+                                prompts_source=workload.source,
                                 source="reference" if reference else "server",
                                 reference=str(reference) if reference else None, tokenizer=tokenizer)
     plan = plan_servers(server_opts, sides)

@@ -1,4 +1,4 @@
-"""Prompt sets: the built-in default and the user's JSONL files.
+"""Prompt sets: the built-in workloads and the user's JSONL files (other formats: probes/datasets.py).
 
 One JSON object per line::
 
@@ -22,6 +22,12 @@ from specadapt.errors import UsageError
 from specadapt.records import Prompt
 
 MAX_LINE_BYTES = 1_000_000
+
+# The built-in workloads (--workload NAME): files in specadapt/probes/data/.
+WORKLOADS = {
+    "default": "default_prompts.jsonl",
+    "spec-bench": "spec_bench_prompts.jsonl",
+}
 
 
 def _short(err: ValidationError) -> str:
@@ -58,11 +64,18 @@ def parse_prompt_lines(lines: list[str], source: str) -> list[Prompt]:
     return prompts
 
 
+def load_builtin(name: str = "default") -> list[Prompt]:
+    """A built-in workload by name (see ``WORKLOADS``)."""
+    if name not in WORKLOADS:
+        raise UsageError(f"--workload {name}: unknown; the built-in workloads are {', '.join(WORKLOADS)}")
+    text = resources.files("specadapt.probes").joinpath(f"data/{WORKLOADS[name]}").read_text(encoding="utf-8")
+    return parse_prompt_lines(text.splitlines(), f"built-in workload {name}")
+
+
 def load_prompts(path: str | Path | None) -> list[Prompt]:
     """The user's JSONL file, or the built-in default set when ``path`` is None."""
     if path is None:
-        text = resources.files("specadapt.probes").joinpath("data/default_prompts.jsonl").read_text()
-        return parse_prompt_lines(text.splitlines(), "built-in prompts")
+        return load_builtin("default")
     path = Path(path)
     if not path.exists():
         raise UsageError(f"prompt file {path} does not exist")

@@ -40,6 +40,7 @@ from specadapt.records.requests import (
     TokenSource,
 )
 from specadapt.records.server import CounterSnapshot, ServerInfo
+from specadapt.records.workload import WorkloadInfo
 
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
@@ -47,5 +48,5 @@ __all__ = [
     "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
     "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",
-    "Triage", "TokenSource", "Verdict", "read_compare_report", "read_report", "report_kind", "write_report",
+    "Triage", "TokenSource", "Verdict", "WorkloadInfo", "read_compare_report", "read_report", "report_kind", "write_report",
 ]

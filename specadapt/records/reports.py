@@ -26,6 +26,7 @@ from specadapt.records.metrics import (
 )
 from specadapt.records.requests import RequestRecord, RequestSettings
 from specadapt.records.server import CounterSnapshot, ServerInfo
+from specadapt.records.workload import WorkloadInfo
 
 SCHEMA_VERSION = 1
 
@@ -37,6 +38,7 @@ class ProbeSettings(BaseModel):
     prompts_source: str
     request: RequestSettings
     load: LoadSettings | None = None
+    workload: WorkloadInfo | None = None
 
 
 class ReportEnvelope(BaseModel):
@@ -82,6 +84,7 @@ class CompareSettings(BaseModel):
     seed: int = 0
     draft_cost: float | None = Field(None, description="Draft/target cost ratio c for theory (ngram: 0).")
     near_tie_threshold: float | None = Field(None, description="Nats; None: the default for the dtype.")
+    workload: WorkloadInfo | None = None
     dtype: str | None = Field(None, description="Server dtype, for the default near-tie threshold.")
     triage: bool = True
     reference: str | None = Field(None, description="Local HF model dir for float64 recomputation.")

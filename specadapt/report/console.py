@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specadapt.probes.slo import slo_text
@@ -70,6 +71,11 @@ def render_probe(report: ProbeReport, console: Console) -> None:
     console.print(f"[bold]{s.backend}[/] {s.version or '?'} at {s.base_url}  model [bold]{s.model_id}[/]"
                   f"  max_model_len {s.max_model_len or '?'}")
     console.print(f"speculative decoding: [bold]{spec}[/]" + (f" ({', '.join(details)})" if details else ""))
+    wl = report.settings.workload
+    if wl is not None:
+        cats = ", ".join(f"{name} {n}" for name, n in wl.categories.items())
+        console.print(f"prompts: {wl.selected} from {escape(wl.source)} ({wl.format}): {cats}"
+                      + (f"; {wl.multi_turn} multi-turn" if wl.multi_turn else ""), highlight=False, soft_wrap=True)
 
     lat = report.latency
     load = report.settings.load

@@ -17,6 +17,7 @@ from specadapt.adapters.base import LaunchPlan
 from specadapt.cli import cli
 from specadapt.commands import _server
 from specadapt.commands._server import ServerOptions
+from specadapt.commands._workload import WORKLOAD_PARAMS
 from specadapt.commands.compare import compare, equiv
 from specadapt.commands.probe import probe
 from specadapt.configs.spec import SpecConfig
@@ -25,7 +26,7 @@ from specadapt.errors import UsageError
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})  # vLLM's own form
 NGRAM_SPEC = SpecConfig(method="ngram", k=4)  # what the parser makes of it
 SHARED = [f.name for f in fields(ServerOptions)]
-LOAD = {"prompts_file", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out"}
+LOAD = {*WORKLOAD_PARAMS, "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out"}
 
 
 def params(command: click.Command) -> dict[str, dict]:

@@ -3,14 +3,42 @@ import json
 import pytest
 
 from specadapt.errors import UsageError
-from specadapt.probes.prompts import load_prompts, parse_prompt_lines
+from specadapt.probes.prompts import WORKLOADS, load_builtin, load_prompts, parse_prompt_lines
+
+CATEGORIES = {"conversation", "translation", "summarization", "qa", "math", "rag", "code"}
+# Ids that tests and the benchmark pages name: they stay in the default set.
+KEPT_IDS = {"copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code", "reverse-string",
+            "capital-france", "story", "completion-open"}
 
 
 def test_builtin_set_mixes_grounded_and_open_and_both_apis():
     prompts = load_prompts(None)
-    assert {p.category for p in prompts} == {"grounded", "open"}
+    assert {p.category for p in prompts} == CATEGORIES
+    assert {p.grounding for p in prompts} == {"input-grounded", "open"}
     assert {p.api for p in prompts} == {"chat", "completions"}
     assert len({p.id for p in prompts}) == len(prompts)
+    assert KEPT_IDS <= {p.id for p in prompts}
+    assert 8 <= len(prompts) <= 14
+    # One request per prompt: the live suite sends the default set through runners that count so.
+    assert not any(p.turns for p in prompts)
+
+
+def test_spec_bench_workload_covers_every_category_twice_with_multi_turn_conversations():
+    prompts = load_builtin("spec-bench")
+    per_category = {c: [p for p in prompts if p.category == c] for c in CATEGORIES}
+    assert {p.category for p in prompts} == CATEGORIES
+    assert all(len(ps) >= 2 for ps in per_category.values())
+    assert all(p.grounding is not None for p in prompts)
+    assert all(p.turns and 1 <= len(p.turns) <= 2 for p in per_category["conversation"])
+    assert {p.grounding for p in prompts if p.category in ("translation", "summarization", "rag")} == {"input-grounded"}
+    assert len({p.id for p in prompts}) == len(prompts)
+
+
+def test_every_builtin_workload_loads_and_unknown_names_are_refused():
+    assert set(WORKLOADS) == {"default", "spec-bench"}
+    assert load_builtin("default") == load_prompts(None)
+    with pytest.raises(UsageError, match="--workload nope: unknown; the built-in workloads are default, spec-bench"):
+        load_builtin("nope")
 
 
 def test_ids_default_to_line_numbers(tmp_path):
