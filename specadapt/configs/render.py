@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-from specadapt.configs import deploy, trtllm, vllm
+from specadapt.configs import deploy, multinode, trtllm, vllm
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, check_spec, raise_on_errors
 from specadapt.configs.spec import SpecConfig
@@ -89,4 +89,62 @@ def write_outputs(spec: SpecConfig, backend: str, formats: list[str], out_dir: P
         path = out_dir / FILE_NAMES[(backend, fmt)]
         path.write_text(render(spec, backend, fmt, version, engine, **kw))
         written.append(path)
+    return written
+
+
+# ------------------------------------------------------------------ past one node
+
+# formats per backend when the deployment spans nodes (multinode.py)
+MULTINODE_FORMATS = {"vllm": ("json", "yaml", "k8s"), "trtllm": ("json", "yaml", "slurm")}
+MULTINODE_FILE_NAMES = {**FILE_NAMES, ("vllm", "k8s"): "lws.yaml",
+                        ("trtllm", "slurm"): "sbatch.sh"}
+PROBE_FILE = "probe-replicas.sh"
+
+
+def validate_multinode(spec: SpecConfig, backend: str, topo: multinode.Topology,
+                       version: str | None = None, engine: str = "pytorch") -> list[Problem]:
+    """validate() plus the topology rules; raises on errors, returns warnings."""
+    warnings = validate(spec, backend, version, engine)
+    extra = multinode.check_topology(spec, topo)
+    if backend == "trtllm":
+        extra += multinode.trtllm_multinode_problems(spec)
+    return warnings + raise_on_errors(extra)
+
+
+def render_multinode(spec: SpecConfig, backend: str, fmt: str, topo: multinode.Topology,
+                     version: str | None = None, engine: str = "pytorch", *,
+                     port: int = 8000, image: str | None = None, name: str | None = None) -> str:
+    allowed = MULTINODE_FORMATS.get(backend, ())
+    if fmt not in allowed:
+        why = (" TensorRT-LLM documents multi-node serving through MPI under Slurm "
+               "(srun + trtllm-llmapi-launch), not a Kubernetes form: use --format slurm."
+               if backend == "trtllm" and fmt == "k8s" else "")
+        raise UsageError(f"Format '{fmt}' is not written for a {backend} deployment across "
+                         f"nodes: use {', '.join(allowed)}.{why}")
+    if fmt == "k8s":
+        return multinode.render_lws(spec, topo, version, name=name, image=image, port=port)
+    if fmt == "slurm":
+        return multinode.render_slurm(spec, topo, version, engine, name=name, image=image,
+                                      port=port)
+    return render(spec, backend, fmt, version, engine, port=port)
+
+
+def write_multinode(spec: SpecConfig, backend: str, formats: list[str], out_dir: Path,
+                    topo: multinode.Topology, version: str | None = None,
+                    engine: str = "pytorch", *, namespace: str = "default",
+                    **kw) -> list[Path]:
+    """Each format under its name, the batch script with its config file, and the probe
+    command for every replica."""
+    if backend == "trtllm" and "slurm" in formats and "yaml" not in formats:
+        formats = [*formats, "yaml"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for fmt in formats:
+        path = out_dir / MULTINODE_FILE_NAMES[(backend, fmt)]
+        path.write_text(render_multinode(spec, backend, fmt, topo, version, engine, **kw))
+        written.append(path)
+    hint = out_dir / PROBE_FILE
+    hint.write_text(multinode.probe_hint(spec, topo, backend, name=kw.get("name"),
+                                         namespace=namespace, port=kw.get("port", 8000)))
+    written.append(hint)
     return written
