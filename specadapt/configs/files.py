@@ -92,7 +92,9 @@ def units_of(path: str | Path, backend: str | None = None) -> list[Unit]:
             argv = shlex.split(line)
         except ValueError:
             argv = []
-        unit = _argv_unit("command", argv)
+        # a launcher script (sbatch): the server command may follow a wrapper
+        start = next((i for i, a in enumerate(argv) if a.endswith("trtllm-serve")), 0)
+        unit = _argv_unit("command", argv) or _argv_unit("command", argv[start:])
         if unit:
             return [unit]
     raise UsageError(f"{path} holds no speculative-decoding config specadapt recognizes: "

@@ -248,6 +248,9 @@ def render_slurm(spec: SpecConfig, topo: Topology, version: str | None = None,
     serve = trtllm_serve_argv(spec, topo, f"$SLURM_SUBMIT_DIR/{deploy.TRTLLM_CONFIG_NAME}",
                               version, engine, port)
     serve_text = " ".join(a if a.startswith("$SLURM") else shlex.quote(a) for a in serve)
+    mounts = "$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR"
+    if spec.target and spec.target.startswith("/"):
+        mounts += f",{spec.target}:{spec.target}"
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={name}",
@@ -261,7 +264,7 @@ def render_slurm(spec: SpecConfig, topo: Topology, version: str | None = None,
         "# every node can read (trtllm-llmapi-launch does not download from Hugging Face).",
         "set -euo pipefail",
         f': "${{CONTAINER_IMAGE:={image}}}"',
-        ': "${CONTAINER_MOUNTS:=$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR}"',
+        f': "${{CONTAINER_MOUNTS:={mounts}}}"',
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f'echo "API: http://$HEAD:{port}"',
         'srun --mpi=pmix --container-image="$CONTAINER_IMAGE" '

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specadapt.configs.examples import EXAMPLES, stale_examples
+from specadapt.configs.examples import EXAMPLES, MULTINODE_EXAMPLES, stale_examples
 
 
 def test_examples_are_up_to_date(repo_root):
@@ -14,6 +14,7 @@ def test_examples_are_up_to_date(repo_root):
 def test_examples_cover_the_required_set():
     assert set(EXAMPLES) == {"vllm-ngram", "vllm-eagle3", "vllm-draft-model", "trtllm-eagle3",
                              "trtllm-mtp", "trtllm-ngram"}
+    assert set(MULTINODE_EXAMPLES) == {"vllm-multinode-eagle3", "trtllm-multinode-mtp"}
 
 
 def test_docs_show_the_generated_examples(repo_root):

@@ -1,0 +1,330 @@
+"""Deployments across nodes: the LeaderWorkerSet (vLLM), the Slurm script (TensorRT-LLM),
+schema validation (Kubernetes 1.33, LWS v0.10.0 CRD) and the cross-field rules, each with
+bad input that names the wrong field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import pytest
+import yaml
+from cfg_helpers import make_model_dir
+from click.testing import CliRunner
+
+from specadapt.cli import cli
+from specadapt.configs import manifest, multinode
+from specadapt.configs.files import validate_file
+from specadapt.configs.multinode import Topology
+from specadapt.configs.spec import SpecConfig
+from specadapt.errors import UsageError
+
+SPEC = SpecConfig(target="meta-llama/Llama-3.3-70B-Instruct", method="eagle3", k=3,
+                  draft="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", tp=4)
+TOPO = Topology(nodes=2, gpus_per_node=4, pp=2, replicas=3)
+VLLM_ARGS = ["config", "--backend", "vllm", "--target", "meta-llama/Llama-3.3-70B-Instruct",
+             "--method", "eagle3", "--draft", "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", "--k", "3"]
+TRT_ARGS = ["config", "--backend", "trtllm", "--target", "/models/DeepSeek-R1", "--method",
+            "mtp", "--k", "3", "--tp", "16", "--nodes", "2"]
+
+
+def _docs(text: str = None) -> list[dict]:
+    return list(yaml.safe_load_all(text or multinode.render_lws(SPEC, TOPO)))
+
+
+def _lws(docs):
+    return next(d for d in docs if d["kind"] == "LeaderWorkerSet")
+
+
+def _leader(docs):
+    return _lws(docs)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+
+
+def _worker(docs):
+    return _lws(docs)["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+
+
+def _cli(args):
+    return CliRunner().invoke(cli, args)
+
+
+# ------------------------------------------------------------------ rendering
+
+def test_lws_leader_starts_ray_head_then_the_server_with_speculation_once():
+    docs = _docs()
+    lws = _lws(docs)
+    assert lws["spec"]["replicas"] == 3
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    cmd = _leader(docs)["command"]
+    assert cmd[:2] == ["bash", "-c"] and "leader --ray_cluster_size=$(LWS_GROUP_SIZE)" in cmd[2]
+    server = manifest.server_argv(_leader(docs))
+    assert server[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert server[server.index("--tensor-parallel-size") + 1] == "4"
+    assert server[server.index("--pipeline-parallel-size") + 1] == "2"
+    assert server[server.index("--distributed-executor-backend") + 1] == "ray"
+    sc = json.loads(server[server.index("--speculative-config") + 1])
+    assert sc == {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B",
+                  "num_speculative_tokens": 3}
+    text = yaml.safe_dump_all(docs)
+    assert text.count("--speculative-config") == 1  # only the leader's server gets it
+    worker = _worker(docs)
+    assert "--ray_address=$(LWS_LEADER_ADDRESS)" in worker["command"][2]
+    assert "ports" not in worker and "readinessProbe" not in worker
+
+
+def test_lws_gpus_scrape_and_rdma():
+    topo = Topology(nodes=2, gpus_per_node=4, pp=2, rdma=("rdma/ib", 1))
+    docs = _docs(multinode.render_lws(SPEC, topo, port=9000))
+    for c in (_leader(docs), _worker(docs)):
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": 4, "rdma/ib": 1}
+        assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    meta = _lws(docs)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
+    assert meta["annotations"]["prometheus.io/port"] == "9000"
+    assert meta["annotations"]["prometheus.io/path"] == "/metrics"
+    assert _leader(docs)["ports"] == [{"name": "http", "containerPort": 9000}]
+    assert "--port" in _leader(docs)["command"]
+    assert [d["kind"] for d in docs] == ["LeaderWorkerSet", "Service"]  # one replica
+
+
+def test_one_service_per_replica_and_the_probe_urls_name_them():
+    docs = _docs()
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    assert set(services) == {"vllm-eagle3", "vllm-eagle3-0", "vllm-eagle3-1", "vllm-eagle3-2"}
+    for i in range(3):
+        sel = services[f"vllm-eagle3-{i}"]["spec"]["selector"]
+        assert sel[multinode.LWS_GROUP_INDEX_LABEL] == str(i)
+    urls = multinode.replica_urls(SPEC, TOPO, namespace="llm", port=8000)
+    assert urls == [f"http://vllm-eagle3-{i}.llm.svc.cluster.local:8000" for i in range(3)]
+    hint = multinode.probe_hint(SPEC, TOPO, "vllm", namespace="llm")
+    probe_lines = [ln for ln in hint.splitlines() if ln.startswith("specadapt probe")]
+    assert probe_lines[0].split()[2:] == [x for u in urls for x in ("--url", u)]
+    assert probe_lines[1].count("--url") == 3
+    single = multinode.replica_urls(SPEC, Topology(2, 4, 2, 1))
+    assert single == ["http://vllm-eagle3.default.svc.cluster.local:8000"]
+
+
+def test_trtllm_slurm_script_and_config():
+    spec = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=8,
+                      draft_len_schedule={1: 3, 16: 1})
+    text = multinode.render_slurm(spec, Topology(nodes=4, gpus_per_node=4, pp=2))
+    assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks-per-node=4" in text
+    (srun,) = [ln for ln in text.splitlines() if ln.startswith("srun")]
+    assert "--mpi=pmix" in srun
+    serve = text.split("    trtllm-llmapi-launch ", 1)[1].split()
+    assert serve[:2] == ["trtllm-serve", "/models/DeepSeek-R1"]
+    assert serve[serve.index("--tp_size") + 1] == "8"
+    assert serve[serve.index("--pp_size") + 1] == "2"
+    assert serve[serve.index("--gpus_per_node") + 1] == "4"
+    assert serve[-2:] == ["--config", "$SLURM_SUBMIT_DIR/trtllm-config.yaml"]
+    assert "/models/DeepSeek-R1:/models/DeepSeek-R1" in text
+
+
+def test_cli_trtllm_writes_script_config_and_probe_hint(tmp_path):
+    res = _cli([*TRT_ARGS, "--draft-len-schedule", '{"1": 3, "16": 2}', "--replicas", "2",
+                "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    cfg = yaml.safe_load((tmp_path / "trtllm-config.yaml").read_text())
+    assert cfg["speculative_config"] == {"decoding_type": "MTP", "max_draft_len": 3,
+                                         "draft_len_schedule": {1: 3, 16: 2}}
+    assert (tmp_path / "probe-replicas.sh").read_text().count("--url") == 2
+    assert validate_file(tmp_path / "sbatch.sh").ok
+
+
+def test_cli_trtllm_hf_id_target_warns():
+    res = _cli([*TRT_ARGS[:4], "deepseek-ai/DeepSeek-R1", *TRT_ARGS[5:], "--format", "slurm"])
+    assert res.exit_code == 0
+    assert "warning: --target deepseek-ai/DeepSeek-R1 is not a local path" in res.output
+
+
+# ------------------------------------------------------------------ topology rules (exit 2)
+
+@pytest.mark.parametrize("extra, field", [
+    (["--tp", "4", "--pp", "2", "--nodes", "2", "--gpus-per-node", "8"], "--gpus-per-node 8"),
+    (["--tp", "8", "--nodes", "3"], "--gpus-per-node 2 x --nodes 3"),
+    (["--tp", "4", "--nodes", "1"], "--nodes 1"),
+    (["--tp", "4", "--nodes", "2", "--draft-tp", "2"], "--draft-tp 2"),
+    (["--tp", "4", "--replicas", "2"], "--replicas"),
+    (["--tp", "4", "--pp", "2"], "--pp"),
+    (["--tp", "4", "--nodes", "2", "--rdma-resource", "rdma/ib"], "--rdma-resource"),
+    (["--tp", "4", "--nodes", "2", "--replicas", "0"], "--replicas 0"),
+])
+def test_cli_topology_errors_exit_2_naming_the_option(extra, field):
+    res = _cli([*VLLM_ARGS, *extra, "--format", "k8s"])
+    assert res.exit_code == 2, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert line.startswith("error: ") and field in line
+    assert "Traceback" not in res.output
+
+
+def test_topology_rule_holds_exactly_when_gpus_equal_ranks():
+    ok = Topology(nodes=2, gpus_per_node=4, pp=2)
+    assert multinode.check_topology(SPEC, ok) == []
+    for bad in (Topology(2, 3, 2), Topology(2, 5, 2), Topology(3, 4, 2)):
+        (p,) = multinode.check_topology(SPEC, bad)
+        assert "gpus_per_node x nodes equal tp x pp" in p.message
+    assert Topology.build(SPEC, nodes=2, pp=2).gpus_per_node == 4
+    assert Topology.build(SPEC, nodes=4).gpus_per_node == 1
+    with pytest.raises(UsageError, match="--draft-tp 3 must be 1 or the target's --tp"):
+        Topology.build(SPEC.model_copy(update={"draft_tp": 3}), nodes=2, pp=2)
+    assert multinode.check_topology(SPEC.model_copy(update={"draft_tp": 4}), ok) == []
+    assert multinode.check_topology(SPEC.model_copy(update={"draft_tp": 1}), ok) == []
+
+
+def test_trtllm_has_no_kubernetes_multinode_form():
+    res = _cli([*TRT_ARGS, "--format", "k8s"])
+    assert res.exit_code == 2 and "use --format slurm" in res.output
+
+
+def test_draft_with_another_vocabulary_is_refused(tmp_path):
+    t = make_model_dir(tmp_path, "target", {"vocab_size": 128256, "hidden_size": 64})
+    d = make_model_dir(tmp_path, "draft", {"vocab_size": 32000, "hidden_size": 32})
+    args = ["config", "--backend", "vllm", "--target", str(t), "--method", "draft_model",
+            "--draft", str(d), "--k", "4", "--tp", "4", "--draft-tp", "1", "--nodes", "2",
+            "--format", "k8s"]
+    res = _cli(args)
+    assert res.exit_code == 2 and "Draft vocab size 32000 differs from the target's 128256" \
+        in res.output
+    # the same deployment written by hand is refused by config validate
+    same = make_model_dir(tmp_path, "draft2", {"vocab_size": 128256, "hidden_size": 32})
+    spec = SpecConfig(target=str(t), method="draft_model", draft=str(same), k=4, tp=4,
+                      draft_tp=1)
+    path = tmp_path / "lws.yaml"
+    path.write_text(multinode.render_lws(spec, Topology(2, 2)).replace(str(same), str(d)))
+    report = validate_file(path)
+    assert not report.ok
+    assert any("Draft vocab size 32000" in p.message for p in report.problems)
+
+
+# ------------------------------------------------------------------ schemas
+
+def test_generated_objects_pass_both_schemas():
+    assert manifest.check_manifests(_docs()) == []
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d[0]["spec"]["leaderWorkerTemplate"].update(sizee=2),
+     "spec.leaderWorkerTemplate: Additional properties are not allowed ('sizee'"),
+    (lambda d: d[0]["spec"]["leaderWorkerTemplate"].update(size="two"),
+     "spec.leaderWorkerTemplate.size: 'two' is not of type 'integer'"),
+    (lambda d: d[0]["spec"]["leaderWorkerTemplate"].update(restartPolicy="Always"),
+     "spec.leaderWorkerTemplate.restartPolicy: 'Always' is not one of"),
+    (lambda d: d[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+     .update(imagePullPolice="Always"),
+     "spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]: Additional properties"),
+    (lambda d: d[1]["spec"]["ports"][0].update(port="http"),
+     "Service vllm-eagle3: spec.ports[0].port: 'http' is not of type 'integer'"),
+    (lambda d: d[1]["spec"]["ports"][0].update(protocl="TCP"),
+     "Service vllm-eagle3: spec.ports[0]: Additional properties are not allowed ('protocl'"),
+])
+def test_schema_errors_name_the_field(edit, field):
+    docs = _docs(multinode.render_lws(SPEC, Topology(2, 4, 2)))
+    edit(docs)
+    messages = [p.message for p in manifest.schema_problems(docs)]
+    assert any(field in m for m in messages), messages
+
+
+def test_lws_schema_is_the_packaged_crd_schema():
+    schema = manifest.lws_schema()
+    lwt = schema["properties"]["spec"]["properties"]["leaderWorkerTemplate"]
+    assert lwt["additionalProperties"] is False  # made strict at load
+    assert {"size", "leaderTemplate", "workerTemplate", "restartPolicy"} <= set(
+        lwt["properties"])
+
+
+def test_without_kubernetes_validate_services_get_an_install_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "kubernetes_validate", None)
+    docs = _docs()
+    docs[0]["spec"]["leaderWorkerTemplate"]["size"] = "two"
+    problems = manifest.schema_problems(docs)
+    assert any(p.severity == "error" and "leaderWorkerTemplate.size" in p.message
+               for p in problems)  # the LWS schema needs no extra
+    hints = [p for p in problems if p.severity == "warning"]
+    assert len(hints) == 4 and all("pip install 'specadapt[k8s]'" in p.message for p in hints)
+
+
+# ------------------------------------------------------------------ cross-object rules
+
+def _edited(edit) -> list[str]:
+    docs = _docs(multinode.render_lws(SPEC, Topology(2, 4, 2, replicas=2)))
+    edit(docs)
+    return [p.message for p in manifest.consistency_problems(docs)]
+
+
+def _set_gpus(docs, which, n):
+    c = _leader(docs) if which == "leader" else _worker(docs)
+    c["resources"]["limits"]["nvidia.com/gpu"] = n
+
+
+def _server_flag(docs, flag, value):
+    cmd = _leader(docs)["command"]
+    cmd[cmd.index(flag) + 1] = value
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: (_set_gpus(d, "leader", 8), _set_gpus(d, "worker", 8)),
+     "resources.limits.nvidia.com/gpu = 8 x spec.leaderWorkerTemplate.size 2 = 16 GPUs but "
+     "the server runs tp 4 x pp 2 = 8 ranks"),
+    (lambda d: _set_gpus(d, "worker", 2), "leader and workers ask for different GPU counts"),
+    (lambda d: _server_flag(d, "--pipeline-parallel-size", "4"), "tp 4 x pp 4 = 16 ranks"),
+    (lambda d: _lws(d)["spec"]["leaderWorkerTemplate"].update(size=3),
+     "spec.leaderWorkerTemplate.size 3 = 12 GPUs"),
+    (lambda d: _server_flag(d, "--port", "8080"),
+     "spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0].ports[0].containerPort is "
+     "[8000] but the server command listens on --port 8080"),
+    (lambda d: _leader(d)["readinessProbe"]["httpGet"].update(port="api"),
+     "containers[0].readinessProbe.httpGet.port names port 'api'"),
+    (lambda d: _leader(d)["livenessProbe"]["httpGet"].update(port=9999),
+     "containers[0].livenessProbe.httpGet.port 9999 is not a containerPort"),
+    (lambda d: d[1]["spec"]["ports"][0].update(targetPort="metrics"),
+     "Service vllm-eagle3: spec.ports[0].targetPort 'metrics' is not a port"),
+    (lambda d: d[2]["spec"]["ports"][0].update(targetPort=8001),
+     "Service vllm-eagle3-0: spec.ports[0].targetPort 8001 is not a port"),
+    (lambda d: d[1]["spec"]["selector"].update({"specadapt/role": "head"}),
+     "Service vllm-eagle3: spec.selector"),
+    (lambda d: _lws(d)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
+     ["annotations"].update({"prometheus.io/port": "9090"}),
+     "leaderTemplate.metadata.annotations.prometheus.io/port is 9090"),
+])
+def test_cross_object_rules_name_the_field(edit, field):
+    messages = _edited(edit)
+    assert any(field in m for m in messages), messages
+
+
+def test_cross_object_rules_pass_for_generated_and_numeric_ports():
+    assert _edited(lambda d: None) == []
+    # a numeric targetPort / probe port equal to the containerPort is consistent
+    assert _edited(lambda d: (d[1]["spec"]["ports"][0].update(targetPort=8000),
+                              _leader(d)["readinessProbe"]["httpGet"].update(port=8000))) == []
+
+
+def test_selector_matches_workers_is_not_enough_for_targetport():
+    # a Service that selects the workers (no ports there) is told so
+    messages = _edited(lambda d: d[1]["spec"]["selector"].update({"specadapt/role": "worker"}))
+    assert any("targetPort 'http' is not a port of the pods it selects" in m for m in messages)
+
+
+def test_deployment_gpu_rule(tmp_path):
+    from specadapt.configs import deploy
+    docs = list(yaml.safe_load_all(deploy.render_k8s(SPEC, "vllm")))
+    assert manifest.check_manifests(docs) == []
+    bad = copy.deepcopy(docs)
+    bad[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+        "nvidia.com/gpu"] = 2
+    (p,) = manifest.consistency_problems(bad)
+    assert "spec.template.spec.containers[0].resources.limits.nvidia.com/gpu = 2" in p.message
+
+
+def test_config_validate_cli_names_the_field_and_fails(tmp_path):
+    docs = _docs()
+    _set_gpus(docs, "leader", 8)
+    _set_gpus(docs, "worker", 8)
+    path = tmp_path / "lws.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    res = _cli(["config", "validate", str(path)])
+    assert res.exit_code == 1
+    assert "resources.limits.nvidia.com/gpu = 8" in res.output
+    assert f"{path}: invalid" in res.output
+    path.write_text(multinode.render_lws(SPEC, TOPO))
+    res = _cli(["config", "validate", str(path)])
+    assert res.exit_code == 0 and res.output.strip() == f"{path}: ok (vllm-argv)"
