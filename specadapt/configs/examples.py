@@ -41,9 +41,9 @@ _R1 = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=16,
                  draft_len_schedule={1: 3, 16: 2, 64: 1})
 # name -> (backend, spec, topology): deployments across nodes
 MULTINODE_EXAMPLES: dict[str, tuple[str, SpecConfig, Topology]] = {
-    "vllm-multinode-eagle3": ("vllm", _LLAMA70, Topology(nodes=2, gpus_per_node=4, pp=2,
+    "multinode-vllm-eagle3": ("vllm", _LLAMA70, Topology(nodes=2, gpus_per_node=4, pp=2,
                                                           replicas=2)),
-    "trtllm-multinode-mtp": ("trtllm", _R1, Topology(nodes=2, gpus_per_node=8)),
+    "multinode-trtllm-mtp": ("trtllm", _R1, Topology(nodes=2, gpus_per_node=8)),
 }
 
 
