@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from specadapt.configs import manifest, trtllm, vllm
+from specadapt.configs import manifest, multinode, trtllm, vllm
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, errors
 from specadapt.errors import UsageError
@@ -179,9 +179,11 @@ def _compose_units(d: dict) -> list[Unit]:
 def validate_file(path: str | Path, backend: str | None = None, version: str | None = None,
                   engine: str | None = None, schema: str | Path | None = None) -> FileReport:
     report = FileReport(str(path), units_of(path, backend))
-    _, docs = load(path)
+    text, docs = load(path)
     if any(manifest.is_k8s_object(d) for d in docs):
         report.problems += manifest.check_manifests(docs)
+    if "#SBATCH" in text:
+        report.problems += multinode.slurm_problems(text)
     schema_doc = trtllm.load_schema(schema) if schema else None
     # a trtllm-serve command's --backend decides the engine its config file is checked for
     engines = [_argv_flag(u.obj, "--backend") for u in report.units if u.kind == "trtllm-argv"]

@@ -134,7 +134,7 @@ def server_argv(container: dict) -> list[str]:
     return argv
 
 
-def _opt(argv: list[str], *names: str) -> str | None:
+def option(argv: list[str], *names: str) -> str | None:
     for i, arg in enumerate(argv):
         for n in names:
             if arg == n and i + 1 < len(argv):
@@ -153,15 +153,15 @@ def _int(value: Any, default: int) -> int | None:
         return None
 
 
-def _parallel(argv: list[str]) -> tuple[int | None, int | None] | None:
+def parallel(argv: list[str]) -> tuple[int | None, int | None] | None:
     """(tp, pp) of a vLLM or trtllm-serve command, None when it is neither."""
     if not argv:
         return None
     if argv[0].endswith("trtllm-serve") or "trtllm-serve" in argv[:2]:
-        return _int(_opt(argv, "--tp_size"), 1), _int(_opt(argv, "--pp_size"), 1)
+        return _int(option(argv, "--tp_size"), 1), _int(option(argv, "--pp_size"), 1)
     if any(a.startswith("vllm.") for a in argv[:3]) or argv[:2] == ["vllm", "serve"]:
-        return (_int(_opt(argv, "--tensor-parallel-size", "--tensor_parallel_size", "-tp"), 1),
-                _int(_opt(argv, "--pipeline-parallel-size", "--pipeline_parallel_size",
+        return (_int(option(argv, "--tensor-parallel-size", "--tensor_parallel_size", "-tp"), 1),
+                _int(option(argv, "--pipeline-parallel-size", "--pipeline_parallel_size",
                           "-pp"), 1))
     return None
 
@@ -174,9 +174,17 @@ def consistency_problems(docs: list[dict]) -> list[Problem]:
             pods.append((doc, path, tmpl))
             out += _pod_rules(doc, path, tmpl)
         out += _gpu_rules(doc)
+    lws_names = {(d.get("metadata") or {}).get("name") for d in docs
+                 if d.get("kind") == "LeaderWorkerSet"}
     for doc in docs:
         if doc.get("kind") == "Service":
             out += _service_rules(doc, pods)
+            name = (doc.get("metadata") or {}).get("name")
+            if name in lws_names:
+                out.append(Problem(
+                    f"{_label(doc)}: metadata.name '{name}' is the LeaderWorkerSet's name, "
+                    "which LWS gives the headless Service behind the pods' DNS names "
+                    f"(LWS_LEADER_ADDRESS): rename it, e.g. '{name}-leader'."))
     return out
 
 
@@ -202,8 +210,8 @@ def _pod_rules(doc: dict, path: str, tmpl: dict) -> Iterator[Problem]:
                 yield Problem(f"{label}: {cpath}.{probe}.httpGet.port {target} is not a "
                               "containerPort of this container: probe the server's port.")
         argv = server_argv(c)
-        if _parallel(argv) is not None and ports:
-            served = _int(_opt(argv, "--port"), 8000)
+        if parallel(argv) is not None and ports:
+            served = _int(option(argv, "--port"), 8000)
             if served not in ports.values():
                 where = next((f"{cpath}.ports[{i}].containerPort"
                               for i, p in enumerate(c.get("ports") or [])), cpath)
@@ -227,7 +235,7 @@ def _gpus(tmpl: dict) -> int:
 def _gpu_rules(doc: dict) -> Iterator[Problem]:
     templates = _templates(doc)
     servers = [(p, server_argv(c)) for p, t in templates for c in _containers(t)]
-    par = next((_parallel(a) for _, a in servers if _parallel(a) is not None), None)
+    par = next((parallel(a) for _, a in servers if parallel(a) is not None), None)
     if par is None or None in par:
         return
     tp, pp = par

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from specadapt.configs import deploy, trtllm, vllm, yamlio
+from specadapt.configs import deploy, manifest, trtllm, vllm, yamlio
 from specadapt.configs.checks import Problem
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
@@ -176,14 +176,21 @@ def render_lws(spec: SpecConfig, topo: Topology, version: str | None = None, *,
                     "metadata": {"labels": {**common, ROLE_LABEL: "worker"}},
                     "spec": _pod(worker, topo, model_claim)},
             }}}
-    docs = [lws, _service(name, common, port, {"app.kubernetes.io/name": name,
-                                               ROLE_LABEL: "leader"})]
+    # not NAME itself: LWS creates a headless Service NAME for the pods' DNS names
+    # (LWS_LEADER_ADDRESS), and does not when one of that name exists
+    docs = [lws, _service(api_service(name), common, port, {"app.kubernetes.io/name": name,
+                                                            ROLE_LABEL: "leader"})]
     if topo.replicas > 1:
         for i in range(topo.replicas):
-            docs.append(_service(f"{name}-{i}", common, port, {
+            docs.append(_service(api_service(name, i), common, port, {
                 "app.kubernetes.io/name": name, ROLE_LABEL: "leader",
                 LWS_GROUP_INDEX_LABEL: str(i)}))
     return yamlio.dump_all(docs)
+
+
+def api_service(name: str, replica: int | None = None) -> str:
+    """The API Service of all leaders, or of one replica's leader."""
+    return f"{name}-leader" if replica is None else f"{name}-leader-{replica}"
 
 
 def _service(name: str, labels: dict, port: int, selector: dict) -> dict[str, Any]:
@@ -198,7 +205,8 @@ def replica_urls(spec: SpecConfig, topo: Topology, backend: str = "vllm", *,
                  port: int = 8000) -> list[str]:
     """In-cluster URLs, one per replica (the per-group Services), or the API Service."""
     name = name_of(spec, backend, name)
-    services = [f"{name}-{i}" for i in range(topo.replicas)] if topo.replicas > 1 else [name]
+    services = ([api_service(name, i) for i in range(topo.replicas)] if topo.replicas > 1
+                else [api_service(name)])
     return [f"http://{s}.{namespace}.svc.cluster.local:{port}" for s in services]
 
 
@@ -280,3 +288,44 @@ def trtllm_multinode_problems(spec: SpecConfig) -> list[Problem]:
                         "under Slurm does not download from Hugging Face, so download it to a "
                         "directory every node mounts and pass that path.", "warning")]
     return []
+
+
+def slurm_problems(text: str) -> list[Problem]:
+    """An sbatch script: MPI ranks (nodes x tasks per node) = tp x pp of its trtllm-serve,
+    and one GPU per rank."""
+    sbatch: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("#SBATCH"):
+            for arg in shlex.split(line[len("#SBATCH"):], comments=True):
+                key, _, value = arg.partition("=")
+                sbatch[key] = value
+    serve: list[str] = []
+    for line in text.splitlines():
+        words = line.split()
+        if "trtllm-serve" in words:
+            serve = words[words.index("trtllm-serve"):]
+    par = manifest.parallel(serve)
+    nodes = _to_int(sbatch.get("--nodes") or sbatch.get("-N"))
+    tasks = _to_int(sbatch.get("--ntasks-per-node"))
+    out: list[Problem] = []
+    if par is None or None in par or nodes is None or tasks is None:
+        return out
+    tp, pp = par
+    if nodes * tasks != tp * pp:
+        out.append(Problem(f"#SBATCH --ntasks-per-node={tasks} x --nodes={nodes} = "
+                           f"{nodes * tasks} MPI ranks but trtllm-serve runs --tp_size {tp} x "
+                           f"--pp_size {pp} = {tp * pp}: TensorRT-LLM needs one rank per GPU of "
+                           "the model, so make them equal."))
+    gpus = _to_int(sbatch.get("--gpus-per-node"))
+    if gpus is not None and gpus != tasks:
+        out.append(Problem(f"#SBATCH --gpus-per-node={gpus} differs from --ntasks-per-node="
+                           f"{tasks}: give each rank one GPU."))
+    flag = _to_int(manifest.option(serve, "--gpus_per_node"))
+    if flag is not None and flag != tasks:
+        out.append(Problem(f"trtllm-serve --gpus_per_node {flag} differs from #SBATCH "
+                           f"--ntasks-per-node={tasks}: make them equal."))
+    return out
+
+
+def _to_int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None

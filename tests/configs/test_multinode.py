@@ -90,18 +90,20 @@ def test_lws_gpus_scrape_and_rdma():
 def test_one_service_per_replica_and_the_probe_urls_name_them():
     docs = _docs()
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
-    assert set(services) == {"vllm-eagle3", "vllm-eagle3-0", "vllm-eagle3-1", "vllm-eagle3-2"}
+    assert set(services) == {"vllm-eagle3-leader", "vllm-eagle3-leader-0",
+                             "vllm-eagle3-leader-1", "vllm-eagle3-leader-2"}
     for i in range(3):
-        sel = services[f"vllm-eagle3-{i}"]["spec"]["selector"]
+        sel = services[f"vllm-eagle3-leader-{i}"]["spec"]["selector"]
         assert sel[multinode.LWS_GROUP_INDEX_LABEL] == str(i)
     urls = multinode.replica_urls(SPEC, TOPO, namespace="llm", port=8000)
-    assert urls == [f"http://vllm-eagle3-{i}.llm.svc.cluster.local:8000" for i in range(3)]
+    assert urls == [f"http://vllm-eagle3-leader-{i}.llm.svc.cluster.local:8000"
+                    for i in range(3)]
     hint = multinode.probe_hint(SPEC, TOPO, "vllm", namespace="llm")
     probe_lines = [ln for ln in hint.splitlines() if ln.startswith("specadapt probe")]
     assert probe_lines[0].split()[2:] == [x for u in urls for x in ("--url", u)]
     assert probe_lines[1].count("--url") == 3
     single = multinode.replica_urls(SPEC, Topology(2, 4, 2, 1))
-    assert single == ["http://vllm-eagle3.default.svc.cluster.local:8000"]
+    assert single == ["http://vllm-eagle3-leader.default.svc.cluster.local:8000"]
 
 
 def test_trtllm_slurm_script_and_config():
@@ -213,9 +215,9 @@ def test_generated_objects_pass_both_schemas():
      .update(imagePullPolice="Always"),
      "spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]: Additional properties"),
     (lambda d: d[1]["spec"]["ports"][0].update(port="http"),
-     "Service vllm-eagle3: spec.ports[0].port: 'http' is not of type 'integer'"),
+     "Service vllm-eagle3-leader: spec.ports[0].port: 'http' is not of type 'integer'"),
     (lambda d: d[1]["spec"]["ports"][0].update(protocl="TCP"),
-     "Service vllm-eagle3: spec.ports[0]: Additional properties are not allowed ('protocl'"),
+     "Service vllm-eagle3-leader: spec.ports[0]: Additional properties are not allowed ('protocl'"),
 ])
 def test_schema_errors_name_the_field(edit, field):
     docs = _docs(multinode.render_lws(SPEC, Topology(2, 4, 2)))
@@ -277,11 +279,13 @@ def _server_flag(docs, flag, value):
     (lambda d: _leader(d)["livenessProbe"]["httpGet"].update(port=9999),
      "containers[0].livenessProbe.httpGet.port 9999 is not a containerPort"),
     (lambda d: d[1]["spec"]["ports"][0].update(targetPort="metrics"),
-     "Service vllm-eagle3: spec.ports[0].targetPort 'metrics' is not a port"),
+     "Service vllm-eagle3-leader: spec.ports[0].targetPort 'metrics' is not a port"),
     (lambda d: d[2]["spec"]["ports"][0].update(targetPort=8001),
-     "Service vllm-eagle3-0: spec.ports[0].targetPort 8001 is not a port"),
+     "Service vllm-eagle3-leader-0: spec.ports[0].targetPort 8001 is not a port"),
     (lambda d: d[1]["spec"]["selector"].update({"specadapt/role": "head"}),
-     "Service vllm-eagle3: spec.selector"),
+     "Service vllm-eagle3-leader: spec.selector"),
+    (lambda d: d[1]["metadata"].update(name="vllm-eagle3"),
+     "Service vllm-eagle3: metadata.name 'vllm-eagle3' is the LeaderWorkerSet's name"),
     (lambda d: _lws(d)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]
      ["annotations"].update({"prometheus.io/port": "9090"}),
      "leaderTemplate.metadata.annotations.prometheus.io/port is 9090"),
@@ -328,3 +332,24 @@ def test_config_validate_cli_names_the_field_and_fails(tmp_path):
     path.write_text(multinode.render_lws(SPEC, TOPO))
     res = _cli(["config", "validate", str(path)])
     assert res.exit_code == 0 and res.output.strip() == f"{path}: ok (vllm-argv)"
+
+
+# ------------------------------------------------------------------ the Slurm script
+
+@pytest.mark.parametrize("old, new, field", [
+    ("--ntasks-per-node=8", "--ntasks-per-node=4",
+     "#SBATCH --ntasks-per-node=4 x --nodes=2 = 8 MPI ranks but trtllm-serve runs --tp_size 16"),
+    ("--nodes=2", "--nodes=3", "x --nodes=3 = 24 MPI ranks"),
+    ("--tp_size 16", "--tp_size 8 --pp_size 4", "--tp_size 8 x --pp_size 4 = 32"),
+    ("--gpus-per-node=8", "--gpus-per-node=4", "#SBATCH --gpus-per-node=4 differs"),
+    ("--gpus_per_node 8", "--gpus_per_node 4", "trtllm-serve --gpus_per_node 4 differs"),
+])
+def test_slurm_script_rules_name_the_field(tmp_path, old, new, field):
+    spec = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=16)
+    text = multinode.render_slurm(spec, Topology(nodes=2, gpus_per_node=8))
+    assert multinode.slurm_problems(text) == []
+    assert old in text
+    path = tmp_path / "sbatch.sh"
+    path.write_text(text.replace(old, new))
+    res = _cli(["config", "validate", str(path)])
+    assert res.exit_code == 1 and field in res.output, res.output
