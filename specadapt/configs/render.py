@@ -7,7 +7,9 @@ import re
 import shlex
 from pathlib import Path
 
-from specadapt.configs import deploy, multinode, trtllm, vllm
+import yaml
+
+from specadapt.configs import deploy, multinode, trtllm, vllm, yamlio
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, check_spec, raise_on_errors
 from specadapt.configs.spec import SpecConfig
@@ -126,7 +128,14 @@ def render_multinode(spec: SpecConfig, backend: str, fmt: str, topo: multinode.T
     if fmt == "slurm":
         return multinode.render_slurm(spec, topo, version, engine, name=name, image=image,
                                       port=port)
-    return render(spec, backend, fmt, version, engine, port=port)
+    text = render(spec, backend, fmt, version, engine, port=port)
+    if backend == "vllm" and fmt == "yaml":  # the leader's `vllm serve --config` file
+        doc = yaml.safe_load(text)
+        if topo.pp != 1:
+            doc["pipeline-parallel-size"] = topo.pp
+        doc["distributed-executor-backend"] = "ray"
+        text = yamlio.dump(doc)
+    return text
 
 
 def write_multinode(spec: SpecConfig, backend: str, formats: list[str], out_dir: Path,

@@ -106,6 +106,16 @@ def test_one_service_per_replica_and_the_probe_urls_name_them():
     assert single == ["http://vllm-eagle3-leader.default.svc.cluster.local:8000"]
 
 
+def test_vllm_config_file_carries_pp_and_ray(tmp_path):
+    from specadapt.configs import render
+    doc = yaml.safe_load(render.render_multinode(SPEC, "vllm", "yaml", TOPO))
+    assert doc["tensor-parallel-size"] == 4 and doc["pipeline-parallel-size"] == 2
+    assert doc["distributed-executor-backend"] == "ray"
+    assert doc["speculative-config"]["method"] == "eagle3"
+    one_stage = yaml.safe_load(render.render_multinode(SPEC, "vllm", "yaml", Topology(4, 1)))
+    assert "pipeline-parallel-size" not in one_stage
+
+
 def test_trtllm_slurm_script_and_config():
     spec = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=8,
                       draft_len_schedule={1: 3, 16: 1})

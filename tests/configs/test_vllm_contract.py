@@ -288,3 +288,10 @@ def test_multinode_leader_command_parses_in_vllm(api, repo_root):
     assert engine_args.speculative_config["method"] == "eagle3"
     assert args.port == docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"][
         "containers"][0]["ports"][0]["containerPort"]
+    # the same server as a `vllm serve --config FILE` file
+    _, from_file = api.parse(["--config", str(repo_root / "configs" / "multinode-vllm-eagle3"
+                                              / "vllm-config.yaml")])
+    assert (from_file.tensor_parallel_size, from_file.pipeline_parallel_size,
+            from_file.distributed_executor_backend, from_file.speculative_config) == \
+        (engine_args.tensor_parallel_size, engine_args.pipeline_parallel_size, "ray",
+         engine_args.speculative_config)
