@@ -296,8 +296,13 @@ def slurm_problems(text: str) -> list[Problem]:
     sbatch: dict[str, str] = {}
     for line in text.splitlines():
         if line.startswith("#SBATCH"):
-            for arg in shlex.split(line[len("#SBATCH"):], comments=True):
-                key, _, value = arg.partition("=")
+            args = shlex.split(line[len("#SBATCH"):], comments=True)
+            for i, arg in enumerate(args):  # --key=value, --key value, -N value
+                if not arg.startswith("-"):
+                    continue
+                key, eq, value = arg.partition("=")
+                if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    value = args[i + 1]
                 sbatch[key] = value
     serve: list[str] = []
     for line in text.splitlines():

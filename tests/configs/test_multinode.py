@@ -165,7 +165,7 @@ def test_cli_topology_errors_exit_2_naming_the_option(extra, field):
     res = _cli([*VLLM_ARGS, *extra, "--format", "k8s"])
     assert res.exit_code == 2, res.output
     (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
-    assert line.startswith("error: ") and field in line
+    assert line.startswith("error: " + field)
     assert "Traceback" not in res.output
 
 
@@ -363,3 +363,47 @@ def test_slurm_script_rules_name_the_field(tmp_path, old, new, field):
     path.write_text(text.replace(old, new))
     res = _cli(["config", "validate", str(path)])
     assert res.exit_code == 1 and field in res.output, res.output
+
+
+_SLURM = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=8)
+
+
+@pytest.mark.parametrize("header, ok", [
+    ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8", True),
+    ("#SBATCH -N 2  # two nodes\n#SBATCH --ntasks-per-node 8", True),
+    ("#SBATCH --nodes 4 # not 2\n#SBATCH --ntasks-per-node=8", False),
+    ("#SBATCH -N 4\n#SBATCH --ntasks-per-node=8", False),
+    ("#SBATCH --ntasks-per-node=8", True),   # nodes unknown: nothing to compare
+    ("#SBATCH --nodes=4", True),             # tasks unknown
+])
+def test_slurm_header_forms(header, ok):
+    body = "srun --mpi=pmix trtllm-llmapi-launch trtllm-serve /m --tp_size 8 --pp_size 2\n"
+    assert (multinode.slurm_problems(header + "\n" + body) == []) is ok
+
+
+def test_slurm_rule_messages_exact():
+    text = "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\nsrun trtllm-serve /m --tp_size 4 --pp_size 4\n"
+    (p,) = multinode.slurm_problems(text)
+    assert p.message == ("#SBATCH --ntasks-per-node=4 x --nodes=2 = 8 MPI ranks but trtllm-serve "
+                         "runs --tp_size 4 x --pp_size 4 = 16: TensorRT-LLM needs one rank per GPU "
+                         "of the model, so make them equal.")
+    assert multinode.slurm_problems(text.replace("--tp_size 4 ", "--tp_size x ")) == []
+    assert multinode.slurm_problems("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n") == []
+    four = multinode.render_slurm(_SLURM, Topology(nodes=4, gpus_per_node=4, pp=2))
+    assert multinode.slurm_problems(four) == []
+
+
+@pytest.mark.parametrize("topo, flag", [
+    (Topology(0, 4, 2), "--nodes 0 must be at least 1."),
+    (Topology(2, 4, 0), "--pp 0 must be at least 1."),
+    (Topology(2, 0, 2), "--gpus-per-node 0 must be at least 1."),
+    (Topology(2, 4, 2, replicas=0), "--replicas 0 must be at least 1."),
+])
+def test_topology_values_below_one(topo, flag):
+    assert [p.message for p in multinode.check_topology(SPEC, topo)] == [flag]
+
+
+def test_single_node_message_exact():
+    (p,) = multinode.check_topology(SPEC.model_copy(update={"tp": 8}), Topology(1, 8))
+    assert p.message == ("--nodes 1 is a single-node deployment: leave out --nodes (and "
+                         "--pp/--gpus-per-node) to get a Deployment, or use --nodes 2 or more.")
