@@ -407,3 +407,34 @@ def test_single_node_message_exact():
     (p,) = multinode.check_topology(SPEC.model_copy(update={"tp": 8}), Topology(1, 8))
     assert p.message == ("--nodes 1 is a single-node deployment: leave out --nodes (and "
                          "--pp/--gpus-per-node) to get a Deployment, or use --nodes 2 or more.")
+
+
+def _drop_port_flag(docs):
+    cmd = _leader(docs)["command"]
+    i = cmd.index("--port")
+    del cmd[i:i + 2]
+
+
+def test_server_port_defaults_to_8000():
+    assert _edited(_drop_port_flag) == []  # vLLM's default port is the container port
+    messages = _edited(lambda d: (_drop_port_flag(d), _leader(d)["ports"][0].update(
+        containerPort=9000), _leader(d)["startupProbe"]["httpGet"].update(port="http")))
+    assert any("listens on --port 8000" in m for m in messages), messages
+
+
+def test_service_selector_edge_cases():
+    assert _edited(lambda d: d[1]["spec"].pop("selector")) == []  # no selector: nothing to match
+    other = _edited(lambda d: d[1]["spec"]["selector"].update(
+        {multinode.LWS_NAME_LABEL: "other-lws"}))
+    assert any("Service vllm-eagle3-leader: spec.selector" in m for m in other), other
+    same = _edited(lambda d: d[1]["spec"]["selector"].update(
+        {multinode.LWS_NAME_LABEL: "vllm-eagle3"}))
+    assert same == []
+
+
+def test_deployment_without_gpu_limit_is_not_a_gpu_error():
+    from specadapt.configs import deploy
+    docs = list(yaml.safe_load_all(deploy.render_k8s(SPEC, "vllm")))
+    c = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    c["resources"] = {}
+    assert manifest.consistency_problems(docs) == []
