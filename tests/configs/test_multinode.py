@@ -175,6 +175,10 @@ def test_topology_rule_holds_exactly_when_gpus_equal_ranks():
     for bad in (Topology(2, 3, 2), Topology(2, 5, 2), Topology(3, 4, 2)):
         (p,) = multinode.check_topology(SPEC, bad)
         assert "gpus_per_node x nodes equal tp x pp" in p.message
+    (p,) = multinode.check_topology(SPEC, Topology(4, 3, 2))
+    assert p.message == ("--gpus-per-node 3 x --nodes 4 = 12 GPUs but --tp 4 x --pp 2 = 8 "
+                         "ranks: every GPU must hold one rank, so make gpus_per_node x nodes "
+                         "equal tp x pp.")
     assert Topology.build(SPEC, nodes=2, pp=2).gpus_per_node == 4
     assert Topology.build(SPEC, nodes=4).gpus_per_node == 1
     with pytest.raises(UsageError, match="--draft-tp 3 must be 1 or the target's --tp"):
@@ -371,7 +375,9 @@ _SLURM = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=8)
 @pytest.mark.parametrize("header, ok", [
     ("#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=8", True),
     ("#SBATCH -N 2  # two nodes\n#SBATCH --ntasks-per-node 8", True),
-    ("#SBATCH --nodes 4 # not 2\n#SBATCH --ntasks-per-node=8", False),
+    ("#SBATCH --nodes 4 # was --nodes=2\n#SBATCH --ntasks-per-node=8", False),
+    ("#SBATCH -N 4 --ntasks-per-node 8", False),  # several options on one line
+    ("#SBATCH --nodes 4 --exclusive\n#SBATCH --ntasks-per-node=8", False),
     ("#SBATCH -N 4\n#SBATCH --ntasks-per-node=8", False),
     ("#SBATCH --ntasks-per-node=8", True),   # nodes unknown: nothing to compare
     ("#SBATCH --nodes=4", True),             # tasks unknown
