@@ -77,7 +77,8 @@ def _build_spec(**kw) -> SpecConfig:
 @click.option("--gpus-per-node", type=int,
               help="GPUs per node (with --nodes; default tp x pp / nodes).")
 @click.option("--replicas", type=int, default=1, show_default=True,
-              help="Copies of the deployment (with --nodes); prints one probe URL each.")
+              help="Copies of the deployment (k8s: a StatefulSet on one node, LeaderWorkerSet "
+                   "groups with --nodes); prints one probe URL each.")
 @click.option("--rdma-resource", help="With --nodes: RDMA device resource per pod, NAME=COUNT "
                                       "(e.g. rdma/ib=1).")
 @click.option("--namespace", default="default", show_default=True,
@@ -103,11 +104,13 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
     if nodes is None:
         unused = [f for f, v in (("--pp", pp), ("--gpus-per-node", gpus_per_node),
                                  ("--rdma-resource", rdma_resource)) if v is not None]
-        if replicas != 1:
-            unused.append("--replicas")
         if unused:
             raise UsageError(f"{', '.join(unused)} only apply to a deployment across nodes: "
                              "add --nodes N (2 or more), or leave them out.")
+        if replicas < 1:
+            raise UsageError(f"--replicas {replicas} must be at least 1.")
+        if replicas > 1 and "k8s" not in formats and "all" not in formats:
+            raise UsageError("--replicas applies to the Kubernetes manifest: add --format k8s.")
     else:
         _multinode(spec, backend, backend_version, engine, formats, port, image, out_dir,
                    namespace, MN.Topology.build(spec, nodes, pp, gpus_per_node, replicas,
@@ -119,7 +122,8 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
             else list(formats or ["yaml"]))
     if out_dir is not None:
         for path in R.write_outputs(spec, backend, fmts, out_dir, backend_version, engine,
-                                    entry=entry, port=port, image=image):
+                                    entry=entry, port=port, image=image, replicas=replicas,
+                                    namespace=namespace):
             click.echo(str(path))
         return
     if backend == "trtllm" and "argv" in fmts and "yaml" not in fmts:
@@ -129,7 +133,10 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
         click.echo(R.render(spec, backend, fmt, backend_version, engine, entry=entry,
-                            port=port, image=image), nl=False)
+                            port=port, image=image, replicas=replicas), nl=False)
+    if replicas > 1 and "k8s" in fmts:
+        click.echo(R.single_node_probe_hint(spec, backend, replicas, port=port,
+                                            namespace=namespace), err=True, nl=False)
 
 
 def _multinode(spec, backend, version, engine, formats, port, image, out_dir, namespace,

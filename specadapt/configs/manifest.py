@@ -29,6 +29,8 @@ GPU = "nvidia.com/gpu"
 # labels the LWS controller adds to the pods it creates (a Service may select on them)
 LWS_INJECTED = ("leaderworkerset.sigs.k8s.io/name", "leaderworkerset.sigs.k8s.io/group-index",
                 "leaderworkerset.sigs.k8s.io/worker-index")
+# the label the StatefulSet controller puts on each of its pods
+STS_INJECTED = ("statefulset.kubernetes.io/pod-name",)
 SHELLS = ("sh", "bash", "/bin/sh", "/bin/bash")
 INSTALL_HINT = "pip install 'specadapt[k8s]'"
 
@@ -277,6 +279,8 @@ def _service_rules(svc: dict, pods: list[tuple[dict, str, dict]]) -> Iterator[Pr
             name = (doc.get("metadata") or {}).get("name")
             if selector.get(LWS_INJECTED[0], name) != name:
                 continue
+        elif doc.get("kind") == "StatefulSet":
+            keys = {k: v for k, v in selector.items() if k not in STS_INJECTED}
         else:
             keys = selector
         if all(labels.get(k) == v for k, v in keys.items()):

@@ -207,7 +207,7 @@ def replica_urls(spec: SpecConfig, topo: Topology, backend: str = "vllm", *,
     name = name_of(spec, backend, name)
     services = ([api_service(name, i) for i in range(topo.replicas)] if topo.replicas > 1
                 else [api_service(name)])
-    return [f"http://{s}.{namespace}.svc.cluster.local:{port}" for s in services]
+    return deploy.service_urls(services, namespace, port)
 
 
 def probe_hint(spec: SpecConfig, topo: Topology, backend: str, *, name: str | None = None,
@@ -219,16 +219,9 @@ def probe_hint(spec: SpecConfig, topo: Topology, backend: str, *, name: str | No
                 "specadapt probe " + " ".join(f"--url http://HOST{i}:{port}"
                                              for i in range(topo.replicas)) + "\n")
     name = name_of(spec, backend, name)
-    urls = replica_urls(spec, topo, backend, name=name, namespace=namespace, port=port)
-    services = [u.split("//")[1].split(".")[0] for u in urls]
-    local = [f"http://localhost:{port + 10000 + i}" for i in range(len(urls))]
-    forwards = " & ".join(f"kubectl -n {namespace} port-forward svc/{s} {port + 10000 + i}:{port}"
-                          for i, s in enumerate(services))
-    return ("# Measure every replica; from a pod inside the cluster:\n"
-            f"specadapt probe {' '.join('--url ' + u for u in urls)}\n"
-            "# or from your machine, through port-forwards:\n"
-            f"{forwards} &\n"
-            f"specadapt probe {' '.join('--url ' + u for u in local)}\n")
+    services = ([api_service(name, i) for i in range(topo.replicas)] if topo.replicas > 1
+                else [api_service(name)])
+    return deploy.probe_hint_for(services, namespace, port)
 
 
 # ------------------------------------------------------------------ TensorRT-LLM: Slurm

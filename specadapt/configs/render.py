@@ -43,13 +43,14 @@ def validate(spec: SpecConfig, backend: str, version: str | None = None,
 
 def render(spec: SpecConfig, backend: str, fmt: str, version: str | None = None,
            engine: str = "pytorch", *, entry: str = "module", host: str = "0.0.0.0",
-           port: int = 8000, image: str | None = None, name: str | None = None) -> str:
-    """The text of one output format."""
+           port: int = 8000, image: str | None = None, name: str | None = None,
+           replicas: int = 1) -> str:
+    """The text of one output format (``replicas`` applies to k8s only)."""
     if fmt not in FORMATS:
         raise UsageError(f"Unknown format '{fmt}': use one of {', '.join(FORMATS)}.")
     if fmt == "k8s":
         return deploy.render_k8s(spec, backend, version, engine, name=name, image=image,
-                                 port=port)
+                                 port=port, replicas=replicas)
     if fmt == "compose":
         return deploy.render_compose(spec, backend, version, engine, name=name, image=image,
                                      port=port)
@@ -89,9 +90,28 @@ def write_outputs(spec: SpecConfig, backend: str, formats: list[str], out_dir: P
     written = []
     for fmt in formats:
         path = out_dir / FILE_NAMES[(backend, fmt)]
-        path.write_text(render(spec, backend, fmt, version, engine, **kw))
+        path.write_text(render(spec, backend, fmt, version, engine,
+                               **{k: v for k, v in kw.items() if k != "namespace"}))
         written.append(path)
+    if kw.get("replicas", 1) > 1 and "k8s" in formats:
+        written.append(write_probe_hint(out_dir, single_node_probe_hint(
+            spec, backend, kw["replicas"], port=kw.get("port", 8000),
+            name=kw.get("name"), namespace=kw.get("namespace", "default"))))
     return written
+
+
+def single_node_probe_hint(spec: SpecConfig, backend: str, replicas: int, *,
+                           port: int = 8000, name: str | None = None,
+                           namespace: str = "default") -> str:
+    name = multinode.name_of(spec, backend, name)
+    return deploy.probe_hint_for([deploy.replica_service(name, i) for i in range(replicas)],
+                                 namespace, port)
+
+
+def write_probe_hint(out_dir: Path, text: str) -> Path:
+    path = out_dir / PROBE_FILE
+    path.write_text(text)
+    return path
 
 
 # ------------------------------------------------------------------ past one node
@@ -152,8 +172,7 @@ def write_multinode(spec: SpecConfig, backend: str, formats: list[str], out_dir:
         path = out_dir / MULTINODE_FILE_NAMES[(backend, fmt)]
         path.write_text(render_multinode(spec, backend, fmt, topo, version, engine, **kw))
         written.append(path)
-    hint = out_dir / PROBE_FILE
-    hint.write_text(multinode.probe_hint(spec, topo, backend, name=kw.get("name"),
-                                         namespace=namespace, port=kw.get("port", 8000)))
-    written.append(hint)
+    written.append(write_probe_hint(out_dir, multinode.probe_hint(
+        spec, topo, backend, name=kw.get("name"), namespace=namespace,
+        port=kw.get("port", 8000))))
     return written

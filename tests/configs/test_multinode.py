@@ -156,7 +156,7 @@ def test_cli_trtllm_hf_id_target_warns():
     (["--tp", "8", "--nodes", "3"], "--gpus-per-node 2 x --nodes 3"),
     (["--tp", "4", "--nodes", "1"], "--nodes 1"),
     (["--tp", "4", "--nodes", "2", "--draft-tp", "2"], "--draft-tp 2"),
-    (["--tp", "4", "--replicas", "2"], "--replicas"),
+    (["--tp", "4", "--replicas", "0"], "--replicas 0"),
     (["--tp", "4", "--pp", "2"], "--pp"),
     (["--tp", "4", "--nodes", "2", "--rdma-resource", "rdma/ib"], "--rdma-resource"),
     (["--tp", "4", "--nodes", "2", "--replicas", "0"], "--replicas 0"),
@@ -444,3 +444,34 @@ def test_deployment_without_gpu_limit_is_not_a_gpu_error():
     c = docs[0]["spec"]["template"]["spec"]["containers"][0]
     c["resources"] = {}
     assert manifest.consistency_problems(docs) == []
+
+
+# ------------------------------------------------------------------ replicas on one node
+
+def test_single_node_replicas_statefulset_and_one_service_each():
+    from specadapt.configs import deploy
+    for backend in ("vllm", "trtllm"):
+        docs = list(yaml.safe_load_all(deploy.render_k8s(SPEC, backend, replicas=3)))
+        assert manifest.check_manifests(docs) == []
+        (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        assert sts["spec"]["replicas"] == 3
+        name = sts["metadata"]["name"]
+        services = {d["metadata"]["name"]: d["spec"]["selector"] for d in docs
+                    if d["kind"] == "Service"}
+        assert set(services) == {name, *(f"{name}-replica-{i}" for i in range(3))}
+        for i in range(3):
+            assert services[f"{name}-replica-{i}"][deploy.POD_NAME_LABEL] == f"{name}-{i}"
+    one = list(yaml.safe_load_all(deploy.render_k8s(SPEC, "vllm")))
+    assert [d["kind"] for d in one] == ["Deployment", "Service"]
+
+
+def test_cli_single_node_replicas_print_the_probe_urls(tmp_path):
+    res = _cli([*VLLM_ARGS, "--tp", "4", "--replicas", "2", "--format", "k8s",
+                "--namespace", "llm", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    hint = (tmp_path / "probe-replicas.sh").read_text()
+    assert ("specadapt probe --url http://vllm-eagle3-replica-0.llm.svc.cluster.local:8000 "
+            "--url http://vllm-eagle3-replica-1.llm.svc.cluster.local:8000") in hint
+    assert validate_file(tmp_path / "k8s.yaml").ok
+    res = _cli([*VLLM_ARGS, "--tp", "4", "--replicas", "2", "--format", "yaml"])
+    assert res.exit_code == 2 and "--replicas applies to the Kubernetes manifest" in res.output
