@@ -101,6 +101,10 @@ def schema_problems(docs: list[dict], k8s_version: str = K8S_VERSION) -> list[Pr
                 continue
         try:
             kv.validate(doc, k8s_version, strict=True)
+        except kv.utils.VersionNotSupportedError:
+            out.append(Problem(f"{_label(doc)} was not checked: this kubernetes-validate has no "
+                               f"Kubernetes {k8s_version} schema: pip install -U "
+                               "kubernetes-validate.", "warning"))
         except kv.SchemaNotFoundError:
             out.append(Problem(f"{_label(doc)}: Kubernetes {k8s_version} has no kind "
                                f"{doc.get('kind')} in {doc.get('apiVersion')}: check both.",))

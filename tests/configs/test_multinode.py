@@ -475,3 +475,9 @@ def test_cli_single_node_replicas_print_the_probe_urls(tmp_path):
     assert validate_file(tmp_path / "k8s.yaml").ok
     res = _cli([*VLLM_ARGS, "--tp", "4", "--replicas", "2", "--format", "yaml"])
     assert res.exit_code == 2 and "--replicas applies to the Kubernetes manifest" in res.output
+
+
+def test_a_kubernetes_version_the_package_lacks_is_a_warning():
+    problems = manifest.schema_problems(_docs()[1:2], k8s_version="9.99")
+    assert [p.severity for p in problems] == ["warning"]
+    assert "no Kubernetes 9.99 schema" in problems[0].message
