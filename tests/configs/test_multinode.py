@@ -481,3 +481,46 @@ def test_a_kubernetes_version_the_package_lacks_is_a_warning():
     problems = manifest.schema_problems(_docs()[1:2], k8s_version="9.99")
     assert [p.severity for p in problems] == ["warning"]
     assert "no Kubernetes 9.99 schema" in problems[0].message
+
+
+# ------------------------------------------------------------------ exact messages, edges
+
+LEADER = "spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0]"
+
+
+def test_cross_object_messages_exact():
+    assert _edited(lambda d: _set_gpus(d, "worker", 2)) == [
+        "LeaderWorkerSet vllm-eagle3: leader and workers ask for different GPU counts "
+        "(spec.leaderWorkerTemplate.leaderTemplate: 4, spec.leaderWorkerTemplate.workerTemplate:"
+        " 2): give every pod of the group the same nvidia.com/gpu limit."]
+    assert _edited(lambda d: d[1]["metadata"].update(name="vllm-eagle3")) == [
+        "Service vllm-eagle3: metadata.name 'vllm-eagle3' is the LeaderWorkerSet's name, which "
+        "LWS gives the headless Service behind the pods' DNS names (LWS_LEADER_ADDRESS): rename "
+        "it, e.g. 'vllm-eagle3-leader'."]
+    assert _edited(lambda d: _leader(d)["startupProbe"]["httpGet"].update(port="api")) == [
+        f"LeaderWorkerSet vllm-eagle3: {LEADER}.startupProbe.httpGet.port names port 'api' but "
+        "the container declares ['http']: use a declared port name."]
+    meta = "spec.leaderWorkerTemplate.leaderTemplate.metadata"
+    assert _edited(lambda d: _lws(d)["spec"]["leaderWorkerTemplate"]["leaderTemplate"][
+        "metadata"]["annotations"].update({"prometheus.io/port": "9090"})) == [
+        f"LeaderWorkerSet vllm-eagle3: {meta}.annotations.prometheus.io/port is 9090 but the "
+        "pod's container ports are [8000]: scrape the server's port."]
+
+
+def test_lws_without_size_counts_one_pod():
+    messages = _edited(lambda d: _lws(d)["spec"]["leaderWorkerTemplate"].pop("size"))
+    assert any("spec.leaderWorkerTemplate.size 1 = 4 GPUs" in m for m in messages), messages
+
+
+def test_sidecar_and_portless_containers():
+    sidecar = {"name": "log", "image": "busybox"}
+    assert _edited(lambda d: _lws(d)["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"][
+        "containers"].append(dict(sidecar))) == []
+
+    def portless(d):
+        leader = _leader(d)
+        del leader["ports"]
+        leader["readinessProbe"]["httpGet"]["port"] = "http"
+    messages = _edited(portless)
+    assert not any("listens on" in m for m in messages), messages
+    assert any("names port 'http' but the container declares none" in m for m in messages)
