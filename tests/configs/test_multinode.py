@@ -524,3 +524,27 @@ def test_sidecar_and_portless_containers():
     messages = _edited(portless)
     assert not any("listens on" in m for m in messages), messages
     assert any("names port 'http' but the container declares none" in m for m in messages)
+
+
+def test_service_rules_exact_and_defaults():
+    assert _edited(lambda d: d[1]["spec"]["selector"].update({"specadapt/role": "head"})) == [
+        'Service vllm-eagle3-leader: spec.selector {"app.kubernetes.io/name": "vllm-eagle3", '
+        '"specadapt/role": "head"} matches no pod template in this file: use the labels of the '
+        "pods that serve the API (the leader's, for a LeaderWorkerSet)."]
+    assert _edited(lambda d: d[1]["spec"]["ports"][0].update(targetPort="metrics")) == [
+        "Service vllm-eagle3-leader: spec.ports[0].targetPort 'metrics' is not a port of the "
+        "pods it selects (LeaderWorkerSet vllm-eagle3 spec.leaderWorkerTemplate.leaderTemplate):"
+        " use one of ['http']."]
+    # no targetPort: Kubernetes targets the Service's own port number
+    assert _edited(lambda d: d[1]["spec"]["ports"][0].pop("targetPort")) == []
+    messages = _edited(lambda d: (d[1]["spec"]["ports"][0].pop("targetPort"),
+                                  d[1]["spec"]["ports"][0].update(port=80)))
+    assert any("targetPort 80 is not a port" in m for m in messages), messages
+
+
+def test_service_finds_the_second_leaderworkerset():
+    a = _docs(multinode.render_lws(SPEC, Topology(2, 4, 2), name="a"))
+    b = _docs(multinode.render_lws(SPEC, Topology(2, 4, 2), name="b"))
+    docs = [a[0], b[0], b[1]]
+    b[1]["spec"]["selector"] = {multinode.LWS_NAME_LABEL: "b", multinode.ROLE_LABEL: "leader"}
+    assert manifest.consistency_problems(docs) == []
