@@ -548,3 +548,20 @@ def test_service_finds_the_second_leaderworkerset():
     docs = [a[0], b[0], b[1]]
     b[1]["spec"]["selector"] = {multinode.LWS_NAME_LABEL: "b", multinode.ROLE_LABEL: "leader"}
     assert manifest.consistency_problems(docs) == []
+
+
+def test_gpu_messages_exact_and_deployment_with_pp():
+    assert _edited(lambda d: (_set_gpus(d, "leader", 8), _set_gpus(d, "worker", 8))) == [
+        "LeaderWorkerSet vllm-eagle3: spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]"
+        ".resources.limits.nvidia.com/gpu = 8 x spec.leaderWorkerTemplate.size 2 = 16 GPUs but "
+        "the server runs tp 4 x pp 2 = 8 ranks: make GPUs per pod x size equal tp x pp."]
+    from specadapt.configs import deploy
+    docs = list(yaml.safe_load_all(deploy.render_k8s(SPEC, "vllm")))
+    c = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    c["command"] += ["--pipeline-parallel-size", "2"]
+    c["resources"]["limits"]["nvidia.com/gpu"] = 8
+    assert manifest.consistency_problems(docs) == []
+    c["resources"]["limits"]["nvidia.com/gpu"] = 4
+    assert [p.message for p in manifest.consistency_problems(docs)] == [
+        "Deployment vllm-eagle3: spec.template.spec.containers[0].resources.limits."
+        "nvidia.com/gpu = 4 but the server runs tp 4 x pp 2 = 8 ranks: make them equal."]
