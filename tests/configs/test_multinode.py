@@ -565,3 +565,15 @@ def test_gpu_messages_exact_and_deployment_with_pp():
     assert [p.message for p in manifest.consistency_problems(docs)] == [
         "Deployment vllm-eagle3: spec.template.spec.containers[0].resources.limits."
         "nvidia.com/gpu = 4 but the server runs tp 4 x pp 2 = 8 ranks: make them equal."]
+
+
+def test_lws_without_leader_template():
+    def worker_only(d):
+        lwt = _lws(d)["spec"]["leaderWorkerTemplate"]
+        lwt["workerTemplate"] = lwt.pop("leaderTemplate")  # every pod runs the same template
+        _leader_spec = lwt["workerTemplate"]["spec"]["containers"][0]
+        _leader_spec["resources"]["limits"]["nvidia.com/gpu"] = 8
+    messages = _edited(worker_only)
+    assert any(m.startswith("LeaderWorkerSet vllm-eagle3: spec.leaderWorkerTemplate."
+                            "workerTemplate.spec.containers[0].resources.limits.nvidia.com/gpu"
+                            " = 8 x") for m in messages), messages
