@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
+from specadapt.configs import multinode as MN
 from specadapt.configs import render as R
 from specadapt.configs import versions as V
 from specadapt.configs.examples import stale_examples, write_examples
@@ -60,16 +61,32 @@ def _build_spec(**kw) -> SpecConfig:
 @click.option("--trtllm-backend", "engine", type=_ENGINE, default="pytorch", show_default=True,
               help="TensorRT-LLM engine backend.")
 @click.option("--format", "formats", multiple=True,
-              type=click.Choice([*R.FORMATS, "all"]), help="Output format(s); default yaml.")
+              type=click.Choice([*R.FORMATS, "slurm", "all"]),
+              help="Output format(s); default yaml (k8s with --nodes for vLLM, slurm for "
+                   "TensorRT-LLM).")
 @click.option("--entry", type=click.Choice(["module", "serve"]), default="module",
               show_default=True, help="vLLM argv: python -m ... or vllm serve.")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--image", help="Container image for k8s/compose.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Write files into this directory instead of printing.")
+@click.option("--nodes", type=int,
+              help="Spread one replica over N nodes (vLLM: LeaderWorkerSet; TensorRT-LLM: "
+                   "Slurm batch script).")
+@click.option("--pp", type=int, help="Pipeline parallel size (with --nodes; default 1).")
+@click.option("--gpus-per-node", type=int,
+              help="GPUs per node (with --nodes; default tp x pp / nodes).")
+@click.option("--replicas", type=int, default=1, show_default=True,
+              help="Copies of the deployment (k8s: a StatefulSet on one node, LeaderWorkerSet "
+                   "groups with --nodes); prints one probe URL each.")
+@click.option("--rdma-resource", help="With --nodes: RDMA device resource per pod, NAME=COUNT "
+                                      "(e.g. rdma/ib=1).")
+@click.option("--namespace", default="default", show_default=True,
+              help="Namespace used in the printed replica URLs.")
 @click.pass_context
 def config(ctx: click.Context, backend, backend_version, engine, formats, entry, port, image,
-           out_dir, **spec_kw) -> None:
+           out_dir, nodes, pp, gpus_per_node, replicas, rdma_resource, namespace,
+           **spec_kw) -> None:
     """Write validated speculative-decoding configs for vLLM and TensorRT-LLM."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"backend": backend, "version": backend_version, "engine": engine}
@@ -84,13 +101,29 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
         raise UsageError(f"Choose a speculation method: add --method "
                          f"({', '.join(METHODS)}).")
     spec = _build_spec(**spec_kw)
+    if nodes is None:
+        unused = [f for f, v in (("--pp", pp), ("--gpus-per-node", gpus_per_node),
+                                 ("--rdma-resource", rdma_resource)) if v is not None]
+        if unused:
+            raise UsageError(f"{', '.join(unused)} only apply to a deployment across nodes: "
+                             "add --nodes N (2 or more), or leave them out.")
+        if replicas < 1:
+            raise UsageError(f"--replicas {replicas} must be at least 1.")
+        if replicas > 1 and "k8s" not in formats and "all" not in formats:
+            raise UsageError("--replicas applies to the Kubernetes manifest: add --format k8s.")
+    else:
+        _multinode(spec, backend, backend_version, engine, formats, port, image, out_dir,
+                   namespace, MN.Topology.build(spec, nodes, pp, gpus_per_node, replicas,
+                                                rdma_resource))
+        return
     for warning in R.validate(spec, backend, backend_version, engine):
         click.echo(str(warning), err=True)
     fmts = (R.available_formats(spec, backend, backend_version) if "all" in formats
             else list(formats or ["yaml"]))
     if out_dir is not None:
         for path in R.write_outputs(spec, backend, fmts, out_dir, backend_version, engine,
-                                    entry=entry, port=port, image=image):
+                                    entry=entry, port=port, image=image, replicas=replicas,
+                                    namespace=namespace):
             click.echo(str(path))
         return
     if backend == "trtllm" and "argv" in fmts and "yaml" not in fmts:
@@ -100,7 +133,34 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
         click.echo(R.render(spec, backend, fmt, backend_version, engine, entry=entry,
-                            port=port, image=image), nl=False)
+                            port=port, image=image, replicas=replicas), nl=False)
+    if replicas > 1 and "k8s" in fmts:
+        click.echo(R.single_node_probe_hint(spec, backend, replicas, port=port,
+                                            namespace=namespace), err=True, nl=False)
+
+
+def _multinode(spec, backend, version, engine, formats, port, image, out_dir, namespace,
+               topo) -> None:
+    for warning in R.validate_multinode(spec, backend, topo, version, engine):
+        click.echo(str(warning), err=True)
+    allowed = list(R.MULTINODE_FORMATS[backend])
+    fmts = allowed if "all" in formats else list(formats or [allowed[-1]])
+    if out_dir is not None:
+        for path in R.write_multinode(spec, backend, fmts, out_dir, topo, version, engine,
+                                      namespace=namespace, port=port, image=image):
+            click.echo(str(path))
+        return
+    texts = [(fmt, R.render_multinode(spec, backend, fmt, topo, version, engine, port=port,
+                                      image=image)) for fmt in fmts]
+    for fmt, text in texts:
+        if len(fmts) > 1:
+            click.echo(f"# --- {fmt} ---")
+        click.echo(text, nl=False)
+    if backend == "trtllm" and "slurm" in fmts and "yaml" not in fmts:
+        click.echo("note: the script reads trtllm-config.yaml from the submit directory: "
+                   "write it with --format yaml (or --out DIR)", err=True)
+    click.echo(MN.probe_hint(spec, topo, backend, namespace=namespace, port=port), err=True,
+               nl=False)
 
 
 def _opts(ctx: click.Context) -> dict:

@@ -51,8 +51,10 @@ def _name(spec: SpecConfig, backend: str, name: str | None) -> str:
 
 def render_k8s(spec: SpecConfig, backend: str, version: str | None = None,
                engine: str = "pytorch", *, name: str | None = None, image: str | None = None,
-               port: int = 8000, model_claim: str = "models") -> str:
-    """Multi-document YAML: [ConfigMap (TRT-LLM)], Deployment, Service."""
+               port: int = 8000, model_claim: str = "models", replicas: int = 1) -> str:
+    """Multi-document YAML: [ConfigMap (TRT-LLM)], Deployment, Service. With replicas > 1
+    a StatefulSet instead, and one Service per replica (selecting its pod by the
+    ``statefulset.kubernetes.io/pod-name`` label Kubernetes sets) so each can be measured."""
     name = _name(spec, backend, name)
     run = launch(spec, backend, version, engine, port)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "inference",
@@ -83,17 +85,54 @@ def render_k8s(spec: SpecConfig, backend: str, version: str | None = None,
         "livenessProbe": {**probe, "periodSeconds": 30, "failureThreshold": 3},
         "volumeMounts": mounts,
     }
-    docs.append({
+    workload: dict[str, Any] = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+        "spec": {"replicas": replicas,
+                 "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
                  "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [container], "volumes": volumes}}}})
-    docs.append({
-        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
-        "spec": {"selector": {"app.kubernetes.io/name": name},
-                 "ports": [{"name": "http", "port": port, "targetPort": "http"}]}})
+                              "spec": {"containers": [container], "volumes": volumes}}}}
+    if replicas > 1:
+        workload["kind"] = "StatefulSet"
+        workload["spec"] = {"serviceName": name, "podManagementPolicy": "Parallel",
+                            **workload["spec"]}
+    docs.append(workload)
+    docs.append(_service(name, labels, port, {"app.kubernetes.io/name": name}))
+    if replicas > 1:
+        for i in range(replicas):
+            docs.append(_service(replica_service(name, i), labels, port, {
+                "app.kubernetes.io/name": name, POD_NAME_LABEL: f"{name}-{i}"}))
     return yamlio.dump_all(docs)
+
+
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+
+
+def replica_service(name: str, i: int) -> str:
+    return f"{name}-replica-{i}"
+
+
+def _service(name: str, labels: dict, port: int, selector: dict) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+            "spec": {"selector": selector,
+                     "ports": [{"name": "http", "port": port, "targetPort": "http"}]}}
+
+
+def service_urls(services: list[str], namespace: str = "default", port: int = 8000) -> list[str]:
+    return [f"http://{s}.{namespace}.svc.cluster.local:{port}" for s in services]
+
+
+def probe_hint_for(services: list[str], namespace: str = "default", port: int = 8000) -> str:
+    """The `specadapt probe` command for every replica: in-cluster, or through port-forwards."""
+    urls = service_urls(services, namespace, port)
+    local = [f"http://localhost:{port + 10000 + i}" for i in range(len(urls))]
+    forwards = " & ".join(f"kubectl -n {namespace} port-forward svc/{s} {port + 10000 + i}:{port}"
+                          for i, s in enumerate(services))
+    return ("# Measure every replica; from a pod inside the cluster:\n"
+            f"specadapt probe {' '.join('--url ' + u for u in urls)}\n"
+            "# or from your machine, through port-forwards:\n"
+            f"{forwards} &\n"
+            f"specadapt probe {' '.join('--url ' + u for u in local)}\n")
 
 
 def render_compose(spec: SpecConfig, backend: str, version: str | None = None,

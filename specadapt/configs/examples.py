@@ -10,7 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specadapt.configs.render import available_formats, write_outputs
+from specadapt.configs.multinode import Topology
+from specadapt.configs.render import (MULTINODE_FORMATS, available_formats, write_multinode,
+                                      write_outputs)
 from specadapt.configs.spec import SpecConfig
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -33,11 +35,25 @@ EXAMPLES: dict[str, tuple[str, SpecConfig]] = {
                                           draft_len_schedule={4: 3, 16: 2, 64: 1})),
 }
 
+_LLAMA70 = SpecConfig(target="meta-llama/Llama-3.3-70B-Instruct", method="eagle3", k=3,
+                      draft="yuhuili/EAGLE3-LLaMA3.3-Instruct-70B", tp=4)
+_R1 = SpecConfig(target="/models/DeepSeek-R1", method="mtp", k=3, tp=16,
+                 draft_len_schedule={1: 3, 16: 2, 64: 1})
+# name -> (backend, spec, topology): deployments across nodes
+MULTINODE_EXAMPLES: dict[str, tuple[str, SpecConfig, Topology]] = {
+    "multinode-vllm-eagle3": ("vllm", _LLAMA70, Topology(nodes=2, gpus_per_node=4, pp=2,
+                                                          replicas=2)),
+    "multinode-trtllm-mtp": ("trtllm", _R1, Topology(nodes=2, gpus_per_node=8)),
+}
+
 
 def write_examples(root: Path) -> list[Path]:
     written = []
     for name, (backend, spec) in EXAMPLES.items():
         written += write_outputs(spec, backend, available_formats(spec, backend), root / name)
+    for name, (backend, spec, topo) in MULTINODE_EXAMPLES.items():
+        written += write_multinode(spec, backend, list(MULTINODE_FORMATS[backend]), root / name,
+                                   topo)
     return written
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from specadapt.configs import trtllm, vllm
+from specadapt.configs import manifest, multinode, trtllm, vllm
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, errors
 from specadapt.errors import UsageError
@@ -92,7 +92,9 @@ def units_of(path: str | Path, backend: str | None = None) -> list[Unit]:
             argv = shlex.split(line)
         except ValueError:
             argv = []
-        unit = _argv_unit("command", argv)
+        # a launcher script (sbatch): the server command may follow a wrapper
+        start = next((i for i, a in enumerate(argv) if a.endswith("trtllm-serve")), 0)
+        unit = _argv_unit("command", argv) or _argv_unit("command", argv[start:])
         if unit:
             return [unit]
     raise UsageError(f"{path} holds no speculative-decoding config specadapt recognizes: "
@@ -101,7 +103,8 @@ def units_of(path: str | Path, backend: str | None = None) -> list[Unit]:
 
 
 def _units_of_mapping(d: dict, backend: str | None) -> list[Unit]:
-    if d.get("kind") in ("Deployment", "StatefulSet", "ConfigMap", "Service"):
+    if d.get("kind") in ("Deployment", "StatefulSet", "ConfigMap", "Service",
+                         "LeaderWorkerSet"):
         return _k8s_units(d)
     if isinstance(d.get("services"), dict):
         return _compose_units(d)
@@ -146,12 +149,11 @@ def _k8s_units(d: dict) -> list[Unit]:
             if isinstance(parsed, dict):
                 out.append(Unit(f"ConfigMap {key}", _detect_mapping(parsed, None), parsed))
         return out
-    pod = ((d.get("spec") or {}).get("template") or {}).get("spec") or {}
-    for c in pod.get("containers", []):
-        unit = _argv_unit(f"container {c.get('name')}",
-                          list(c.get("command") or []) + list(c.get("args") or []))
-        if unit:
-            out.append(unit)
+    for _, tmpl in manifest._templates(d):
+        for c in (tmpl.get("spec") or {}).get("containers") or []:
+            unit = _argv_unit(f"container {c.get('name')}", manifest.server_argv(c))
+            if unit:
+                out.append(unit)
     return out
 
 
@@ -177,6 +179,11 @@ def _compose_units(d: dict) -> list[Unit]:
 def validate_file(path: str | Path, backend: str | None = None, version: str | None = None,
                   engine: str | None = None, schema: str | Path | None = None) -> FileReport:
     report = FileReport(str(path), units_of(path, backend))
+    text, docs = load(path)
+    if any(manifest.is_k8s_object(d) for d in docs):
+        report.problems += manifest.check_manifests(docs)
+    if "#SBATCH" in text:
+        report.problems += multinode.slurm_problems(text)
     schema_doc = trtllm.load_schema(schema) if schema else None
     # a trtllm-serve command's --backend decides the engine its config file is checked for
     engines = [_argv_flag(u.obj, "--backend") for u in report.units if u.kind == "trtllm-argv"]

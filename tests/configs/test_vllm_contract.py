@@ -268,3 +268,30 @@ def test_key_and_method_tables_match_vllm(api):
     methods = flat(SpeculativeMethod)
     ours = {"ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "suffix"}
     assert ours | set(V.OTHER_METHODS) <= methods
+
+
+def test_multinode_leader_command_parses_in_vllm(api, repo_root):
+    """The LeaderWorkerSet leader's server argv, as vLLM's own parser reads it."""
+    import yaml
+
+    from specadapt.configs.manifest import server_argv
+
+    docs = list(yaml.safe_load_all(
+        (repo_root / "configs" / "multinode-vllm-eagle3" / "lws.yaml").read_text()))
+    lwt = docs[0]["spec"]["leaderWorkerTemplate"]
+    argv = server_argv(lwt["leaderTemplate"]["spec"]["containers"][0])
+    args, engine_args = api.parse(_server_args(argv))
+    assert engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size == \
+        lwt["size"] * lwt["workerTemplate"]["spec"]["containers"][0]["resources"]["limits"][
+            "nvidia.com/gpu"]
+    assert engine_args.distributed_executor_backend == "ray"
+    assert engine_args.speculative_config["method"] == "eagle3"
+    assert args.port == docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"][
+        "containers"][0]["ports"][0]["containerPort"]
+    # the same server as a `vllm serve --config FILE` file
+    _, from_file = api.parse(["--config", str(repo_root / "configs" / "multinode-vllm-eagle3"
+                                              / "vllm-config.yaml")])
+    assert (from_file.tensor_parallel_size, from_file.pipeline_parallel_size,
+            from_file.distributed_executor_backend, from_file.speculative_config) == \
+        (engine_args.tensor_parallel_size, engine_args.pipeline_parallel_size, "ray",
+         engine_args.speculative_config)
