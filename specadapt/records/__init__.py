@@ -38,12 +38,13 @@ from specadapt.records.requests import (
     RequestSettings,
     TokenSource,
 )
+from specadapt.records.scale import MergeSource, ReplicaResult, ScaleLayout, WorkerInfo
 from specadapt.records.server import CounterSnapshot, ServerInfo
 
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "CompareReport", "CompareSettings", "CounterPair",
     "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
-    "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
-    "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",
-    "Triage", "TokenSource", "Verdict", "read_compare_report", "read_report", "report_kind", "write_report",
+    "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
+    "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios", "TheoryCheck",
+    "Triage", "TokenSource", "Verdict", "WorkerInfo", "read_compare_report", "read_report", "report_kind", "write_report",
 ]

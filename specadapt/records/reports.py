@@ -24,6 +24,7 @@ from specadapt.records.metrics import (
     RatioCI,
 )
 from specadapt.records.requests import RequestRecord, RequestSettings
+from specadapt.records.scale import ScaleLayout
 from specadapt.records.server import CounterSnapshot, ServerInfo
 
 SCHEMA_VERSION = 1
@@ -64,6 +65,8 @@ class ProbeReport(ReportEnvelope):
     counters_after: CounterSnapshot
     token_sources: dict[str, int] = Field(default_factory=dict, description="Requests per token-count source.")
     notes: list[str] = Field(default_factory=list)
+    scale: ScaleLayout | None = Field(None, description="Worker processes, Ray actors, replicas or merged sources; "
+                                                        "None: one process, one server.")
     requests: list[RequestRecord] = Field(default_factory=list)
 
 

@@ -38,6 +38,8 @@ class RequestRecord(BaseModel):
     side: Literal["on", "off", ""] = Field("", description="A/B runs: which server answered.")
     concurrency: int = 1
     replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
+    target: str = Field("", description="Runs over several servers (--url repeated, merged reports): the base URL "
+                                        "of the server that answered.")
     ok: bool = False
     error: str | None = None
     error_kind: ErrorKind | None = None
