@@ -395,6 +395,9 @@ def run_spread_probe(servers: Sequence[Server], prompts: list[Prompt], settings:
     if len(shares) < workers:
         notes.append(f"{workers} workers were asked for, {len(shares)} used: each needs at least one request "
                      f"and one stream (requests {len(jobs)}, concurrency {concurrency})")
+    if len(servers) > 1:
+        notes.append(f"requests went round robin over {len(servers)} replicas (server above: the first); the "
+                     "figures are over all of them, each replica's own are in the per-replica table")
     if executor == "ray":
         notes.append("Ray workers time their requests on their own clocks from a shared wall-clock start "
                      "instant; see each worker's start lag and clock offset")
