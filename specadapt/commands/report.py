@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from specadapt.commands._console import stderr
+from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
 from specadapt.probes.merge import merge_reports
 from specadapt.records import read_compare_report, read_report, report_kind, write_report
@@ -73,4 +73,4 @@ def merge(paths: tuple[Path, ...], out: Path) -> None:
     render_probe(merged, Console())
     if merged.scale is not None:
         render_scale(merged.scale, Console())
-    stderr.print(f"merged report written to {out}")
+    say(f"merged report written to {out}")

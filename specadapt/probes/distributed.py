@@ -126,6 +126,10 @@ def run_workers(shares: Sequence[Share], targets: Sequence[Target], settings: Re
 
     def early_exit() -> str | None:
         for w, p in procs.items():
+            if w not in done and p.exitcode == 0:  # its last messages may still be in the pipe
+                deadline = time.monotonic() + 2.0
+                while w not in done and time.monotonic() < deadline:
+                    pump(0.05)
             if w not in done and p.exitcode is not None:
                 return (f"worker {w} (pid {p.pid}) exited with code {p.exitcode} after {infos[w].finished} of "
                         f"{infos[w].jobs} requests; every worker was stopped")
