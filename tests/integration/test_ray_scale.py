@@ -96,7 +96,7 @@ def test_ray_run_matches_the_one_process_run_and_the_servers_truth(local_ray, sc
 
 
 @pytest.mark.integration
-def test_ray_run_on_vllm_gives_the_same_tokens_and_text(local_ray, vllm_off):
+def test_ray_run_on_vllm_gives_the_same_tokens_and_text(vllm_off, local_ray):  # the server first: Ray idles meanwhile
     prompts = load_prompts(None)[:6]
     settings = RequestSettings(max_tokens=16, request_timeout_s=120)
     one = run_probe(vllm_off, prompts, settings, concurrency=2, warmup=0)
