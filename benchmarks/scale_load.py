@@ -33,9 +33,9 @@ from specadapt.testing.timing import summary, timing_errors  # noqa: E402
 
 def one(url: str, concurrency: int, workers: int, rounds: int, itl_ms: float, tokens: int) -> dict:
     tag = f"c{concurrency}w{workers}-"
-    prompts = [Prompt(id=f"{tag}{i}", prompt=script(id=f"{tag}{i}", ttft_ms=20 + (i % concurrency) * itl_ms / concurrency,
-                                                   itl_ms=itl_ms, tokens=tokens))
-               for i in range(concurrency * rounds)]
+    stagger = [20 + (i % concurrency) * itl_ms / concurrency for i in range(concurrency * rounds)]
+    prompts = [Prompt(id=f"{tag}{i}", prompt=script(id=f"{tag}{i}", ttft_ms=t, itl_ms=itl_ms, tokens=tokens))
+               for i, t in enumerate(stagger)]
     server = VLLMServer(url)
     cpu0 = os.times()
     try:

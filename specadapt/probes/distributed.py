@@ -53,6 +53,7 @@ from specadapt.records import (
 )
 
 Progress = Callable[[RequestRecord], None]
+INTERRUPTED = "interrupted (Ctrl-C); every worker was stopped"
 __all__ = ["Job", "Share", "Target", "execute_share", "merge_records", "plan_jobs", "run_ray", "run_spread_probe",
            "run_workers", "split_jobs", "target_of"]
 
@@ -161,7 +162,7 @@ def run_workers(shares: Sequence[Share], targets: Sequence[Target], settings: Re
                     break
     except KeyboardInterrupt as exc:
         _stop(procs, stop, go, pump, stop_grace_s)
-        exc.result = RunResult(pairs, list(infos.values()), "interrupted (Ctrl-C); every worker was stopped")  # type: ignore[attr-defined]
+        exc.result = RunResult(pairs, list(infos.values()), INTERRUPTED)  # type: ignore[attr-defined]
         raise
     finally:
         _stop(procs, stop, go, pump, stop_grace_s)
@@ -299,7 +300,7 @@ def run_ray(shares: Sequence[Share], targets: Sequence[Target], settings: Reques
     except KeyboardInterrupt as exc:
         _collect_all(actors, collect)
         _kill(ray, actors)
-        exc.result = RunResult(pairs, list(infos.values()), "interrupted (Ctrl-C); every worker was stopped")  # type: ignore[attr-defined]
+        exc.result = RunResult(pairs, list(infos.values()), INTERRUPTED)  # type: ignore[attr-defined]
         raise
     finally:
         if reason:

@@ -58,7 +58,10 @@ def server_window(pairs: Sequence[tuple[CounterSnapshot, CounterSnapshot]]) -> t
     return _fold(befores, min, befores[0].source), _fold(afters, max, afters[0].source)
 
 
-def summed_counters(windows: Sequence[tuple[CounterSnapshot, CounterSnapshot]]) -> tuple[CounterSnapshot, CounterSnapshot]:
+Window = tuple[CounterSnapshot, CounterSnapshot]
+
+
+def summed_counters(windows: Sequence[Window]) -> Window:
     """Several distinct servers: (sum of befores, sum of afters), counter by counter."""
     if len(windows) == 1:
         return windows[0]

@@ -20,8 +20,8 @@ def render_scale(layout: ScaleLayout, console: Console) -> None:
                             f"{layout.workers_requested} asked for)")
         ray = layout.executor == "ray"
         errors = any(w.error for w in layout.workers)
-        cols = ["worker", "node", "pid", "requests", "done", "streams", *(["start lag ms", "clock offset ms"] if ray else []),
-                *(["error"] if errors else [])]
+        cols = ["worker", "node", "pid", "requests", "done", "streams",
+                *(["start lag ms", "clock offset ms"] if ray else []), *(["error"] if errors else [])]
         for col in cols:
             table.add_column(col, justify="left" if col in ("node", "error") else "right")
         for w in layout.workers:

@@ -42,7 +42,8 @@ def run(*args: str):
 def test_merge_writes_one_report_with_both_servers(tmp_path):
     saved(tmp_path / "a.json", "http://a:8000", accepted=6)
     saved(tmp_path / "b.json", "http://b:8000", accepted=2)
-    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "-o", str(tmp_path / "m.json"))
+    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "-o",
+                 str(tmp_path / "m.json"))
     assert result.exit_code == 0, result.stderr
     merged = read_report(tmp_path / "m.json")
     assert [r.target for r in merged.requests] == ["http://a:8000", "http://b:8000"]
@@ -55,19 +56,23 @@ def test_merge_writes_one_report_with_both_servers(tmp_path):
 def test_merge_refuses_other_settings_in_one_line(tmp_path):
     saved(tmp_path / "a.json", "http://a:8000")
     saved(tmp_path / "b.json", "http://a:8000", concurrency=8)
-    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "-o", str(tmp_path / "m.json"))
+    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "-o",
+                 str(tmp_path / "m.json"))
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        f"error: {tmp_path / 'b.json'} has concurrency 8, {tmp_path / 'a.json'} 2: merge only runs of the same settings"]
+        f"error: {tmp_path / 'b.json'} has concurrency 8, {tmp_path / 'a.json'} 2: "
+        "merge only runs of the same settings"]
     assert not (tmp_path / "m.json").exists()
 
 
 def test_merge_refuses_a_compare_report(tmp_path):
     saved(tmp_path / "a.json", "http://a:8000")
     (tmp_path / "c.json").write_text(json.dumps({"kind": "compare"}))
-    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o", str(tmp_path / "m.json"))
+    result = run("report", "merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "-o",
+                 str(tmp_path / "m.json"))
     assert result.exit_code == 2
-    assert result.stderr.splitlines() == [f"error: {tmp_path / 'c.json'} is a compare report; merge takes probe reports"]
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path / 'c.json'} is a compare report; merge takes probe reports"]
 
 
 def test_replica_sides():
