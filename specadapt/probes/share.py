@@ -56,8 +56,10 @@ def split_jobs(jobs: Sequence[Job], concurrency: int, workers: int) -> list[Shar
     over them (C // W each, the first C mod W one more); W = min(workers, jobs, concurrency)."""
     if workers < 1 or concurrency < 1:
         raise ValueError("workers and concurrency must be at least 1")
+    if not jobs:
+        return []
     n = min(workers, len(jobs), concurrency)
-    base, extra = divmod(concurrency, n) if n else (0, 0)
+    base, extra = divmod(concurrency, n)
     return [Share(worker=w, jobs=tuple(jobs[w::n]), concurrency=base + (1 if w < extra else 0)) for w in range(n)]
 
 

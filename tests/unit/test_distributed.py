@@ -10,7 +10,7 @@ from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.distributed import Job, merge_records, plan_jobs, split_jobs
 from specadapt.probes.latency import latency_summary
 from specadapt.probes.merge import merge_reports, setting_difference
-from specadapt.probes.scale_report import build_report, server_window, summed_counters
+from specadapt.probes.scale_report import build_report, replica_results, server_window, summed_counters
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -18,6 +18,7 @@ from specadapt.records import (
     Prompt,
     RequestRecord,
     RequestSettings,
+    ScaleLayout,
     ServerInfo,
 )
 
@@ -30,7 +31,8 @@ def test_plan_jobs_is_the_one_process_order_round_robin_over_replicas():
     assert [(j.index, j.prompt.id, j.repeat) for j in jobs] == [
         (i, f"p{i % 5}", i // 5) for i in range(10)]
     assert [j.target for j in jobs] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
-    with pytest.raises(ValueError):
+    assert {j.target for j in plan_jobs(PROMPTS, repeat=2)} == {0}  # one server by default
+    with pytest.raises(ValueError, match="^at least one replica$"):
         plan_jobs(PROMPTS, 1, replicas=0)
 
 
@@ -58,7 +60,7 @@ def test_more_workers_than_jobs_or_streams_use_fewer_workers():
     assert split_jobs([], concurrency=4, workers=2) == []
     assert [j.index for j in split_jobs(jobs, 3, 2)[1].jobs] == [1, 3]  # job i to worker i mod W
     for bad in ((0, 2), (2, 0)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="^workers and concurrency must be at least 1$"):
             split_jobs(jobs, *bad)
 
 
@@ -90,12 +92,13 @@ def snap(drafts, tokens, accepted, gen, pos=(), source="GET /metrics") -> Counte
 
 def test_distinct_servers_sum_their_deltas():
     w1 = (snap(10, 40, 20, 100, (8, 7)), snap(30, 120, 50, 200, (20, 18)))
-    w2 = (snap(5, 20, 1, 7, (1,)), snap(9, 36, 9, 30, (4,)))
+    w2 = (snap(5, 20, 1, 7, (1,)), snap(9, 36, 9, 30, (4, 2)))
     before, after = summed_counters([w1, w2])
     acc = acceptance_summary(before, after)
     assert (acc.drafts, acc.draft_tokens, acc.accepted_tokens, acc.generation_tokens) == (24, 96, 38, 123)
     assert acc.acceptance_rate == 38 / 96
-    assert acc.per_position_rate == [(12 + 3) / 24, (11 + 0) / 24]  # a position one server lacks counts 0
+    assert acc.per_position_rate == [(12 + 3) / 24, (11 + 2) / 24]  # a position not read yet counts 0
+    assert before.accepted_per_position == {0: 9, 1: 7} and after.accepted_per_position == {0: 24, 1: 20}
     assert summed_counters([w1]) == w1
 
 
@@ -186,8 +189,52 @@ def test_merge_refuses_different_settings_naming_the_setting(change, expected):
 
 def test_merge_needs_two_reports():
     w = (snap(0, 0, 0, 0), snap(1, 4, 2, 4))
-    with pytest.raises(UsageError, match="at least two"):
+    with pytest.raises(UsageError, match="^give at least two probe reports to merge$"):
         merge_reports([("a.json", report("http://a", [rec("p0", 0)], w))])
+
+
+def test_a_request_setting_only_one_report_has_is_a_difference():
+    w = (snap(0, 0, 0, 0), snap(1, 4, 2, 4))
+    other = SETTINGS.model_copy(update={"request": RequestSettings(extra_body={"top_k": 5})})
+    a, b = report("http://a", [rec("p0", 0)], w), report("http://b", [rec("p0", 0)], w, settings=other)
+    assert setting_difference(a, b) == ("request.extra_body.top_k", None, 5)
+
+
+def test_build_report_notes_token_sources_and_log_tail():
+    info = ServerInfo(backend="vllm", base_url="http://a", model_id="m", notes=["server note"])
+    recs = [rec("p0", 0), rec("p1", 1).model_copy(update={"token_source": "chunks"}), rec("p2", 2, ok=False)]
+    w = (snap(0, 0, 0, 0), snap(1, 4, 2, 9))
+    out = build_report(info, SETTINGS, recs, *w, scale=None, extra_notes=["extra"], log_tail="last line")
+    assert out.token_sources == {"usage": 1, "chunks": 1}
+    assert out.latency_retried is None and out.failures == {"http_503": 1}
+    assert out.notes[0] == "server note" and out.notes[-2:] == ["extra", "last lines of the server log:\nlast line"]
+    assert len(out.notes) == 6  # server note, chunks, token mismatch (9 vs 6), failures, extra, log
+    plain = build_report(info, SETTINGS, recs[:1], *w, scale=None)
+    assert plain.notes[-1] != "extra" and not any(n.startswith("last lines") for n in plain.notes)
+
+
+def test_merge_keeps_targets_sources_and_replicas_of_each_run():
+    w = (snap(0, 0, 0, 0), snap(1, 4, 2, 3))
+    spread = report("http://r0", [rec("p0", 0, target="http://r0"), rec("p1", 1, target="http://r1")], w)
+    spread.scale = ScaleLayout(executor="workers", replicas=replica_results(
+        spread.requests, {"http://r0": spread.server, "http://r1": spread.server.model_copy(
+            update={"base_url": "http://r1"})}, {"http://r0": w, "http://r1": w}))
+    part = report("http://r0", [rec("p0", 5)], w)
+    part.partial = True
+    merged = merge_reports([("s.json", spread), ("p.json", part)])
+    assert sorted(r.target for r in merged.requests) == ["http://r0", "http://r0", "http://r1"]
+    assert [(s.replicas, s.partial) for s in merged.scale.sources] == [(["http://r0", "http://r1"], False),
+                                                                       ([], True)]
+    assert merged.partial_reason == "p.json: partial" and merged.scale.workers_requested == 2
+    assert merged.notes[-1] == ("merged from 2 reports over 2 server(s); each run's send times count from its own "
+                                "start, so duration and tokens/s assume the runs started together")
+
+
+def test_a_replica_without_requests_has_empty_figures():
+    w = (snap(0, 0, 0, 0), snap(1, 4, 2, 3))
+    info = ServerInfo(backend="vllm", base_url="http://r1", model_id="m")
+    (only,) = replica_results([], {"http://r1": info}, {"http://r1": w})
+    assert only.latency.requests == 0 and only.acceptance.accepted_tokens == 2
 
 
 def test_jobs_are_frozen_values():
