@@ -168,6 +168,8 @@ def test_merge_of_two_runs_on_one_server_counts_its_counters_once_and_keeps_part
     assert merged.acceptance.drafts == 3 and merged.acceptance.generation_tokens == 12
     assert merged.scale.replicas == []  # one server
     assert merged.partial and merged.partial_reason == "b.json: worker 1 exited with code -9"
+    both = merge_reports([("a.json", report("http://a", ra, wa, partial_reason="x")), ("b.json", part)])
+    assert both.partial_reason == "a.json: x; b.json: worker 1 exited with code -9"
 
 
 @pytest.mark.parametrize("change, expected", [
