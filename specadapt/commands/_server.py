@@ -58,7 +58,9 @@ class ServerOptions:
 # --- the options ------------------------------------------------------------------------------
 BACKEND = click.option("--backend", default="vllm", show_default=True,
                        help="Server kind (see 'specadapt backends').")
-URL = click.option("--url", help="Base URL of a running server, e.g. http://127.0.0.1:8000.")
+URL = click.option("--url", "url", multiple=True,
+                   help="Base URL of a running server, e.g. http://127.0.0.1:8000; repeat it for replicas of one "
+                        "model (requests go round robin, the report has each replica's figures).")
 OFF_URL = click.option("--off", "off_url", help="URL of the running spec-off server.")
 ON_URL = click.option("--on", "on_url", help="URL of the running spec-on server.")
 API_KEY = click.option("--api-key", help="Bearer token for a running server "
@@ -136,6 +138,18 @@ def tls_verify(insecure: bool, ca_bundle: Path | None) -> bool | ssl.SSLContext:
         except (ssl.SSLError, OSError) as exc:
             raise UsageError(f"--ca-bundle {ca_bundle} is not a PEM CA bundle ({exc})") from exc
     return True
+
+
+def replica_sides(urls: Sequence[str], port: int | None) -> list[Side]:
+    """probe's sides: one started server (no --url), or each --url a running replica."""
+    if not urls:
+        return [Side(port=port)]
+    if len(set(urls)) != len(urls):
+        twice = next(u for u in urls if urls.count(u) > 1)
+        raise UsageError(f"--url {twice} is given twice: give each replica once")
+    if len(urls) == 1:
+        return [Side(url=urls[0])]
+    return [Side(url=u, label=f"replica {i}") for i, u in enumerate(urls)]
 
 
 # --- planning and opening -----------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`specadapt probe`: one server, checked and measured (probes.runner does the work)."""
+"""`specadapt probe`: one server, checked and measured (probes.runner does the work; probes.distributed
+when the load is spread over worker processes, Ray actors or several replicas)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import click
 from rich.console import Console
 
 from specadapt.commands._console import progress_bar, stderr
-from specadapt.commands._server import ServerOptions, Side, open_servers, plan_servers, server_options
-from specadapt.commands._workload import load_workload, workload_options
-from specadapt.errors import ServerDied
-from specadapt.probes.runner import failed_count, run_probe, server_log_tail
-from specadapt.records import RequestSettings, write_report
 from specadapt.commands._load import load_options
-from specadapt.probes.runner import planned_requests
+from specadapt.commands._server import ServerOptions, open_servers, plan_servers, replica_sides, server_options
+from specadapt.commands._workload import load_workload, workload_options
+from specadapt.errors import ServerDied, SpecadaptError, UsageError
+from specadapt.probes.distributed import run_spread_probe
+from specadapt.probes.runner import failed_count, planned_requests, run_probe, server_log_tail
+from specadapt.records import RequestSettings, write_report
 from specadapt.report.console import render_probe
+from specadapt.report.scale import render_scale
 
 
 @click.command("probe")
@@ -34,32 +36,65 @@ from specadapt.report.console import render_probe
 @click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
               help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
                    "retried requests are reported apart. Off by default: retries distort latency.")
+@click.option("--workers", type=click.IntRange(1, 512), default=1, show_default=True,
+              help="Worker processes (with --ray: Ray actors), each streaming its share of the requests at its "
+                   "share of the concurrency.")
+@click.option("--ray", "ray_address", metavar="ADDRESS",
+              help="Run the workers as Ray actors spread over a cluster's nodes: 'local' (Ray on this machine), "
+                   "'auto' (the running cluster) or ray://host:port. Needs: pip install 'specadapt[ray]'.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @load_options
 def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, repeat, warmup, max_tokens, temperature,
-          seed, top_logprobs, no_logprobs, request_timeout, retries, json_out, load) -> None:
+          seed, top_logprobs, no_logprobs, request_timeout, retries, workers, ray_address, json_out, load) -> None:
     """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
 
     Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
     2 on bad input, when the server cannot be reached or started, or when a server specadapt
-    started dies mid-run (the partial report is still written).
+    started or a worker dies mid-run (the partial report is still written); 130 on Ctrl-C
+    (with --workers or --ray the requests finished so far are still written).
     """
     prompts, workload = load_workload(**workload_opts)
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
                                logprobs=not no_logprobs, top_logprobs=top_logprobs,
                                request_timeout_s=request_timeout, retries=retries)
-    plan = plan_servers(server_opts, [Side(url=url, port=port)])
-    with open_servers(plan) as (server,), progress_bar() as bar:
+    if ray_address is not None and not ray_address.strip():
+        raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
+    spread = workers > 1 or ray_address is not None or len(url) > 1
+    if spread and (load is not None or any(p.turns for p in prompts)):
+        what = "--request-rate/--duration/--slo" if load is not None else "multi-turn conversations"
+        raise UsageError(f"{what} run in one process for now: drop --workers/--ray/the extra --url, "
+                         "or run one probe per replica and combine them with `specadapt report merge`")
+    plan = plan_servers(server_opts, replica_sides(url, port))
+    interrupted: KeyboardInterrupt | None = None
+    with open_servers(plan) as servers, progress_bar() as bar:
         task = bar.add_task("probing", total=planned_requests(prompts, repeat, load) + warmup)
-        report = run_probe(server, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
-                           prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load)
+        if spread:
+            try:
+                report = run_spread_probe(servers, prompts, settings, concurrency=concurrency, repeat=repeat,
+                                          warmup=warmup, prompts_source=workload.source,
+                                          progress=lambda rec: bar.advance(task),
+                                          workers=workers, ray_address=ray_address,
+                                          ca_bundle=str(server_opts.ca_bundle) if server_opts.ca_bundle else None)
+            except KeyboardInterrupt as exc:
+                if getattr(exc, "report", None) is None:
+                    raise
+                interrupted, report = exc, exc.report  # type: ignore[attr-defined]
+        else:
+            report = run_probe(servers[0], prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
+                               prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load)
     report.settings.workload = workload
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())
+    if report.scale is not None:
+        render_scale(report.scale, Console())
     if json_out:
         stderr.print(f"report written to {json_out}")
+    if interrupted is not None:
+        raise interrupted
     if report.partial:
+        if report.scale is not None and report.scale.executor in ("workers", "ray"):
+            raise SpecadaptError(report.partial_reason or "a worker stopped early")
         raise ServerDied(report.partial_reason or "the server exited during the run",
                          log_tail=server_log_tail(report))
     if failed_count(report):

@@ -7,12 +7,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from specadapt.commands._console import stderr
+from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
-from specadapt.records import read_compare_report, read_report, report_kind
+from specadapt.probes.merge import merge_reports
+from specadapt.records import read_compare_report, read_report, report_kind, write_report
 from specadapt.report.compare_render import render_console
 from specadapt.report.console import render_probe
 from specadapt.report.outputs import write_outputs
+from specadapt.report.scale import render_scale
 from specadapt.report.side_by_side import render_side_by_side
 
 
@@ -28,7 +30,10 @@ def show(path: Path) -> None:
     if report_kind(path) == "compare":
         render_console(read_compare_report(path), Console())
         return
-    render_probe(read_report(path), Console())
+    saved = read_report(path)
+    render_probe(saved, Console())
+    if saved.scale is not None:
+        render_scale(saved.scale, Console())
 
 
 @report.command("export")
@@ -51,3 +56,21 @@ def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Pa
 def compare(off_path: Path, on_path: Path) -> None:
     """Two saved probe reports side by side: OFF_PATH (spec off) vs ON_PATH (spec on)."""
     render_side_by_side(read_report(off_path), read_report(on_path), Console())
+
+
+@report.command("merge")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the merged report here.")
+def merge(paths: tuple[Path, ...], out: Path) -> None:
+    """Merge probe reports of separate runs of the same settings (one server or several replicas):
+    every figure is recomputed from the merged requests; acceptance sums each server's counters once."""
+    for path in paths:
+        if report_kind(path) not in ("probe", None):
+            raise UsageError(f"{path} is a {report_kind(path)} report; merge takes probe reports")
+    merged = merge_reports([(str(p), read_report(p)) for p in paths])
+    write_report(merged, out)
+    render_probe(merged, Console())
+    if merged.scale is not None:
+        render_scale(merged.scale, Console())
+    say(f"merged report written to {out}")

@@ -39,6 +39,7 @@ from specadapt.records.requests import (
     RequestSettings,
     TokenSource,
 )
+from specadapt.records.scale import MergeSource, ReplicaResult, ScaleLayout, WorkerInfo
 from specadapt.records.server import CounterSnapshot, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
@@ -46,7 +47,8 @@ __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
     "CounterPair",
     "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
-    "LevelResult", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
-    "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "SpeedRatios", "TheoryCheck",
-    "Triage", "TokenSource", "Verdict", "WorkloadInfo", "read_compare_report", "read_report", "report_kind", "write_report",
+    "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
+    "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
+    "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",
+    "read_report", "report_kind", "write_report",
 ]

@@ -25,6 +25,7 @@ from specadapt.records.metrics import (
     RatioCI,
 )
 from specadapt.records.requests import RequestRecord, RequestSettings
+from specadapt.records.scale import ScaleLayout
 from specadapt.records.server import CounterSnapshot, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
@@ -70,6 +71,8 @@ class ProbeReport(ReportEnvelope):
     goodput: Goodput | None = Field(None, description="With --slo: requests within every SLO per second, all levels.")
     rates: list[RateLevel] = Field(default_factory=list, description="With --request-rate: figures per arrival rate.")
     notes: list[str] = Field(default_factory=list)
+    scale: ScaleLayout | None = Field(None, description="Worker processes, Ray actors, replicas or merged sources; "
+                                                        "None: one process, one server.")
     requests: list[RequestRecord] = Field(default_factory=list)
 
 

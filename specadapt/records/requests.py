@@ -42,6 +42,8 @@ class RequestRecord(BaseModel):
     request_rate: float | None = Field(None, description="Arrival-rate runs: the rate level (requests/s; inf: "
                                                          "all at once).")
     replica: int = Field(0, description="A/B runs: copy of the prompt within one block at this concurrency.")
+    target: str = Field("", description="Runs over several servers (--url repeated, merged reports): the base URL "
+                                        "of the server that answered.")
     ok: bool = False
     error: str | None = None
     error_kind: ErrorKind | None = None
