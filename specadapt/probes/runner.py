@@ -22,6 +22,7 @@ from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag
 from specadapt.probes.client import StreamClient, open_client, stream_request
 from specadapt.probes.client import run as run_loop
+from specadapt.probes.client_load import ClientMeter, client_limited, measure_client
 from specadapt.probes.latency import latency_summary
 from specadapt.probes.load import Job, LoadEngine, NotFinished, cycle_jobs
 from specadapt.probes.slo import goodput_summary
@@ -115,7 +116,8 @@ def rate_jobs(prompts: list[Prompt], rate: float, repeat: int, load: LoadSetting
 
 async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
                         repeat: int, warmup: int, progress: Progress | None,
-                        load: LoadSettings | None = None) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
+                        load: LoadSettings | None = None, meter_out: list[ClientMeter] | None = None
+                        ) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
     rates = load.request_rates if load else []
     async with server_client(server, settings, concurrency if not rates else 1024) as client:
         model = server.model_id
@@ -143,6 +145,10 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
         engine = LoadEngine(send)
         records: list[RequestRecord] = []
         planned = 0
+        meter_cm = measure_client(client)
+        meter = await meter_cm.__aenter__()
+        if meter_out is not None:
+            meter_out.append(meter)
         try:
             if not rates:
                 duration = load.duration_s if load else None
@@ -164,6 +170,8 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
             part = _Partial(engine.finished, max(planned, len(engine.finished)))
             part.before = before
             raise part from None
+        finally:
+            await meter_cm.__aexit__(None, None, None)
         after = await asyncio.to_thread(settle_counters, server, None)
     return records, before, after
 
@@ -216,10 +224,11 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
     (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs."""
     info = server.describe()
     partial_reason, log_tail = None, ""
+    meters: list[ClientMeter] = []
     with counting(server):
         try:
             records, before, after = run_loop(
-                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress, load))
+                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress, load, meters))
         except _Partial as part:
             records, before = part.records, part.before
             after = CounterSnapshot(source="unavailable: the server exited during the run")
@@ -240,6 +249,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
         counters_before=before, counters_after=after,
         token_sources=dict(Counter(r.token_source or "none" for r in records if r.ok)),
         requests=records,
+        client=meters[0].load if meters else None,
     )
     slo = load.slo_ms if load else {}
     if slo:
@@ -294,6 +304,9 @@ def _notes(report: ProbeReport) -> list[str]:
         if lv.send_lag.client_limited:
             notes.append(f"request rate {rate_label(lv.request_rate)}: {lv.send_lag.reason}; its figures describe "
                          "the client's pace, not the server's")
+    limited = client_limited(report.client) if report.client is not None else None
+    if limited:
+        notes.append(limited)
     if report.latency_retried is not None:
         notes.append(f"{report.latency_retried.requests} request(s) were sent more than once (--retries): "
                      "their latency is reported apart, not in the main figures")

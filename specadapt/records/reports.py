@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specadapt import __version__
 from specadapt.errors import UsageError
+from specadapt.records.client_load import ClientLoad
 from specadapt.records.identity import PromptIdentity
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
@@ -71,6 +72,8 @@ class ProbeReport(ReportEnvelope):
     goodput: Goodput | None = Field(None, description="With --slo: requests within every SLO per second, all levels.")
     rates: list[RateLevel] = Field(default_factory=list, description="With --request-rate: figures per arrival rate.")
     notes: list[str] = Field(default_factory=list)
+    client: ClientLoad | None = Field(None, description="The probe client's own CPU and event-loop lag over the "
+                                                        "run (one process).")
     scale: ScaleLayout | None = Field(None, description="Worker processes, Ray actors, replicas or merged sources; "
                                                         "None: one process, one server.")
     requests: list[RequestRecord] = Field(default_factory=list)

@@ -88,3 +88,23 @@ def test_compare_cli_at_rates_with_an_slo_writes_consistent_figures(scripted_url
     assert "req/s" in res.output and "goodput" in res.output
     bad = CliRunner().invoke(cli, ["compare", "--off", scripted_url, "--on", scripted_url, "--slo", "ttfb=1ms"])
     assert bad.exit_code == 2 and "--slo: unknown metric 'ttfb'; use ttft, tpot, itl, e2e" in bad.output
+
+
+def test_probe_reports_the_clients_own_load_and_flags_a_client_limited_run(server):
+    """The report carries the client's CPU and event-loop lag; a lag over the limit puts the
+    'client was the bottleneck' line in the notes (the figures are swapped in, never timed)."""
+    from specadapt.probes import runner
+    from specadapt.probes.client_load import LAG_P99_LIMIT_MS
+
+    prompts = [Prompt(id=f"p{i}", prompt=script(id=f"cl{i}", ttft_ms=5, itl_ms=2, tokens=6)) for i in range(3)]
+    report = run_probe(server, prompts, RequestSettings(max_tokens=8), concurrency=3, warmup=0)
+    c = report.client
+    assert c is not None and c.wall_s > 0 and c.lag_samples > 0
+    assert c.chunks >= sum(len(r.chunk_ns) for r in report.requests) > 0
+    quiet = c.model_copy(update={"loop_lag_ms_p99": LAG_P99_LIMIT_MS, "cpu_fraction": 0.1})
+    busy = quiet.model_copy(update={"loop_lag_ms_p99": LAG_P99_LIMIT_MS + 0.5})
+    flagged = []
+    for load in (quiet, busy):
+        report.client = load
+        flagged.append(any(n.startswith("the probe client was the bottleneck") for n in runner._notes(report)))
+    assert flagged == [False, True]
