@@ -42,8 +42,11 @@ def vllm_servers(request, embedded_model):
     used = {FIXTURES[name] for item in request.session.items for name in FIXTURES
             if name in getattr(item, "fixturenames", ())}
     names = [name for name in SERVERS if name in used] or list(SERVERS)
+    # --enforce-eager: no torch.compile at start-up (about 80 s instead of 280 s for two servers on
+    # 2 cores with a cold compile cache; requests about a third slower): the tests check behaviour,
+    # never speed.
     opts = [VLLMLaunch(model=embedded_model, spec_config=SERVERS[name][0], dtype=SERVERS[name][1],
-                       max_model_len=2048) for name in names]
+                       max_model_len=2048, extra_args=["--enforce-eager"]) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
         yield dict(zip(names, servers))
 

@@ -41,8 +41,7 @@ def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
 def test_precision_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_off_bf16, vllm_ngram_fp32,
                                                                   embedded_model):
     """A bfloat16 spec-off server against a float32 spec-on one: the texts part where the top two
-    tokens are nearly tied, which triage must call a near-tie (not a fault), while the report says
-    the sides differ in more than speculation. (A bfloat16 pair that differs in speculation only gave
+    tokens are nearly tied, which triage must call a near-tie (not a fault). (A bfloat16 pair that differs in speculation only gave
     identical text on this build: 13 prompts x 128 tokens.)"""
     proc, report, out = equiv(tmp_path, vllm_off_bf16, vllm_ngram_fp32, prompts_file(tmp_path, REVERSE, CAPITAL),
                               "--dtype", "bfloat16", "--reference", embedded_model)
@@ -60,8 +59,6 @@ def test_precision_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_
         assert abs(t["reference_margin"]) < t["threshold"]
         assert t["server_margin"] is not None and abs(t["server_margin"]) < t["threshold"]
     assert "NEAR-TIE at token" in proc.stdout and "margin" in proc.stdout
-    assert any(n.startswith("the sides differ in more than speculation") and "float32" in n
-               for n in report["notes"]), report["notes"]
     # every output format was written and says the same
     assert "**near-tie**" in (out / "summary.md").read_text()
     xml = JUnitXml.fromfile(str(out / "junit.xml"))
