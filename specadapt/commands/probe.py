@@ -60,10 +60,9 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
     if ray_address is not None and not ray_address.strip():
         raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
     spread = workers > 1 or ray_address is not None or len(url) > 1
-    if spread and (load is not None or any(p.turns for p in prompts)):
-        what = "--request-rate/--duration/--slo" if load is not None else "multi-turn conversations"
-        raise UsageError(f"{what} run in one process for now: drop --workers/--ray/the extra --url, "
-                         "or run one probe per replica and combine them with `specadapt report merge`")
+    if spread and load is not None:
+        raise UsageError("--request-rate/--duration/--slo run in one process for now: drop --workers/--ray/the "
+                         "extra --url, or run one probe per replica and combine them with `specadapt report merge`")
     plan = plan_servers(server_opts, replica_sides(url, port))
     interrupted: KeyboardInterrupt | None = None
     with open_servers(plan) as servers, progress_bar() as bar:

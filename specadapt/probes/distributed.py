@@ -37,6 +37,7 @@ from typing import Any
 
 from specadapt.adapters.base import Server
 from specadapt.errors import MissingDependency, UsageError
+from specadapt.probes.client import run as run_loop
 from specadapt.probes.client import stream_request
 from specadapt.probes.runner import counting, read_counters_safely, settle_counters
 from specadapt.probes.scale_report import build_report, replica_results, summed_counters
@@ -67,12 +68,13 @@ def target_of(server: Server, ca_bundle: str | None = None) -> Target:
 
 
 def merge_records(shares_records: Sequence[Sequence[tuple[int, RequestRecord]]]) -> list[RequestRecord]:
-    """(job index, record) pairs from every worker -> one list ordered by send time (ties: job order)."""
+    """(job index, record) pairs from every worker -> one list ordered by send time (ties: job order,
+    then turn); a conversation's turns share their job's index."""
     pairs = [p for recs in shares_records for p in recs]
-    indices = [i for i, _ in pairs]
-    if len(set(indices)) != len(indices):
-        raise AssertionError("a job came back twice")
-    return [rec for _, rec in sorted(pairs, key=lambda p: (p[1].sent_at_ns, p[0]))]
+    keys = [(i, rec.turn) for i, rec in pairs]
+    if len(set(keys)) != len(keys):
+        raise AssertionError("a request came back twice")
+    return [rec for _, rec in sorted(pairs, key=lambda p: (p[1].sent_at_ns, p[0], p[1].turn))]
 
 
 # --- worker processes -------------------------------------------------------------------------------
@@ -363,7 +365,7 @@ def run_spread_probe(servers: Sequence[Server], prompts: list[Prompt], settings:
     interrupted: KeyboardInterrupt | None = None
     with counting(*servers):
         if warmup:
-            asyncio.run(_warm(targets, prompts, settings, warmup, progress))
+            run_loop(_warm(targets, prompts, settings, warmup, progress))
         try:
             if ray_address:
                 result = run_ray(shares, targets, settings, ray_address, progress, before_start=read_befores)
@@ -375,7 +377,7 @@ def run_spread_probe(servers: Sequence[Server], prompts: list[Prompt], settings:
                 read_befores()
                 t0 = time.perf_counter_ns()
                 on_record = (lambda job, rec: progress(rec)) if progress is not None else None
-                pairs = asyncio.run(execute_share(shares[0], targets, settings, t0, on_record))
+                pairs = run_loop(execute_share(shares[0], targets, settings, t0, on_record))
                 result = RunResult(pairs, [WorkerInfo(worker=0, kind="process", pid=os.getpid(),
                                                       node=socket.gethostname(), jobs=len(jobs),
                                                       concurrency=concurrency, finished=len(pairs),

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from specadapt.probes.client import StreamClient, connect, stream_request
 from specadapt.probes.client import run as run_loop
+from specadapt.probes.load import Job as EngineJob
+from specadapt.probes.load import LoadEngine, turns_of
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 
@@ -86,24 +88,38 @@ OnRecord = Callable[[Job, RequestRecord], None]
 async def execute_share(share: Share, targets: Sequence[Target], settings: RequestSettings, run_t0_ns: int,
                         on_record: OnRecord | None = None) -> list[tuple[int, RequestRecord]]:
     """Stream ``share``'s jobs from this process's event loop, at most ``share.concurrency`` at a
-    time, send times counted from ``run_t0_ns`` (time.perf_counter_ns); (job index, record) pairs."""
+    time, send times counted from ``run_t0_ns`` (time.perf_counter_ns); (job index, record) pairs.
+    The load engine runs them: a prompt with ``turns`` is one conversation (one job, a record
+    per turn, the server's own answers as the history), exactly as in one process."""
     used = sorted({j.target for j in share.jobs})
     async with contextlib.AsyncExitStack() as stack:
         clients = {t: await stack.enter_async_context(client_for(targets[t], settings, share.concurrency))
                    for t in used}
-        sem = asyncio.Semaphore(share.concurrency)
+        engine_jobs = [EngineJob(prompt=j.prompt, repeat=j.repeat) for j in share.jobs]
+        of = {id(ej): j for ej, j in zip(engine_jobs, share.jobs)}
 
-        async def one(job: Job) -> tuple[int, RequestRecord]:
+        async def send(prompt: Prompt, engine_job: EngineJob, turn: int) -> RequestRecord:
+            job = of[id(engine_job)]
             target = targets[job.target]
-            async with sem:
-                rec = await stream_request(clients[job.target], job.prompt, target.model, settings, run_t0_ns,
-                                           repeat=job.repeat)
-            rec.target = target.base_url
+            rec = await stream_request(clients[job.target], prompt, target.model, settings, run_t0_ns,
+                                       repeat=job.repeat)
+            rec.target, rec.turn = target.base_url, turn
             if on_record is not None:
                 on_record(job, rec)
-            return job.index, rec
+            return rec
 
-        return list(await asyncio.gather(*(one(j) for j in share.jobs)))
+        records = await LoadEngine(send).closed_loop(engine_jobs, run_t0_ns, share.concurrency)
+    pairs: list[tuple[int, RequestRecord]] = []
+    it = iter(records)
+    for job in share.jobs:  # the engine returns every planned turn of every job, in job order
+        for _ in range(turns_of(job.prompt)):
+            rec = next(it)
+            if rec.error_kind == "not_sent":  # made by the engine after a failed turn, never sent
+                rec.target = targets[job.target].base_url
+                if on_record is not None:
+                    on_record(job, rec)
+            pairs.append((job.index, rec))
+    return pairs
 
 
 async def _watchdog(parent_pid: int, stop) -> None:

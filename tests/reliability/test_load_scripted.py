@@ -108,3 +108,27 @@ def test_probe_reports_the_clients_own_load_and_flags_a_client_limited_run(serve
         report.client = load
         flagged.append(any(n.startswith("the probe client was the bottleneck") for n in runner._notes(report)))
     assert flagged == [False, True]
+
+
+def test_a_share_replays_conversations_like_one_process(scripted_url):
+    """What a worker runs (execute_share): each conversation's turns in order with the server's
+    own answers as history, one record per turn, a failed turn's later turns recorded as not sent,
+    every record handed to on_record and paired with its job's index."""
+    from specadapt.probes.client import run as run_loop
+    from specadapt.probes.share import Share, Target, execute_share, plan_jobs
+
+    prompts = [conversation("w1"), conversation("w2", fail_turn=1)]
+    share = Share(worker=0, jobs=tuple(plan_jobs(prompts, repeat=1)), concurrency=2)
+    handed: list[tuple[int, int, str | None]] = []
+    pairs = run_loop(execute_share(share, [Target(base_url=scripted_url, model="scripted")],
+                                   RequestSettings(max_tokens=8), 0,
+                                   on_record=lambda job, rec: handed.append((job.index, rec.turn, rec.error_kind))))
+    got = [(i, r.prompt_id, r.turn, r.ok, r.error_kind) for i, r in pairs]
+    assert got == [(0, "w1", 0, True, None), (0, "w1", 1, True, None), (0, "w1", 2, True, None),
+                   (1, "w2", 0, True, None), (1, "w2", 1, False, "http_status"), (1, "w2", 2, False, "not_sent")]
+    assert sorted(handed) == sorted((i, r.turn, r.error_kind) for i, r in pairs)
+    assert {r.target for _, r in pairs} == {scripted_url}
+    log = httpx.get(scripted_url + "/_script/log").json()
+    history = log["w1-t2"]["messages"]
+    assert [role for role, _ in history] == ["user", "assistant", "user", "assistant", "user"]
+    assert [text for role, text in history if role == "assistant"] == [r.text for _, r in pairs[:2]]

@@ -80,8 +80,17 @@ def test_records_merge_by_send_time_ties_in_job_order_the_same_objects():
     merged = merge_records([a, b])
     assert [r.prompt_id for r in merged] == ["p3", "p1", "p2", "p0"]
     assert merged[0] is b[1][1]  # not copies
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="^a request came back twice$"):
         merge_records([a, [(0, rec("p0", 1))]])
+
+
+def test_a_conversations_turns_share_their_jobs_index_and_merge_by_send_time_then_turn():
+    turns = [(0, rec("c", 30, turn=2)), (0, rec("c", 10, turn=0)), (0, rec("c", 30, turn=1))]
+    other = [(1, rec("d", 30, turn=0))]
+    merged = merge_records([turns, other])
+    assert [(r.prompt_id, r.turn) for r in merged] == [("c", 0), ("c", 1), ("c", 2), ("d", 0)]
+    with pytest.raises(AssertionError, match="^a request came back twice$"):
+        merge_records([turns, [(0, rec("c", 40, turn=2))]])
 
 
 # --- counters over several servers ---------------------------------------------------------------------
