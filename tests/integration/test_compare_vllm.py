@@ -12,8 +12,15 @@ from junitparser import JUnitXml
 
 pytestmark = pytest.mark.integration
 
-# Prompts whose greedy text differs between bfloat16 and float32 on the vLLM CPU build (e.g.
-# `def reverse_string(s):` against `def reverse_string(input_str):`).
+# Prompts whose greedy text differed between a bfloat16 and a float32 server on the vLLM CPU
+# build (eager and compiled alike), e.g. "calculus that is based on function" against "calculus
+# that deals with functions".
+PRECISION = [
+    {"id": "completion-open", "category": "qa", "prompt": "The three most important ideas in computer science are"},
+    {"id": "lighthouse", "category": "open", "messages": [{"role": "user", "content":
+     "Write a short story about a lighthouse keeper who finds a message in a bottle."}]},
+    {"id": "water-cycle", "category": "open", "messages": [{"role": "user", "content": "Describe the water cycle in detail."}]},
+]
 REVERSE = {"id": "reverse-string", "category": "open",
            "messages": [{"role": "user", "content": "Write a Python function that reverses a string, then explain it."}]}
 CAPITAL = {"id": "capital", "category": "open",
@@ -41,10 +48,11 @@ def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
 def test_precision_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_off_bf16, vllm_ngram_fp32,
                                                                   embedded_model):
     """A bfloat16 spec-off server against a float32 spec-on one: the texts part where the top two
-    tokens are nearly tied, which triage must call a near-tie (not a fault). (A bfloat16 pair that differs in speculation only gave
-    identical text on this build: 13 prompts x 128 tokens.)"""
-    proc, report, out = equiv(tmp_path, vllm_off_bf16, vllm_ngram_fp32, prompts_file(tmp_path, REVERSE, CAPITAL),
-                              "--dtype", "bfloat16", "--reference", embedded_model)
+    tokens are nearly tied, which triage must call a near-tie (not a fault). (A bfloat16 pair that
+    differs in speculation only gave identical text on this build: 13 prompts x 128 tokens; with
+    --enforce-eager so did this pair on two of the prompts that part when compiled.)"""
+    proc, report, out = equiv(tmp_path, vllm_off_bf16, vllm_ngram_fp32, prompts_file(tmp_path, *PRECISION),
+                              "--dtype", "bfloat16", "--reference", embedded_model, max_tokens=64)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdicts = {i["prompt_id"]: i["verdict"] for i in report["identity"]}
     diverged = [i for i in report["identity"] if i["verdict"] != "identical"]
@@ -63,7 +71,7 @@ def test_precision_divergence_is_found_and_triaged_as_a_near_tie(tmp_path, vllm_
     assert "**near-tie**" in (out / "summary.md").read_text()
     xml = JUnitXml.fromfile(str(out / "junit.xml"))
     cases = [c for suite in (xml if xml._tag == "testsuites" else [xml]) for c in suite]
-    assert sorted(c.name for c in cases) == ["capital", "reverse-string"] and not any(c.result for c in cases)
+    assert sorted(c.name for c in cases) == sorted(p["id"] for p in PRECISION) and not any(c.result for c in cases)
     html = (out / "report.html").read_text()
     assert "near-tie" in html and html.count("<svg") >= 3
 
