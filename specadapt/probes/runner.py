@@ -13,7 +13,7 @@ import contextlib
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Callable
 
 from specadapt.adapters.base import Server
@@ -27,12 +27,15 @@ from specadapt.probes.latency import latency_summary
 from specadapt.probes.load import Job, LoadEngine, NotFinished, cycle_jobs
 from specadapt.probes.slo import goodput_summary
 from specadapt.records import (
+    ClientLoad,
     CounterSnapshot,
     ProbeReport,
     ProbeSettings,
     Prompt,
     RequestRecord,
     RequestSettings,
+    ScaleLayout,
+    ServerInfo,
 )
 from specadapt.records.load import LoadSettings, RateLevel
 
@@ -233,24 +236,34 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
             records, before = part.records, part.before
             after = CounterSnapshot(source="unavailable: the server exited during the run")
             partial_reason, log_tail = _death_reason(server, len(records), part.planned)
+    settings_record = ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
+                                    prompts_source=prompts_source, request=settings, load=load)
+    return build_probe_report(info, settings_record, records, before, after, partial_reason=partial_reason,
+                              log_tail=log_tail, client=meters[0].load if meters else None)
+
+
+def build_probe_report(server: ServerInfo, settings: ProbeSettings, records: list[RequestRecord],
+                       before: CounterSnapshot, after: CounterSnapshot, scale: ScaleLayout | None = None,
+                       partial_reason: str | None = None, log_tail: str = "", extra_notes: Sequence[str] = (),
+                       client: ClientLoad | None = None) -> ProbeReport:
+    """A probe report from its records and counter window, every figure computed from them: one
+    process and one server (run_probe), or records gathered by workers, replicas or saved runs."""
     by_cat: dict[str, list[RequestRecord]] = {}
     for rec in records:
         by_cat.setdefault(rec.category, []).append(rec)
+    retried = [r for r in records if r.attempts > 1]
     report = ProbeReport(
-        server=info,
-        settings=ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
-                               prompts_source=prompts_source, request=settings, load=load),
-        partial=partial_reason is not None, partial_reason=partial_reason,
+        server=server, settings=settings, partial=partial_reason is not None, partial_reason=partial_reason,
         latency=latency_summary([r for r in records if r.attempts == 1]),
-        latency_retried=latency_summary(retried) if (retried := [r for r in records if r.attempts > 1]) else None,
+        latency_retried=latency_summary(retried) if retried else None,
         failures=dict(sorted(Counter(_failure_key(r) for r in records if not r.ok).items())),
         by_category={cat: latency_summary(recs) for cat, recs in sorted(by_cat.items())},
         acceptance=acceptance_summary(before, after),
         counters_before=before, counters_after=after,
         token_sources=dict(Counter(r.token_source or "none" for r in records if r.ok)),
-        requests=records,
-        client=meters[0].load if meters else None,
+        client=client, scale=scale, requests=records,
     )
+    load = settings.load
     slo = load.slo_ms if load else {}
     if slo:
         report.goodput = goodput_summary([r for r in records if not r.warmup], slo)
@@ -262,6 +275,7 @@ def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, 
             send_lag=send_lag([r.scheduled_at_ns for r in first], [r.sent_at_ns for r in first]),
             goodput=goodput_summary(recs, slo) if slo else None))
     report.notes += _notes(report)
+    report.notes += list(extra_notes)
     if log_tail:
         report.notes.append(LOG_NOTE + log_tail)
     return report

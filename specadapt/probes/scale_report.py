@@ -19,16 +19,8 @@ from collections.abc import Iterable, Sequence
 
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.latency import latency_summary
-from specadapt.probes.runner import LOG_NOTE, _failure_key, _notes
-from specadapt.records import (
-    CounterSnapshot,
-    ProbeReport,
-    ProbeSettings,
-    ReplicaResult,
-    RequestRecord,
-    ScaleLayout,
-    ServerInfo,
-)
+from specadapt.probes.runner import build_probe_report as build_report  # noqa: F401 (one report builder)
+from specadapt.records import CounterSnapshot, ReplicaResult, RequestRecord, ServerInfo
 
 _SCALARS = ("drafts", "draft_tokens", "accepted_tokens", "generation_tokens", "prompt_tokens")
 
@@ -87,30 +79,3 @@ def replica_results(records: Sequence[RequestRecord], servers: dict[str, ServerI
                                  acceptance=acceptance_summary(before, after), counters_before=before,
                                  counters_after=after))
     return out
-
-
-def build_report(server: ServerInfo, settings: ProbeSettings, records: list[RequestRecord],
-                 before: CounterSnapshot, after: CounterSnapshot, scale: ScaleLayout | None,
-                 partial_reason: str | None = None, log_tail: str = "",
-                 extra_notes: Sequence[str] = ()) -> ProbeReport:
-    """A probe report from its records and counter window, every figure computed as run_probe does."""
-    by_cat: dict[str, list[RequestRecord]] = {}
-    for rec in records:
-        by_cat.setdefault(rec.category, []).append(rec)
-    retried = [r for r in records if r.attempts > 1]
-    report = ProbeReport(
-        server=server, settings=settings, partial=partial_reason is not None, partial_reason=partial_reason,
-        latency=latency_summary([r for r in records if r.attempts == 1]),
-        latency_retried=latency_summary(retried) if retried else None,
-        failures=dict(sorted(Counter(_failure_key(r) for r in records if not r.ok).items())),
-        by_category={cat: latency_summary(recs) for cat, recs in sorted(by_cat.items())},
-        acceptance=acceptance_summary(before, after),
-        counters_before=before, counters_after=after,
-        token_sources=dict(Counter(r.token_source or "none" for r in records if r.ok)),
-        scale=scale, requests=records,
-    )
-    report.notes += _notes(report)
-    report.notes += list(extra_notes)
-    if log_tail:
-        report.notes.append(LOG_NOTE + log_tail)
-    return report
