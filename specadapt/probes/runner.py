@@ -148,33 +148,31 @@ async def _run_requests(server: Server, prompts: list[Prompt], settings: Request
         engine = LoadEngine(send)
         records: list[RequestRecord] = []
         planned = 0
-        meter_cm = measure_client(client)
-        meter = await meter_cm.__aenter__()
-        if meter_out is not None:
-            meter_out.append(meter)
-        try:
-            if not rates:
-                duration = load.duration_s if load else None
-                jobs = cycle_jobs(prompts) if duration is not None else \
-                    [Job(prompt=p, repeat=r) for r in range(repeat) for p in prompts]
-                planned = len(jobs) if isinstance(jobs, list) else 0
-                level_rate = None
-                run_t0 = time.perf_counter_ns()
-                records = await _engine_or_death(engine.closed_loop(jobs, run_t0, concurrency, duration), process)
-            else:
-                run_t0 = time.perf_counter_ns()
-                for level_rate in rates:  # each schedule starts when the previous rate's requests are done
-                    shift = time.perf_counter_ns() - run_t0
-                    jobs = [j.model_copy(update={"offset_ns": j.offset_ns + shift})
-                            for j in rate_jobs(prompts, level_rate, repeat, load)]
-                    planned += len(jobs)
-                    records += await _engine_or_death(engine.open_loop(jobs, run_t0), process)
-        except (_Partial, NotFinished):
-            part = _Partial(engine.finished, max(planned, len(engine.finished)))
-            part.before = before
-            raise part from None
-        finally:
-            await meter_cm.__aexit__(None, None, None)
+        async with measure_client(client) as meter:  # its load is set also when the run raises
+            if meter_out is not None:
+                meter_out.append(meter)
+            try:
+                if not rates:
+                    duration = load.duration_s if load else None
+                    jobs = cycle_jobs(prompts) if duration is not None else \
+                        [Job(prompt=p, repeat=r) for r in range(repeat) for p in prompts]
+                    planned = len(jobs) if isinstance(jobs, list) else 0
+                    level_rate = None
+                    run_t0 = time.perf_counter_ns()
+                    records = await _engine_or_death(engine.closed_loop(jobs, run_t0, concurrency, duration),
+                                                     process)
+                else:
+                    run_t0 = time.perf_counter_ns()
+                    for level_rate in rates:  # each schedule starts when the previous rate's requests are done
+                        shift = time.perf_counter_ns() - run_t0
+                        jobs = [j.model_copy(update={"offset_ns": j.offset_ns + shift})
+                                for j in rate_jobs(prompts, level_rate, repeat, load)]
+                        planned += len(jobs)
+                        records += await _engine_or_death(engine.open_loop(jobs, run_t0), process)
+            except (_Partial, NotFinished):
+                part = _Partial(engine.finished, max(planned, len(engine.finished)))
+                part.before = before
+                raise part from None
         after = await asyncio.to_thread(settle_counters, server, None)
     return records, before, after
 
