@@ -18,6 +18,7 @@ from specadapt.commands.models import models
 from specadapt.commands.probe import probe
 from specadapt.commands.reference import reference
 from specadapt.commands.report import report
+from specadapt.commands.tune import tune
 from specadapt.errors import ServerDied, ServerStartError, SpecadaptError
 
 INTERRUPTED = "error: interrupted; every server this run started has been stopped"
@@ -47,7 +48,7 @@ def cli() -> None:
     """Speculative decoding an operator can trust: configs, probes, on/off comparison."""
 
 
-for command in (probe, compare, equiv, report, config, models, backends, reference):
+for command in (probe, compare, equiv, tune, report, config, models, backends, reference):
     cli.add_command(command)
 
 

@@ -98,6 +98,28 @@ def _option_list(sides: int) -> list[Callable]:
             DTYPE, MAX_MODEL_LEN, SERVER_ARG, STARTUP_TIMEOUT]
 
 
+ON_URLS = click.option("--on", "on_urls", multiple=True,
+                       help="URL of a running spec-on server to measure as a candidate (its k read from the server, "
+                            "or written K=URL); repeat for several.")
+VERIFY_URL = click.option("--verify-url", help="URL of a running server with the emitted configuration, to verify "
+                                               "it (default: tune starts one, where the backend can).")
+
+
+def sweep_server_options(command: Callable) -> Callable:
+    """The shared server options for a sweep (tune): ``--off URL``, ``--on URL`` (repeatable) and
+    ``--verify-url``; --model/--spec-config also with URLs (what started candidates run)."""
+    @functools.wraps(command)
+    def with_server_options(**kw: Any) -> Any:
+        opts = ServerOptions(**{f.name: kw.pop(f.name) for f in fields(ServerOptions)})
+        return command(server_opts=opts, **kw)
+
+    options = [BACKEND, OFF_URL, ON_URLS, VERIFY_URL, API_KEY, INSECURE, CA_BUNDLE, MODEL, SPEC_CONFIG, PYTHON, HOST,
+               DTYPE, MAX_MODEL_LEN, SERVER_ARG, STARTUP_TIMEOUT]
+    for option in reversed(options):
+        with_server_options = option(with_server_options)
+    return with_server_options
+
+
 def server_options(sides: int) -> Callable[[Callable], Callable]:
     """The shared server options plus ``--url``/``--port`` (``sides=1``) or ``--off``/``--on``/
     ``--launch`` (``sides=2``); the command gets the shared values as ``server_opts``."""
@@ -203,12 +225,12 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
         spec = load_spec_config(opts.spec_config, opts.backend) if opts.spec_config else None
         for i, side in enumerate(sides):
             if not side.url:
-                launch[i] = _launch_options(backend, opts, model, spec if side.spec else None, side.port)
+                launch[i] = launch_options_for(backend, opts, model, spec if side.spec else None, side.port)
     return ServerPlan(backend_name=opts.backend, backend=backend, sides=tuple(sides), launch=tuple(launch),
                       api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout)
 
 
-def _launch_options(backend: Backend, opts: ServerOptions, model: str, spec: SpecConfig | None,
+def launch_options_for(backend: Backend, opts: ServerOptions, model: str, spec: SpecConfig | None,
                     port: int | None) -> LaunchOptions:
     try:
         return backend.launch_options(model=model, spec_config=spec, python=opts.python, host=opts.host, port=port,
