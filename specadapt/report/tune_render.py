@@ -379,7 +379,7 @@ def _errorbar(ax, xs, ratios: list[RatioCI], **kw):
     return ax.errorbar(xs, ys, yerr=[lo, hi], capsize=3, **kw)
 
 
-def _speedup_plot(report: TuneReport, plt) -> Plot:
+def _speedup_figure(report: TuneReport, plt):
     obj = report.settings.objective
     fig, ax = plt.subplots(figsize=(6.5, 4))
     cands, all_x = _measured(report), list(report.settings.concurrency)
@@ -414,9 +414,7 @@ def _speedup_plot(report: TuneReport, plt) -> Plot:
     ax.set_title("Speedup vs concurrency per draft length")
     ax.legend(fontsize=7, loc="best")
     alt = "speedup vs concurrency per draft length, with the chosen schedule and the verification run"
-    plot = Plot(_data_uri(fig), alt)
-    plt.close(fig)
-    return plot
+    return fig, alt
 
 
 def _acceptance_levels(report: TuneReport) -> list[int]:
@@ -424,7 +422,7 @@ def _acceptance_levels(report: TuneReport) -> list[int]:
                    if lv.acceptance.known and lv.acceptance.per_position_rate})
 
 
-def _acceptance_plot(report: TuneReport, plt) -> Plot:
+def _acceptance_figure(report: TuneReport, plt):
     cands, levels = _measured(report), _acceptance_levels(report)
     n = len(levels)
     cols = min(n, 3)
@@ -447,12 +445,10 @@ def _acceptance_plot(report: TuneReport, plt) -> Plot:
         ax.axis("off")
     axes.flat[0].set_ylabel("accepted per draft")
     fig.suptitle("Acceptance per position per candidate")
-    plot = Plot(_data_uri(fig), "acceptance per draft position per candidate, one panel per concurrency")
-    plt.close(fig)
-    return plot
+    return fig, "acceptance per draft position per candidate, one panel per concurrency"
 
 
-def _fit_plot(report: TuneReport, plt) -> Plot:
+def _fit_figure(report: TuneReport, plt):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     fits = [f for f in report.fits if f.form != "none"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -477,17 +473,16 @@ def _fit_plot(report: TuneReport, plt) -> Plot:
     ax.set_ylabel("TPOT ratio off/on")
     ax.set_title("Cost model: measured vs predicted TPOT ratio")
     ax.legend(fontsize=7)
-    plot = Plot(_data_uri(fig), "measured and predicted TPOT ratio per draft length, one colour per concurrency")
-    plt.close(fig)
-    return plot
+    return fig, "measured and predicted TPOT ratio per draft length, one colour per concurrency"
 
 
-def plots(report: TuneReport) -> dict[str, Plot]:
-    """The plots that have something to show, as data URIs: speedup (a candidate measured),
-    acceptance (per-position acceptance known), fit (a level fitted)."""
-    wanted = {"speedup": _speedup_plot if _measured(report) else None,
-              "acceptance": _acceptance_plot if _acceptance_levels(report) else None,
-              "fit": _fit_plot if any(f.form != "none" for f in report.fits) else None}
+def figures(report: TuneReport) -> dict:
+    """The matplotlib figures that have something to show, {name: (figure, alt text)}: speedup (a
+    candidate measured), acceptance (per-position acceptance known), fit (a level fitted). The
+    caller closes them (plots() does)."""
+    wanted = {"speedup": _speedup_figure if _measured(report) else None,
+              "acceptance": _acceptance_figure if _acceptance_levels(report) else None,
+              "fit": _fit_figure if any(f.form != "none" for f in report.fits) else None}
     if not any(wanted.values()):
         return {}
     import matplotlib
@@ -496,6 +491,17 @@ def plots(report: TuneReport) -> dict[str, Plot]:
     import matplotlib.pyplot as plt
 
     return {name: draw(report, plt) for name, draw in wanted.items() if draw}
+
+
+def plots(report: TuneReport) -> dict[str, Plot]:
+    """figures() as SVG data URIs."""
+    out = {}
+    for name, (fig, alt) in figures(report).items():
+        import matplotlib.pyplot as plt  # loaded by figures()
+
+        out[name] = Plot(_data_uri(fig), alt)
+        plt.close(fig)
+    return out
 
 
 def render_html(report: TuneReport) -> str:

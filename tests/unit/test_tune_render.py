@@ -256,6 +256,99 @@ def test_markdown_tables_keep_their_columns():
     assert len(tables) >= 6 and all(len(set(t)) == 1 for t in tables)  # the escaped | of an error splits nothing
 
 
+def markdown_tables(md: str) -> dict[str, list[dict[str, str]]]:
+    """{title: rows as {header: cell}} of the Markdown's tables (title: the line before the table)."""
+    tables: dict[str, list[dict[str, str]]] = {}
+    lines = md.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and not lines[i - 1].startswith("|"):
+            title, headers = lines[i - 2].rstrip(":").lower(), None
+            tables[title] = []
+            for row in lines[i:]:
+                if not row.startswith("|"):
+                    break
+                cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+                if headers is None:
+                    headers = cells
+                elif set(cells) != {"---"}:
+                    tables[title].append(dict(zip(headers, cells)))
+    return tables
+
+
+def test_markdown_rows_put_each_figure_in_its_column():
+    report = make_tune_report()
+    tables = markdown_tables(render_markdown(report))
+    yes_no = {True: "yes", False: "no", None: "no interval"}
+    verify = {row["concurrency"]: row for row in tables["the written config against the best fixed k"]}
+    for lv in report.verification.levels:
+        row = verify[str(lv.concurrency)]
+        assert row["TPOT ratio"] == ci_text(lv.ratio) and row["its ratio in the sweep"] == ci_text(lv.best_fixed_ratio)
+        assert row["as good"] == yes_no[lv.as_good] and row["why"] == lv.honour.reason
+        assert row["schedule honoured"].startswith(lv.honour.verdict)
+    points = tables["measured vs predicted tpot ratio"]
+    assert [(row["k"], row["inside interval"]) for row in points] == [
+        (f"k={p.k}", yes_no[p.inside]) for f in report.fits for p in f.points]
+    chosen = tables["the k chosen per level"]
+    assert [(row["concurrency"], row["chosen"], row["certainty"], row["reason"]) for row in chosen] == [
+        (str(ch.concurrency), ch.label, ch.certainty, ch.reason) for ch in report.choices]
+    fits = tables["fit per level"]
+    assert [row["model best k"] for row in fits] == [f"k={f.model_best_k}" for f in report.fits]
+    (failed,) = [row for row in tables["candidates"] if row["status"] == "failed"]
+    assert failed["note"] == report.candidates[-1].error
+    speed = tables["speed vs off"]
+    assert list(speed[0])[3] == "TPOT ratio (objective)"  # the objective first among the ratios
+    e2e = report.model_copy(update={"settings": report.settings.model_copy(update={"objective": "e2e"})})
+    rows = markdown_tables(render_markdown(e2e))["speed vs off"]
+    assert list(rows[0])[3] == "E2E ratio (objective)"
+    assert rows[0]["E2E ratio (objective)"] == ci_text(report.candidates[1].compare.levels[0].speed.e2e)
+
+
+def test_plots_draw_the_records_figures():
+    import matplotlib.pyplot as plt
+
+    report = make_tune_report()
+    report.settings.objective = "e2e"  # the plot follows the objective
+    figs = tune_render.figures(report)
+    try:
+        speed = figs["speedup"][0].axes[0]
+        bars = {c.get_label(): c for c in speed.containers}
+        for cand in report.candidates[1:3]:
+            line = bars[cand.label].lines[0]
+            assert list(line.get_ydata()) == [lv.speed.e2e.point for lv in cand.compare.levels]
+            assert list(line.get_xdata()) == pytest.approx([lv.concurrency for lv in cand.compare.levels], rel=0.05)
+            ends = [y for seg in bars[cand.label].lines[2][0].get_segments() for y in (seg[0][1], seg[1][1])]
+            e2e = [lv.speed.e2e for lv in cand.compare.levels]
+            assert ends == pytest.approx([y for r in e2e for y in (r.point if r.low is None else r.low,
+                                                                   r.point if r.high is None else r.high)])
+        chosen = {line.get_label(): line for line in speed.get_lines()}["chosen k per level"]
+        assert list(chosen.get_xdata()) == [ch.concurrency for ch in report.choices]
+        assert list(chosen.get_ydata()) == [ch.ratio.point for ch in report.choices]
+        verified = bars["verification (written config)"].lines[0]
+        assert list(verified.get_xdata()) == [lv.concurrency for lv in report.verification.levels]
+        assert list(verified.get_ydata()) == [lv.ratio.point for lv in report.verification.levels]
+        assert speed.get_xscale() == "log"
+
+        panels = [ax for ax in figs["acceptance"][0].axes if ax.get_title()]
+        assert [ax.get_title() for ax in panels] == [f"concurrency {c}" for c in report.settings.concurrency]
+        for ax, i in zip(panels, range(len(panels))):
+            drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+            assert drawn == {c.label: c.compare.levels[i].acceptance.per_position_rate for c in report.candidates[1:3]}
+
+        fit = figs["fit"][0].axes[0]
+        lines = {line.get_label(): line for line in fit.get_lines()}
+        measured = {c.get_label(): c.lines[0] for c in fit.containers}
+        for f in report.fits:
+            (predicted,) = [line for label, line in lines.items() if label.startswith(f"concurrency {f.concurrency}: "
+                                                                                       "predicted")]
+            assert list(predicted.get_ydata()) == [f.predicted[k] for k in sorted(f.predicted)]
+            points = measured[f"concurrency {f.concurrency}: measured"]
+            assert list(points.get_xdata()) == [p.k for p in f.points]
+            assert list(points.get_ydata()) == [p.measured for p in f.points]
+    finally:
+        for fig, _alt in figs.values():
+            plt.close(fig)
+
+
 def images(page: str) -> list[str]:
     return re.findall(r'<img src="([^"]*)"', page)
 
