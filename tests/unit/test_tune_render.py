@@ -289,8 +289,9 @@ def test_markdown_rows_put_each_figure_in_its_column():
     assert [(row["k"], row["inside interval"]) for row in points] == [
         (f"k={p.k}", yes_no[p.inside]) for f in report.fits for p in f.points]
     chosen = tables["the k chosen per level"]
-    assert [(row["concurrency"], row["chosen"], row["certainty"], row["reason"]) for row in chosen] == [
-        (str(ch.concurrency), ch.label, ch.certainty, ch.reason) for ch in report.choices]
+    assert [(row["concurrency"], row["chosen"], row["TPOT ratio"], row["certainty"], row["reason"])
+            for row in chosen] == [(str(ch.concurrency), ch.label, ci_text(ch.ratio), ch.certainty, ch.reason)
+                                   for ch in report.choices]
     fits = tables["fit per level"]
     assert [row["model best k"] for row in fits] == [f"k={f.model_best_k}" for f in report.fits]
     (failed,) = [row for row in tables["candidates"] if row["status"] == "failed"]
