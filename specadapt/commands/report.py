@@ -11,6 +11,9 @@ from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
 from specadapt.probes.merge import merge_reports
 from specadapt.records import read_compare_report, read_report, report_kind, write_report
+from specadapt.records.reports import read_model
+from specadapt.records.tune import TuneReport
+from specadapt.report import tune_render
 from specadapt.report.compare_render import render_console
 from specadapt.report.console import render_probe
 from specadapt.report.outputs import write_outputs
@@ -26,7 +29,10 @@ def report() -> None:
 @report.command("show")
 @click.argument("path", type=click.Path(path_type=Path))
 def show(path: Path) -> None:
-    """Print a saved probe or compare report (from --json / --out) as tables."""
+    """Print a saved probe, compare or tune report (from --json / --out) as tables."""
+    if report_kind(path) == "tune":
+        tune_render.render_console(read_model(path, TuneReport, "tune"), Console())
+        return
     if report_kind(path) == "compare":
         render_console(read_compare_report(path), Console())
         return
@@ -42,9 +48,16 @@ def show(path: Path) -> None:
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
 def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
-    """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML."""
+    """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML (a tune report: Markdown, HTML)."""
     if not (junit_out or md_out or html_out):
         raise UsageError("give at least one of --junit, --markdown, --html")
+    if report_kind(path) == "tune":
+        if junit_out:
+            raise UsageError(f"{path} is a tune report, which has no JUnit form: give --markdown or --html")
+        for written in tune_render.write_tune_outputs(read_model(path, TuneReport, "tune"), markdown_path=md_out,
+                                                      html_path=html_out):
+            stderr.print(f"wrote {written}")
+        return
     for written in write_outputs(read_compare_report(path), junit_path=junit_out, markdown_path=md_out,
                                  html_path=html_out):
         stderr.print(f"wrote {written}")
