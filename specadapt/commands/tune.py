@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import yaml
 from rich.console import Console
 
 from specadapt.adapters.base import Server
@@ -37,6 +38,7 @@ from specadapt.probes.compare import total_requests
 from specadapt.probes.load import turns_of
 from specadapt.probes.stats import MIN_UNITS
 from specadapt.records import CompareSettings, RequestSettings
+from specadapt.records.schedule import schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
 
 SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
@@ -90,14 +92,17 @@ def parse_on(value: str) -> tuple[int | None, str]:
 @click.option("--max-batch-size", type=click.IntRange(1),
               help="End the schedule's last range here (default: at the highest level; engines carry its k "
                    "to larger batch sizes).")
+@click.option("--schedule", "given_schedule",
+              help="Verify this schedule instead of the one tune chooses, vLLM's form [[start, end, k], ...] "
+                   "(inline JSON or a file); the sweep still runs: it gives the best fixed k to beat at each level.")
 @click.option("--near-tie-threshold", type=click.FloatRange(0), help="Nats (default: by --dtype).")
 @click.option("--no-triage", is_flag=True, help="Do not ask the spec-off server for logprobs at divergences.")
 @click.option("--no-verify", is_flag=True, help="Write the recommendation without running the verification.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Write report.json, summary.md, report.html and the configs here.")
 def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts, ks, ngram_max, concurrency, repeat,
-         warmup, max_tokens, seed, request_timeout, objective, max_batch_size, near_tie_threshold, no_triage,
-         no_verify, out_dir) -> None:
+         warmup, max_tokens, seed, request_timeout, objective, max_batch_size, given_schedule, near_tie_threshold,
+         no_triage, no_verify, out_dir) -> None:
     """Measure draft lengths at each load level, choose the best k per batch size (off where
     speculation loses), write it as a vLLM speculative config and a TensorRT-LLM YAML, then run
     the emitted configuration and verify speed, output identity and that the server honoured it.
@@ -109,7 +114,8 @@ def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts
     sys.exit(run_tune(server_opts, off_url, list(on_urls), verify_url, workload_opts, dict(
         ks=ks, ngram_max=ngram_max, concurrency=concurrency, repeat=repeat, warmup=warmup, max_tokens=max_tokens,
         seed=seed, request_timeout=request_timeout, objective=objective, max_batch_size=max_batch_size,
-        near_tie_threshold=near_tie_threshold, no_triage=no_triage, no_verify=no_verify, out_dir=out_dir)))
+        given_schedule=given_schedule, near_tie_threshold=near_tie_threshold, no_triage=no_triage,
+        no_verify=no_verify, out_dir=out_dir)))
 
 
 def _base_spec(opts: ServerOptions) -> SpecConfig:
@@ -122,6 +128,25 @@ def _base_spec(opts: ServerOptions) -> SpecConfig:
     return spec
 
 
+def parse_schedule(value: str, ks: list[int]) -> list[tuple[int, int, int]]:
+    """--schedule: inline JSON or a JSON/YAML file with [[start, end, k], ...]; its largest k must be
+    one of --k (the fixed run the honour check compares against)."""
+    path = Path(value)
+    text = path.read_text() if not value.lstrip().startswith("[") and path.is_file() else value
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--schedule {value!r} is not JSON: write it as [[1, 4, 4], [5, 16, 2]]") from exc
+    problems = schedule_problems(data, None)
+    if problems:
+        raise UsageError(f"--schedule: {problems[0]}")
+    ranges = [tuple(r) for r in data]
+    top = max(k for _, _, k in ranges)
+    if top not in ks:
+        raise UsageError(f"--schedule drafts up to k={top}, which --k does not measure: add {top} to --k")
+    return ranges
+
+
 def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verify_url: str | None,
              workload_opts: dict[str, Any], kw: dict[str, Any]) -> int:
     base = _base_spec(opts)
@@ -130,6 +155,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
     if windows and base.method != "ngram":
         raise UsageError(f"--ngram-max is for n-gram speculation; the base config's method is {base.method}")
     levels = parse_levels(kw["concurrency"])
+    given_schedule = parse_schedule(kw["given_schedule"], ks) if kw["given_schedule"] else None
     given = [parse_on(v) for v in on_urls]
     if len({u for _, u in given}) != len(given):
         raise UsageError("an --on URL is given twice: give each running candidate once")
@@ -188,7 +214,8 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
                             concurrency=levels, repeat=kw["repeat"], warmup=kw["warmup"], request=request,
                             objective=kw["objective"], prompts_source=workload.source, workload=workload,
                             near_tie_threshold=kw["near_tie_threshold"], dtype=opts.dtype, triage=not kw["no_triage"],
-                            verify=not kw["no_verify"], max_batch_size=kw["max_batch_size"])
+                            verify=not kw["no_verify"], max_batch_size=kw["max_batch_size"],
+                            given_schedule=given_schedule)
     report = TuneReport(settings=settings)
     per_side = total_requests(len(prompts), compare_settings, prompts) // 2
     measured = [c for c in candidates if c.k > 0]
@@ -199,7 +226,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
     out_dir: Path = kw["out_dir"]
     try:
         _sweep_and_verify(report, plan, off_url, launches, candidates, verify_url, base, prompts, compare_settings,
-                          per_side, opts, model)
+                          per_side, opts, model, given_schedule)
     except KeyboardInterrupt:
         report.partial, report.partial_reason = True, "interrupted (Ctrl-C or a signal); the candidates measured " \
                                                       "before are kept"
@@ -232,7 +259,7 @@ def exit_code(report: TuneReport) -> int:
 def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None, launches: dict[str, Any],
                       candidates: list[tuning.SweepCandidate], verify_url: str | None, base: SpecConfig,
                       prompts, compare_settings: CompareSettings, per_side: int, opts: ServerOptions,
-                      model: str | None) -> None:
+                      model: str | None, given_schedule: list | None) -> None:
     off_plan = replace(plan, sides=(Side(url=off_url, spec=False, label="spec-off"),),
                        launch=(None if off_url else launches["off"],))
 
@@ -259,7 +286,7 @@ def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None,
     with open_servers(off_plan) as (off,):
         report.off_server = off.describe()
         tuning.run_sweep(report, off, candidates, open_candidate, prompts, compare_settings, progress, per_side)
-        tuning.analyse(report)
+        tuning.analyse(report, given_schedule)
         if report.partial:
             return
         spec = tuning.verification_spec(report, base)

@@ -33,7 +33,7 @@ from specadapt.probes import tune_model as tm
 from specadapt.probes.compare import run_compare
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI, RequestRecord
 from specadapt.records.schedule import k_for_batch
-from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, TuneReport, Verification
+from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
 
 Progress = Callable[[RequestRecord], None]
 ProgressFactory = Callable[[str, int], ContextManager[Progress]]
@@ -165,8 +165,10 @@ def _options(report: TuneReport, variant: str, concurrency: int) -> dict[int, Ra
     return out
 
 
-def analyse(report: TuneReport) -> None:
-    """Fits, per-level choices, the schedule and the recommendation, from the measured candidates."""
+def analyse(report: TuneReport, given_schedule: Sequence[tuple[int, int, int]] | None = None) -> None:
+    """Fits, per-level choices, the schedule and the recommendation, from the measured candidates.
+    ``given_schedule`` (--schedule): recommend that schedule instead of the chosen one (the choices
+    are still made: they are what the verification compares against)."""
     s = report.settings
     best: tuple[float, str, list[LevelChoice]] | None = None
     report.fits = []
@@ -197,6 +199,15 @@ def analyse(report: TuneReport) -> None:
     eligible = sorted({k for opts in per_level.values() for k in opts})
     fallback = tm.fixed_fallback(per_level, eligible)
     report.recommendation = tm.recommendation(schedule, choices, fallback, variant)
+    if given_schedule is not None:
+        ranges = [tuple(r) for r in given_schedule]
+        chosen = ", ".join(f"{a}-{b}: k={k}" for a, b, k in schedule)
+        report.recommendation = Recommendation(
+            form="schedule", variant=variant, k=max(k for _, _, k in ranges), schedule=ranges,
+            fixed_fallback_k=fallback,
+            summary=f"The schedule given with --schedule ({', '.join(f'{a}-{b}: k={k}' for a, b, k in ranges)}), "
+                    f"verified against the best fixed k at each level; the sweep alone would choose {chosen}.")
+        report.schedule_ranges_note = "the schedule was given with --schedule"
     if len(_variants(report)) > 1:
         report.notes.append(f"the schedule uses the variant {variant or 'of the base config'}, whose choices "
                             f"scored best over the levels")

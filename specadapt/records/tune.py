@@ -46,6 +46,8 @@ class TuneSettings(BaseModel):
     dtype: str | None = None
     triage: bool = True
     verify: bool = True
+    given_schedule: list[tuple[int, int, int]] | None = Field(None, description="--schedule: the schedule verified "
+                                                                                "instead of the chosen one.")
     max_batch_size: int | None = Field(None, description="The last schedule range ends here (None: at the "
                                                          "highest level; the engines carry its k beyond).")
 
