@@ -60,7 +60,7 @@ Schedule = Sequence[Sequence[int]]
 
 # ------------------------------------------------------------------ the two lookups
 
-def trtllm_draft_len(spec: SpecConfig, batch_size: int) -> int:
+def trtllm_draft_len(spec: SpecConfig, batch_size: int) -> int | None:
     """The draft length TensorRT-LLM runs ``spec`` at ``batch_size``."""
     if spec.draft_len_schedule is not None:
         keys = sorted(spec.draft_len_schedule)
@@ -68,7 +68,7 @@ def trtllm_draft_len(spec: SpecConfig, batch_size: int) -> int:
         return spec.draft_len_schedule[keys[idx]] if idx < len(keys) else 0
     if spec.max_concurrency is not None and batch_size > spec.max_concurrency:
         return 0
-    return spec.k or 0
+    return spec.k
 
 
 def first_disagreement(schedule: Schedule | None, k: int, trt: SpecConfig,
@@ -81,18 +81,17 @@ def first_disagreement(schedule: Schedule | None, k: int, trt: SpecConfig,
     return None
 
 
-def _contiguous(schedule: Schedule) -> list[tuple[int, int, int]]:
-    """vLLM's lookup as ranges without gaps (a gap belongs to the range before it), neighbours
-    with the same k merged (a valid schedule: no k above the engine's)."""
+def _steps(schedule: Schedule) -> list[tuple[int, int]]:
+    """vLLM's lookup as (last batch size, k) steps: a gap belongs to the range before it,
+    neighbours with the same k are one step."""
     entries = sorted(tuple(e) for e in schedule)
-    out: list[tuple[int, int, int]] = []
-    for i, (start, end, kk) in enumerate(entries):
-        stop = entries[i + 1][0] - 1 if i + 1 < len(entries) else end
-        if out and out[-1][2] == kk:
-            out[-1] = (out[-1][0], stop, kk)
-        else:
-            out.append((start, stop, kk))
-    return out
+    ends = [nxt[0] - 1 for nxt in entries[1:]] + [entries[-1][1]]
+    steps: list[tuple[int, int]] = []
+    for (_, _, kk), end in zip(entries, ends):
+        if steps and steps[-1][1] == kk:
+            steps.pop()
+        steps.append((end, kk))
+    return steps
 
 
 # ------------------------------------------------------------------ one spec per engine
@@ -129,14 +128,15 @@ def trtllm_spec(base: SpecConfig, k: int, schedule: Schedule | None) -> tuple[Sp
     dropped = [name for name in ("draft_tp", "ngram_min") if getattr(base, name) is not None]
     plain = base.model_copy(update={"k_per_batch_size": None, "max_concurrency": None,
                                     "draft_len_schedule": None, "draft_tp": None, "ngram_min": None})
-    ranges = _contiguous(schedule) if schedule else [(1, 1, k)]
-    for (_, end, before), (_, _, after) in zip(ranges, ranges[1:]):
+    entries = sorted(tuple(e) for e in schedule or [])
+    for (_, _, before), (start, _, after) in zip(entries, entries[1:]):
         if after > before:
             return None, (f"the schedule raises the draft length from {before} to {after} above batch "
-                          f"size {end}; TensorRT-LLM drafts the most at the smallest batch size "
+                          f"size {start - 1}; TensorRT-LLM drafts the most at the smallest batch size "
                           "(draft_len_schedule's smallest key must equal max_draft_len), so it cannot "
                           "say this: deploy the fixed k instead")
-    top = ranges[0][2]
+    steps = _steps(entries) if entries else []
+    top = steps[0][1] if steps else k
     if top == 0:
         return None, "the schedule drafts nothing at any batch size: deploy without a speculative config"
     problems = errors(check_spec(plain.model_copy(update={"k": top}), "trtllm"))
@@ -144,22 +144,22 @@ def trtllm_spec(base: SpecConfig, k: int, schedule: Schedule | None) -> tuple[Sp
         return None, "TensorRT-LLM cannot run this config: " + " ".join(p.message for p in problems)
     tail = (f" ({', '.join(dropped)} dropped: TensorRT-LLM runs the draft at the target's tensor "
             "parallel size and has no minimum n-gram)") if dropped else ""
-    if len(ranges) == 1:
+    if len(steps) <= 1:
         return plain.model_copy(update={"k": top}), f"max_draft_len {top} at every batch size{tail}"
-    if len(ranges) == 2 and ranges[1][2] == 0:
-        cut = ranges[0][1]
+    if len(steps) == 2 and steps[1][1] == 0:
+        cut = steps[0][0]
         return (plain.model_copy(update={"k": top, "max_concurrency": cut}),
                 f"max_draft_len {top} up to batch size {cut}, speculation off above (max_concurrency){tail}")
-    keys = {end: kk for _, end, kk in ranges}
-    last_end, last_k = ranges[-1][1], ranges[-1][2]
+    keys = dict(steps)
+    last_end, last_k = steps[-1]
     note = ("draft_len_schedule: each key is the largest batch size of its draft length (TensorRT-LLM "
             "takes the first key >= the batch size)")
-    if last_k > 0 and last_end < TRTLLM_MAX_BATCH_SIZE:
-        del keys[last_end]
-        keys[TRTLLM_MAX_BATCH_SIZE] = last_k
-        note += (f"; the last key is TensorRT-LLM's default max_batch_size ({TRTLLM_MAX_BATCH_SIZE}), "
-                 f"so batch sizes above {last_end} keep draft length {last_k} as in vLLM (TensorRT-LLM "
-                 "drafts nothing past the largest key)")
+    if last_k > 0:  # TensorRT-LLM drafts nothing past the largest key; vLLM carries the last k on
+        keys[max(last_end, TRTLLM_MAX_BATCH_SIZE)] = keys.pop(last_end)
+        if last_end < TRTLLM_MAX_BATCH_SIZE:
+            note += (f"; the last key is TensorRT-LLM's default max_batch_size ({TRTLLM_MAX_BATCH_SIZE}), "
+                     f"so batch sizes above {last_end} keep draft length {last_k} as in vLLM (TensorRT-LLM "
+                     "drafts nothing past the largest key)")
     return plain.model_copy(update={"k": top, "draft_len_schedule": keys}), note + tail
 
 
@@ -226,7 +226,7 @@ def _vllm_file(spec: SpecConfig, path: Path, form: str, note: str | None,
 def _trtllm_file(spec: SpecConfig | None, note: str, path: Path, schedule: Schedule | None,
                  k: int) -> tuple[str | None, WrittenConfig]:
     if spec is None:
-        return None, WrittenConfig(engine="trtllm", path=None, note=note)
+        return None, WrittenConfig(engine="trtllm", note=note)  # no file
     render.validate(spec, "trtllm")
     text = render.render(spec, "trtllm", "yaml")
     doc = yaml.safe_load(text)

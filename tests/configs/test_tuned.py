@@ -54,8 +54,29 @@ def test_vllm_spec_carries_the_schedule_sorted():
 
 
 def test_vllm_spec_drops_tensorrt_llm_fields_of_the_base():
-    base = NGRAM.model_copy(update={"max_concurrency": 8})
-    assert T.vllm_spec(base, 4, [(1, 8, 4), (9, 64, 0)]).max_concurrency is None
+    for extra in ({"max_concurrency": 8}, {"draft_len_schedule": {8: 4, 64: 0}}):
+        spec = T.vllm_spec(NGRAM.model_copy(update=extra), 4, [(1, 8, 4), (9, 64, 0)])
+        assert (spec.max_concurrency, spec.draft_len_schedule) == (None, None)
+
+
+def test_the_smallest_k_and_a_base_without_k():
+    assert T.vllm_spec(NGRAM, 1, None).k == 1
+    assert T.trtllm_spec(NGRAM, 1, None)[0].k == 1
+    bare = SpecConfig(method="ngram", ngram_max=3)
+    assert T.vllm_spec(bare, 3, None).k == 3
+    assert T.trtllm_spec(bare, 3, None)[0].k == 3
+    assert T.trtllm_spec(bare.model_copy(update={"k": 2}), 3, [(1, 8, 3), (9, 64, 0)])[0].k == 3
+
+
+def test_trtllm_spec_drops_the_other_schedule_fields_of_the_base():
+    base = NGRAM.model_copy(update={"k_per_batch_size": [(1, 64, 4)], "max_concurrency": 4,
+                                    "draft_len_schedule": {8: 4}})
+    for schedule in (None, [(1, 8, 4), (9, 64, 0)], [(1, 8, 4), (9, 64, 2)]):
+        spec, _ = T.trtllm_spec(base, 4, schedule)
+        assert spec.k_per_batch_size is None
+        assert (spec.max_concurrency is None) or (spec.draft_len_schedule is None)
+    assert T.trtllm_spec(base, 4, None)[0].model_dump(include={"max_concurrency", "draft_len_schedule"}) == \
+        {"max_concurrency": None, "draft_len_schedule": None}
 
 
 @pytest.mark.parametrize("k", [0, -1])
@@ -127,16 +148,22 @@ def test_notes_say_what_each_form_means():
     assert "first key >= the batch size" in drafting
     assert f"default max_batch_size ({T.TRTLLM_MAX_BATCH_SIZE}), so batch sizes above 64 keep draft length 1" \
         in drafting
+    assert drafting == ("draft_len_schedule: each key is the largest batch size of its draft length (TensorRT-LLM "
+                        "takes the first key >= the batch size); the last key is TensorRT-LLM's default "
+                        "max_batch_size (2048), so batch sizes above 64 keep draft length 1 as in vLLM "
+                        "(TensorRT-LLM drafts nothing past the largest key)")
     _, to_off = T.trtllm_spec(NGRAM, 4, SCHEDULES["steps down to off"])
-    assert "first key >= the batch size" in to_off and "max_batch_size" not in to_off
+    assert to_off == ("draft_len_schedule: each key is the largest batch size of its draft length "
+                      "(TensorRT-LLM takes the first key >= the batch size)")
 
 
 def test_a_last_range_past_tensorrt_llms_default_batch_keeps_its_end():
     big = T.TRTLLM_MAX_BATCH_SIZE + 100
     spec, note = T.trtllm_spec(NGRAM, 4, [(1, 8, 4), (9, big, 2)])
     assert spec.draft_len_schedule == {8: 4, big: 2} and "max_batch_size" not in note
-    at_default, _ = T.trtllm_spec(NGRAM, 4, [(1, 8, 4), (9, T.TRTLLM_MAX_BATCH_SIZE, 2)])
+    at_default, at_default_note = T.trtllm_spec(NGRAM, 4, [(1, 8, 4), (9, T.TRTLLM_MAX_BATCH_SIZE, 2)])
     assert at_default.draft_len_schedule == {8: 4, T.TRTLLM_MAX_BATCH_SIZE: 2}
+    assert "max_batch_size" not in at_default_note
 
 
 @pytest.mark.parametrize("schedule,rise", [
@@ -147,7 +174,9 @@ def test_a_last_range_past_tensorrt_llms_default_batch_keeps_its_end():
 def test_a_draft_length_rising_with_batch_size_cannot_be_written(schedule, rise):
     spec, why = T.trtllm_spec(NGRAM, 4, schedule)
     assert spec is None
-    assert rise in why and "smallest key must equal max_draft_len" in why
+    assert why == (f"the schedule raises the draft length {rise}; TensorRT-LLM drafts the most at the "
+                   "smallest batch size (draft_len_schedule's smallest key must equal max_draft_len), so it "
+                   "cannot say this: deploy the fixed k instead")
 
 
 def test_a_schedule_that_never_drafts_has_no_trtllm_config():
@@ -165,6 +194,11 @@ def test_methods_tensorrt_llm_cannot_run(base, says):
     assert why.startswith("TensorRT-LLM cannot run this config: ") and says in why
 
 
+def test_every_reason_tensorrt_llm_cannot_run_it_is_given():
+    _, why = T.trtllm_spec(SpecConfig(method="eagle", k=4), 4, None)
+    assert "EAGLE-3 checkpoint. Method 'eagle' needs a draft" in why
+
+
 def test_vllm_only_draft_settings_are_dropped_with_a_word():
     base = SpecConfig(method="draft_model", k=4, draft="/d", tp=2, draft_tp=1)
     spec, note = T.trtllm_spec(base, 4, None)
@@ -173,6 +207,8 @@ def test_vllm_only_draft_settings_are_dropped_with_a_word():
                          "size and has no minimum n-gram)")
     ngram, ngram_note = T.trtllm_spec(NGRAM.model_copy(update={"ngram_min": 2}), 4, None)
     assert ngram.ngram_min is None and "(ngram_min dropped" in ngram_note
+    both = NGRAM.model_copy(update={"ngram_min": 2, "draft_tp": 1})
+    assert " (draft_tp, ngram_min dropped: " in T.trtllm_spec(both, 4, None)[1]
     assert "dropped" not in T.trtllm_spec(NGRAM, 4, None)[1]
 
 
@@ -189,6 +225,7 @@ def test_trtllm_draft_len_of_a_cut_off_and_of_a_fixed_k():
     cut = SpecConfig(method="ngram", k=3, max_concurrency=8)
     assert [T.trtllm_draft_len(cut, b) for b in (1, 8, 9)] == [3, 3, 0]
     assert T.trtllm_draft_len(SpecConfig(method="ngram", k=3), 4096) == 3
+    assert T.trtllm_draft_len(SpecConfig(method="ngram", k=1, max_concurrency=8), 8) == 1
 
 
 @pytest.mark.parametrize("trt,first", [
@@ -328,6 +365,51 @@ def test_a_draft_that_is_not_local_skips_vllms_check(smol_dir):
     assert T.vllm_checkable(local) is True
     assert T.vllm_checkable(local.model_copy(update={"draft": HF_TARGET})) is False
     assert T.vllm_checkable(local.model_copy(update={"target": None})) is False
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """vLLM's check replaced by a recorder (the real one below imports vllm)."""
+    seen = []
+
+    def check(spec):
+        seen.append(spec)
+        return f"checked k={spec.k} target={spec.target}"
+
+    monkeypatch.setattr(T, "vllm_checkable", lambda spec: True)
+    monkeypatch.setattr(T, "vllm_engine_check", check)
+    return seen
+
+
+def test_every_vllm_file_goes_through_vllms_check_by_default(tmp_path, fake_vllm):
+    rec = Recommendation(form="schedule", k=4, schedule=[(1, 8, 4), (9, 64, 1)], fixed_fallback_k=3)
+    written = T.write_tuned_configs(NGRAM, rec, tmp_path, target="/m")
+    assert [w.checked_by[1:] for w in written[:2]] == [["checked k=4 target=/m"], ["checked k=3 target=/m"]]
+    assert [s.k_per_batch_size for s in fake_vllm] == [[(1, 8, 4), (9, 64, 1)], None]
+    unchecked = T.write_tuned_configs(NGRAM, rec, tmp_path / "b", target="/m", vllm_check=False)
+    assert [w.checked_by for w in unchecked[:2]] == [["specadapt rules (vLLM 0.32.0)"]] * 2
+    assert len(fake_vllm) == 2
+
+
+def test_vllms_check_is_skipped_where_it_cannot_run(tmp_path, fake_vllm, monkeypatch):
+    monkeypatch.setattr(T, "vllm_checkable", lambda spec: False)
+    written = T.write_tuned_configs(NGRAM, Recommendation(form="fixed", k=4), tmp_path, target="/m")
+    assert written[0].checked_by == ["specadapt rules (vLLM 0.32.0)"] and fake_vllm == []
+
+
+def test_the_target_is_the_argument_or_else_the_bases(tmp_path, fake_vllm):
+    base = NGRAM.model_copy(update={"target": "/base"})
+    T.write_tuned_configs(base, Recommendation(form="fixed", k=4), tmp_path, target="/given")
+    T.write_tuned_configs(base, Recommendation(form="fixed", k=4), tmp_path)
+    assert [s.target for s in fake_vllm] == ["/given", "/base"]
+
+
+def test_a_tensorrt_llm_config_that_would_draft_otherwise_than_vllm_is_not_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "first_disagreement", lambda schedule, k, trt: 7)
+    rec = Recommendation(form="schedule", k=4, schedule=[(1, 8, 4), (9, 64, 1)])
+    with pytest.raises(RuntimeError, match="^TensorRT-LLM's draft length differs from vLLM's at batch size 7$"):
+        T.write_tuned_configs(NGRAM, rec, tmp_path, target=HF_TARGET)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------ vLLM's own check (imports vllm)
