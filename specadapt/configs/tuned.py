@@ -144,6 +144,9 @@ def trtllm_spec(base: SpecConfig, k: int, schedule: Schedule | None) -> tuple[Sp
         return None, "TensorRT-LLM cannot run this config: " + " ".join(p.message for p in problems)
     tail = (f" ({', '.join(dropped)} dropped: TensorRT-LLM runs the draft at the target's tensor "
             "parallel size and has no minimum n-gram)") if dropped else ""
+    if base.method == "draft_model" and any(kk == 0 for _, kk in steps):
+        tail += ("; newer TensorRT-LLM drafts at least 1 token with Draft_Target where this says 0 "
+                 "(min_runtime_draft_len)")
     if len(steps) <= 1:
         return plain.model_copy(update={"k": top}), f"max_draft_len {top} at every batch size{tail}"
     if len(steps) == 2 and steps[1][1] == 0:

@@ -194,6 +194,20 @@ def test_methods_tensorrt_llm_cannot_run(base, says):
     assert why.startswith("TensorRT-LLM cannot run this config: ") and says in why
 
 
+@pytest.mark.parametrize("schedule,floored", [
+    ([(1, 8, 4), (9, 64, 0)], True), ([(1, 4, 4), (5, 8, 2), (9, 64, 0)], True),
+    ([(1, 8, 4), (9, 64, 1)], False), (None, False),
+])
+def test_a_draft_model_schedule_that_stops_drafting_warns_of_tensorrt_llms_floor(schedule, floored):
+    # tensorrt_llm/_torch/speculative/utils.py get_draft_len_for_batch_size(min_draft_len); 1 for Draft_Target
+    floor = "; newer TensorRT-LLM drafts at least 1 token with Draft_Target where this says 0 (min_runtime_draft_len)"
+    draft = SpecConfig(method="draft_model", k=4, draft="/d")
+    assert T.trtllm_spec(draft, 4, schedule)[1].endswith(floor) is floored
+    assert floor not in T.trtllm_spec(NGRAM, 4, schedule)[1]
+    dropped = T.trtllm_spec(draft.model_copy(update={"tp": 2, "draft_tp": 1}), 4, schedule)[1]
+    assert "(draft_tp dropped: " in dropped and dropped.endswith(floor) is floored
+
+
 def test_every_reason_tensorrt_llm_cannot_run_it_is_given():
     _, why = T.trtllm_spec(SpecConfig(method="eagle", k=4), 4, None)
     assert "EAGLE-3 checkpoint. Method 'eagle' needs a draft" in why
