@@ -11,6 +11,7 @@
     llamacpp.py    llama-cpp-python's prompt-lookup flags, rendered and read
     deploy.py      Kubernetes Deployment/Service, docker compose
     render.py      one entry point per output format
+    tuned.py       the vLLM and TensorRT-LLM files for what `specadapt tune` recommends
     files.py       validate / explain an existing file
     examples.py    the generated examples in the repository's configs/
 
