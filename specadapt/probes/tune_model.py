@@ -95,15 +95,14 @@ def fit_level(concurrency: int, points: Sequence[tuple[int, LevelResult]], varia
     (None without an interval). max_rel_error over the points; r2 = 1 - SS_res / SS_tot of the
     measured S_k against predicted (3+ points and SS_tot > 0, else None). model_best_k: argmax of
     predicted (ties: the smaller k)."""
-    kept = sorted(((k, lv) for k, lv in points
-                   if lv.speed.tpot.point is not None and lv.acceptance.mean_acceptance_length is not None),
-                  key=lambda p: p[0])
+    kept = sorted({k: lv for k, lv in points
+                   if lv.speed.tpot.point is not None and lv.acceptance.mean_acceptance_length is not None}.items())
     if not kept:
         return LevelFit(concurrency=concurrency, variant=variant, form="none")
-    ks = np.array([k for k, _ in kept], dtype=float)
+    ks = np.array([k for k, _ in kept])
     y = np.array([lv.acceptance.mean_acceptance_length / lv.speed.tpot.point for _, lv in kept])
     if len(kept) >= 3:
-        (v, c), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(ks), ks]), y, rcond=None)
+        c, v = np.polyfit(ks, y, 1)
         form = "v + c k"
     else:
         v, c = 1.0, np.sum(ks * (y - 1.0)) / np.sum(ks * ks)
@@ -287,7 +286,7 @@ def recommendation(schedule: Sequence[tuple[int, int, int]], choices: Sequence[L
                      f"Least certain: concurrency {worst.concurrency}, {worst.label} ({worst.certainty}).")
     parts.append(f"Fixed-k fallback for engines that do not honour schedules: {_k_text(fallback_k)}.")
     return Recommendation(form=form, variant=variant, k=top, schedule=ranges, fixed_fallback_k=fallback_k,
-                          verified=False, summary=" ".join(parts))
+                          summary=" ".join(parts))
 
 
 def _above(acc: AcceptanceSummary | None, k: int, run: str) -> tuple[float | None, float | None, str | None]:

@@ -163,7 +163,7 @@ def test_points_without_a_ratio_or_a_length_are_left_out():
     pts = [(1, point_at(1, v, c)), (2, level(ci(None), 1.6, RATES[:2])), (3, level(ci(1.3), None)),
            (4, point_at(4, v, c))]
     fit = tm.fit_level(1, pts)
-    assert fit.form == "1 + c k"  # two points left
+    assert (fit.form, fit.variant) == ("1 + c k", "")  # two points left
     assert [p.k for p in fit.points] == [1, 4]
 
 
@@ -192,6 +192,20 @@ def test_no_prediction_past_the_rates_known():
     assert fit.c is not None
 
 
+def test_predictions_stop_at_the_largest_k_measured():
+    # the rates reach further than the largest k (position 2 of a k = 1 run cannot exist, but the
+    # fit must not predict past what was measured)
+    fit = tm.fit_level(1, [(1, level(ci(1.2), 1.5, [0.5, 0.3]))])
+    assert sorted(fit.predicted) == [0, 1]
+
+
+def test_a_point_without_per_position_rates_has_no_prediction():
+    fit = tm.fit_level(1, [(2, level(ci(1.2), 1.5, []))])
+    assert fit.form == "1 + c k" and fit.c == pytest.approx(((1.5 / 1.2) - 1) / 2)
+    assert fit.predicted == {0: 1.0} and fit.points == []
+    assert fit.max_rel_error is None and fit.r2 is None and fit.model_best_k == 0
+
+
 def test_no_prediction_where_the_fitted_cost_is_not_positive():
     # y = 0.25 at k = 1 and 0.125 at k = 2: c = (1 * -0.75 + 2 * -0.875) / 5 = -0.5 (shown as measured),
     # the cost at k = 2 is 1 - 2 * 0.5 = 0: no prediction there; at k = 1 it is 0.5.
@@ -201,6 +215,17 @@ def test_no_prediction_where_the_fitted_cost_is_not_positive():
     assert fit.predicted == {0: 1.0, 1: 2.0}
     assert [p.k for p in fit.points] == [1]
     assert fit.model_best_k == 1
+
+
+def test_points_beyond_a_non_positive_cost_keep_their_prediction():
+    # y = 0.1, 0.3, 2.0 at k = 1, 2, 3 (L = 1): c = (2.0 - 0.1) / 2 = 0.95, v = 0.8 - 2 * 0.95 = -1.1;
+    # the cost is -0.15 at k = 1 (no prediction), 0.8 at k = 2 and 1.75 at k = 3
+    pts = [(k, level(ci(1.0 / y), 1.0, [0.0] * 3)) for k, y in ((1, 0.1), (2, 0.3), (3, 2.0))]
+    fit = tm.fit_level(1, pts)
+    assert (fit.v, fit.c) == (pytest.approx(-1.1), pytest.approx(0.95))
+    assert sorted(fit.predicted) == [0, 2, 3]
+    assert fit.predicted[2] == pytest.approx(1.0 / 0.8) and fit.predicted[3] == pytest.approx(1.0 / 1.75)
+    assert [p.k for p in fit.points] == [2, 3]
 
 
 def test_model_best_ties_go_to_the_smaller_k():
@@ -254,6 +279,8 @@ def test_ties_go_to_the_smaller_k():
     assert (ch.k, ch.runner_up_k) == (2, 4)
     ch = tm.choose_level(1, {3: ci(1.0, 0.9, 1.1)}, {})
     assert (ch.k, ch.label, ch.ratio, ch.runner_up_k, ch.runner_up_ratio) == (0, "off", None, 3, 1.0)
+    assert ch.certainty == "leaning"  # the runner-up itself is not clearly slower
+    assert ch.reason == "off: no candidate is faster, but k=3 at 1.00x [0.90, 1.10] is not clearly slower"
 
 
 def test_off_clear_when_every_candidate_is_slower():
@@ -374,7 +401,7 @@ def test_the_last_range_ends_at_max_batch_size_or_the_last_level(max_bs, last_en
 def test_levels_are_taken_in_order_and_at_least_one_is_needed():
     ranges, _ = tm.build_schedule([choice(8, 1), choice(1, 3)])
     assert ranges == [(1, 7, 3), (8, 8, 1)]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^a schedule needs at least one level$"):
         tm.build_schedule([])
 
 
@@ -401,6 +428,7 @@ def test_fallback_needs_a_point_at_every_level():
     assert tm.fixed_fallback({1: {4: ci(3.0)}, 8: {}}, [4]) == 0
     assert tm.fixed_fallback({1: {4: ci(3.0)}, 8: {4: ci(None)}}, [4]) == 0
     assert tm.fixed_fallback({1: {4: ci(3.0), 2: ci(1.1)}, 8: {2: ci(1.1)}}, [2, 4]) == 2
+    assert tm.fixed_fallback({1: {2: ci(3.0), 4: ci(1.1)}, 8: {4: ci(1.1)}}, [2, 4]) == 4
 
 
 def test_fallback_ties_go_to_the_smaller_k():
@@ -638,6 +666,6 @@ def test_least_squares_agree_with_polyfit():
     ks = np.array([1.0, 2.0, 4.0, 6.0])
     ys = np.array([1.25, 1.32, 1.61, 1.77])
     c, v = np.polyfit(ks, ys, 1)
-    pts = [(int(k), level(ci(2.0 / y), 2.0, [0.5] * 6)) for k, y in zip(ks, ys)]
+    pts = [(int(k), level(ci(2.0 / y), 2.0, [0.5] * 6)) for k, y in zip(ks, ys, strict=True)]
     fit = tm.fit_level(1, pts)
     assert (fit.v, fit.c) == (pytest.approx(v), pytest.approx(c))
