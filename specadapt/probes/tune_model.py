@@ -12,10 +12,14 @@ predicted TPOT ratio off/on is L(k) / (v + c k). At k = 0 (speculation off) it i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI
 from specadapt.records.tune import (
+    FitPoint,
     HonourCheck,
     LevelChoice,
     LevelFit,
@@ -32,9 +36,49 @@ MIN_FIXED_COUNT = 20
 """Fewer accepted tokens than this above the scheduled k in the fixed-k run: undetermined."""
 
 
+_CERTAINTY_ORDER = ("no interval", "leaning", "clear")
+"""Least to most certain: the summary names the level whose choice comes first here."""
+
+
+def _k_text(k: int) -> str:
+    return "off" if k == 0 else f"k={k}"
+
+
+def _has_interval(r: RatioCI) -> bool:
+    return r.low is not None and r.high is not None
+
+
+def _ratio_text(r: RatioCI) -> str:
+    if r.point is None:
+        return "unknown"
+    if not _has_interval(r):
+        return f"{r.point:.2f}x"
+    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def _sizes(start: int, end: int) -> str:
+    return f"{start}" if start == end else f"{start}-{end}"
+
+
+def _and_list(items: Sequence[object]) -> str:
+    words = [str(x) for x in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def objective_ratio(level: LevelResult, objective: Objective) -> RatioCI:
     """The level's ratio that judges candidates: speed.tpot, speed.e2e or speed.throughput."""
-    raise NotImplementedError
+    return {"tpot": level.speed.tpot, "e2e": level.speed.e2e, "throughput": level.speed.throughput}[objective]
+
+
+def _predict(rates: Sequence[float], v: float, c: float, k: int) -> float | None:
+    """(1 + sum of the first k rates) / (v + c k); None where the model says nothing: fewer
+    per-position rates than k, or a cost v + c k that is not positive (a fit that went wrong)."""
+    if k == 0:
+        return 1.0
+    cost = v + c * k
+    if k > len(rates) or cost <= 0:
+        return None
+    return (1.0 + sum(rates[:k])) / cost
 
 
 def fit_level(concurrency: int, points: Sequence[tuple[int, LevelResult]], variant: str = "") -> LevelFit:
@@ -51,7 +95,45 @@ def fit_level(concurrency: int, points: Sequence[tuple[int, LevelResult]], varia
     (None without an interval). max_rel_error over the points; r2 = 1 - SS_res / SS_tot of the
     measured S_k against predicted (3+ points and SS_tot > 0, else None). model_best_k: argmax of
     predicted (ties: the smaller k)."""
-    raise NotImplementedError
+    kept = sorted({k: lv for k, lv in points
+                   if lv.speed.tpot.point is not None and lv.acceptance.mean_acceptance_length is not None}.items())
+    if not kept:
+        return LevelFit(concurrency=concurrency, variant=variant, form="none")
+    ks = np.array([k for k, _ in kept])
+    y = np.array([lv.acceptance.mean_acceptance_length / lv.speed.tpot.point for _, lv in kept])
+    if len(kept) >= 3:
+        c, v = np.polyfit(ks, y, 1)
+        form = "v + c k"
+    else:
+        v, c = 1.0, np.sum(ks * (y - 1.0)) / np.sum(ks * ks)
+        form = "1 + c k"
+    v, c = float(v), float(c)
+    rates = list(kept[-1][1].acceptance.per_position_rate)
+    predicted = {}
+    for k in range(kept[-1][0] + 1):
+        pred = _predict(rates, v, c, k)
+        if pred is not None:
+            predicted[k] = pred
+    fit_points = []
+    for k, lv in kept:
+        if k not in predicted:
+            continue  # no prediction to set beside it (see _predict)
+        r = lv.speed.tpot
+        inside = r.low <= predicted[k] <= r.high if _has_interval(r) else None
+        fit_points.append(FitPoint(k=k, measured=r.point, low=r.low, high=r.high,
+                                   tokens_per_pass=lv.acceptance.mean_acceptance_length,
+                                   predicted=predicted[k], inside=inside))
+    max_rel = max((abs(p.predicted - p.measured) / p.measured for p in fit_points), default=None)
+    r2 = None
+    if len(fit_points) >= 3:
+        measured = np.array([p.measured for p in fit_points])
+        ss_tot = float(np.sum((measured - measured.mean()) ** 2))
+        ss_res = float(np.sum((measured - np.array([p.predicted for p in fit_points])) ** 2))
+        if ss_tot > 0:
+            r2 = 1.0 - ss_res / ss_tot
+    best = max(predicted, key=lambda k: (predicted[k], -k))
+    return LevelFit(concurrency=concurrency, variant=variant, form=form, v=v, c=c, per_position_rate=rates,
+                    points=fit_points, max_rel_error=max_rel, r2=r2, predicted=predicted, model_best_k=best)
 
 
 def choose_level(concurrency: int, options: Mapping[int, RatioCI | None], excluded: Mapping[int, str],
@@ -69,7 +151,55 @@ def choose_level(concurrency: int, options: Mapping[int, RatioCI | None], exclud
     (1.21x) beyond its interval"). model_best_k from ``fit``; model_note when the model's best k is
     not among the measured ks ("the model predicts k=3 at 1.50x; it was not measured: add it to
     --k to test it"). label: labels[k] if given, else 'k=K', 'off' for 0."""
-    raise NotImplementedError
+    labels = labels or {}
+
+    def name(k: int) -> str:
+        return labels.get(k, _k_text(k))
+
+    out_excluded = dict(excluded)
+    measured = {0}
+    ranked: list[tuple[int, float, RatioCI | None]] = [(0, 1.0, None)]
+    for k, r in options.items():
+        if r is None or r.point is None:
+            out_excluded.setdefault(k, "not measured at this level")
+            continue
+        measured.add(k)
+        if k not in excluded:
+            ranked.append((k, r.point, r))
+    ranked.sort(key=lambda e: (-e[1], e[0]))
+    best_k, _, best_r = ranked[0]
+    runner = ranked[1] if len(ranked) > 1 else None
+    if best_r is not None:  # k > 0; the runner-up is at least off, at 1.0: max(1, its point) is its point
+        head = f"{name(best_k)}: {_ratio_text(best_r)} vs off"
+        ru = f"{name(runner[0])} ({runner[1]:.2f}x)"
+        if not _has_interval(best_r):
+            certainty, reason = "no interval", f"{head}, without an interval to judge it by; runner-up {ru}"
+        elif best_r.low > runner[1]:
+            certainty, reason = "clear", f"{head}; ahead of {ru} beyond its interval"
+        else:
+            certainty, reason = "leaning", f"{head}; leaning: its interval reaches {ru}"
+    else:
+        blocker = next((e for e in ranked[1:] if not (e[2].high is not None and e[2].high < 1.0)), None)
+        if runner is None:
+            certainty, reason = "clear", "off: no candidate could be chosen at this level"
+        elif blocker is None:
+            certainty = "clear"
+            reason = (f"off: every candidate is slower beyond its interval; the best, {name(runner[0])}, "
+                      f"gives {_ratio_text(runner[2])}")
+        else:
+            certainty = "leaning"
+            reason = (f"off: no candidate is faster, but {name(blocker[0])} at {_ratio_text(blocker[2])} "
+                      f"is not clearly slower")
+    model_best = fit.model_best_k if fit is not None else None
+    note = None
+    if model_best is not None and model_best not in measured:
+        missing = "it was not measured at this level" if model_best in options else \
+            "it was not measured: add it to --k to test it"
+        note = f"the model predicts {_k_text(model_best)} at {fit.predicted[model_best]:.2f}x; {missing}"
+    return LevelChoice(concurrency=concurrency, k=best_k, label=name(best_k), ratio=best_r,
+                       runner_up_k=runner[0] if runner else None, runner_up_ratio=runner[1] if runner else None,
+                       certainty=certainty, reason=reason, excluded=out_excluded, model_best_k=model_best,
+                       model_note=note)
 
 
 def build_schedule(choices: Sequence[LevelChoice], max_batch_size: int | None = None
@@ -81,7 +211,35 @@ def build_schedule(choices: Sequence[LevelChoice], max_batch_size: int | None = 
     sizes were not measured and took the k of the level below (and that the engines carry the last
     range's k to larger batch sizes), e.g. "batch sizes 2-3 were not measured: they take k=4 of
     batch size 1; ..."."""
-    raise NotImplementedError
+    levels = sorted(choices, key=lambda ch: ch.concurrency)
+    if not levels:
+        raise ValueError("a schedule needs at least one level")
+    ranges: list[tuple[int, int, int]] = []
+    notes: list[str] = []
+
+    def unmeasured(start: int, end: int, ch: LevelChoice) -> None:
+        if start > end:
+            return
+        what = f"batch size {start} was not measured: it takes" if start == end else \
+            f"batch sizes {start}-{end} were not measured: they take"
+        notes.append(f"{what} k={ch.k} of batch size {ch.concurrency}")
+
+    for i, ch in enumerate(levels):
+        last = i == len(levels) - 1
+        start = 1 if i == 0 else ch.concurrency
+        end = max(ch.concurrency, max_batch_size or ch.concurrency) if last else levels[i + 1].concurrency - 1
+        unmeasured(start, ch.concurrency - 1, ch)
+        unmeasured(ch.concurrency + 1, end, ch)
+        if ranges and ranges[-1][2] == ch.k:
+            ranges[-1] = (ranges[-1][0], end, ch.k)
+        else:
+            ranges.append((start, end, ch.k))
+    if not notes:
+        notes.append(f"every batch size from 1 to {ranges[-1][1]} was measured")
+    notes.append(f"the engines carry the last range's k={ranges[-1][2]} to batch sizes above "
+                 f"{ranges[-1][1]}")
+    note = "; ".join(notes) + "."
+    return ranges, note[0].upper() + note[1:]
 
 
 def fixed_fallback(per_level: Mapping[int, Mapping[int, RatioCI | None]], eligible: Sequence[int]) -> int:
@@ -89,7 +247,17 @@ def fixed_fallback(per_level: Mapping[int, Mapping[int, RatioCI | None]], eligib
     Score of k: mean over levels of log(point) (k = 0: log 1 = 0; a k without a point at some
     level cannot be the fallback); highest score wins, ties the smaller k. ``eligible``: the ks
     allowed (0 is always allowed)."""
-    raise NotImplementedError
+    # Every k that can win has a point at every level, so ranking by the sum of the logs ranks by
+    # their mean; off (absent from per_level, or there at 1.0) scores 0.
+    best_k, best_score = 0, 0.0
+    for k in sorted(set(eligible)):
+        ratios = [level.get(k) for level in per_level.values()]
+        if any(r is None or r.point is None for r in ratios):
+            continue
+        score = sum(math.log(r.point) for r in ratios)
+        if score > best_score:
+            best_k, best_score = k, score
+    return best_k
 
 
 def recommendation(schedule: Sequence[tuple[int, int, int]], choices: Sequence[LevelChoice],
@@ -97,7 +265,38 @@ def recommendation(schedule: Sequence[tuple[int, int, int]], choices: Sequence[L
     """Form 'off' when every range has k = 0; 'fixed' when every range has the same k > 0; else
     'schedule' (k = the largest k of the ranges). summary: one paragraph naming the form, the
     ranges, the least certain level's certainty, and the fixed-k fallback. verified False."""
-    raise NotImplementedError
+    ranges = [(int(s), int(e), int(k)) for s, e, k in schedule]
+    if not ranges:
+        return Recommendation(form="none", variant=variant, fixed_fallback_k=fallback_k,
+                              summary="Nothing was measured: there is no recommendation.")
+    ks = {k for _, _, k in ranges}
+    top = max(ks)
+    shown = ", ".join(f"{_sizes(s, e)} {_k_text(k)}" for s, e, k in ranges)
+    of_variant = f" ({variant})" if variant else ""
+    if top == 0:
+        form, first = "off", f"Speculation off{of_variant}: batch sizes {shown}."
+    elif len(ks) == 1:
+        form, first = "fixed", f"Fixed k={top}{of_variant}: batch sizes {shown}."
+    else:
+        form, first = "schedule", f"Schedule{of_variant}: batch sizes {shown}; the engine's k is {top}."
+    parts = [first]
+    if choices:
+        worst = min(choices, key=lambda ch: _CERTAINTY_ORDER.index(ch.certainty))
+        parts.append("Every level's choice is clear." if worst.certainty == "clear" else
+                     f"Least certain: concurrency {worst.concurrency}, {worst.label} ({worst.certainty}).")
+    parts.append(f"Fixed-k fallback for engines that do not honour schedules: {_k_text(fallback_k)}.")
+    return Recommendation(form=form, variant=variant, k=top, schedule=ranges, fixed_fallback_k=fallback_k,
+                          summary=" ".join(parts))
+
+
+def _above(acc: AcceptanceSummary | None, k: int, run: str) -> tuple[float | None, float | None, str | None]:
+    """(accepted count at positions >= k, that per generated token, problem) of one run."""
+    if acc is None or not acc.known:
+        return None, None, f"the {run} run's acceptance counts are unknown"
+    if not acc.drafts or not acc.generation_tokens or len(acc.per_position_rate) <= k:
+        return None, None, f"the {run} run lacks draft, generated-token or per-position counts above k={k}"
+    count = sum(acc.per_position_rate[k:]) * acc.drafts
+    return count, count / acc.generation_tokens, None
 
 
 def honour_check(concurrency: int, scheduled_k: int, engine_k: int, verify: AcceptanceSummary,
@@ -110,33 +309,80 @@ def honour_check(concurrency: int, scheduled_k: int, engine_k: int, verify: Acce
     drafts/generation_tokens, or the fixed count < MIN_FIXED_COUNT; else ratio = schedule / fixed
     and 'honoured' when ratio < HONOURED_BELOW, 'not honoured' otherwise. reason: one sentence with
     the figures."""
-    raise NotImplementedError
+    at = f"At concurrency {concurrency}"
+    if scheduled_k >= engine_k:
+        return HonourCheck(concurrency=concurrency, scheduled_k=scheduled_k, engine_k=engine_k,
+                           verdict="not applicable",
+                           reason=f"{at} the schedule's k={scheduled_k} is not below the engine's k={engine_k}: "
+                                  f"there are no fewer drafts to check.")
+    _, schedule_rate, problem = _above(verify, scheduled_k, "verification")
+    fixed_count, fixed_rate, fixed_problem = _above(fixed, scheduled_k, f"fixed k={engine_k}")
+    problem = problem or fixed_problem
+    if problem is None and fixed_count < MIN_FIXED_COUNT:
+        problem = (f"only {fixed_count:g} tokens were accepted above k={scheduled_k} in the fixed k={engine_k} run, "
+                   f"fewer than {MIN_FIXED_COUNT}")
+    if problem is not None:
+        return HonourCheck(concurrency=concurrency, scheduled_k=scheduled_k, engine_k=engine_k,
+                           schedule_rate=schedule_rate, fixed_rate=fixed_rate, fixed_count=fixed_count,
+                           verdict="undetermined",
+                           reason=f"{at} whether k={scheduled_k} is honoured cannot be told: {problem}.")
+    ratio = schedule_rate / fixed_rate
+    honoured = ratio < HONOURED_BELOW
+    reason = (f"{at} {schedule_rate:.4f} tokens per generated token were accepted above k={scheduled_k} in the "
+              f"verification run against {fixed_rate:.4f} in the fixed k={engine_k} run (ratio {ratio:.2f}, "
+              + (f"below {HONOURED_BELOW:g}): the server drafted fewer tokens as scheduled." if honoured else
+                 f"not below {HONOURED_BELOW:g}): the server kept drafting beyond the scheduled k."))
+    return HonourCheck(concurrency=concurrency, scheduled_k=scheduled_k, engine_k=engine_k,
+                       schedule_rate=schedule_rate, fixed_rate=fixed_rate, fixed_count=fixed_count, ratio=ratio,
+                       verdict="honoured" if honoured else "not honoured", reason=reason)
 
 
 def verify_level(concurrency: int, scheduled_k: int, ratio: RatioCI, best_fixed_k: int,
                  best_fixed_ratio: RatioCI | None, honour: HonourCheck | None = None) -> LevelVerify:
     """as_good: the emitted config's interval reaches the best fixed-k's: ratio.high >=
     best_fixed_ratio.low (off best, i.e. None: ratio.high >= 1); None when an interval is missing."""
-    raise NotImplementedError
+    reach = 1.0 if best_fixed_ratio is None else best_fixed_ratio.low
+    as_good = None if ratio.high is None or reach is None else ratio.high >= reach
+    return LevelVerify(concurrency=concurrency, scheduled_k=scheduled_k, ratio=ratio, best_fixed_k=best_fixed_k,
+                       best_fixed_ratio=best_fixed_ratio, as_good=as_good, honour=honour)
 
 
 def overall_honour(checks: Sequence[HonourCheck]) -> str:
     """'not honoured' if any level is; else 'honoured' if any is; else 'undetermined' if any is;
     else 'not applicable'."""
-    raise NotImplementedError
+    verdicts = {c.verdict for c in checks}
+    for verdict in ("not honoured", "honoured", "undetermined"):
+        if verdict in verdicts:
+            return verdict
+    return "not applicable"
 
 
 def verification_reasons(levels: Sequence[LevelVerify], suspect: int) -> list[str]:
     """Why a verification fails, one line each: a level whose as_good is False (with both
     ratios), a level whose as_good is None (no interval to tell), suspect > 0 divergences. []:
     it passed (honouring is judged separately)."""
-    raise NotImplementedError
+    reasons = []
+    for lv in levels:
+        best = _k_text(lv.best_fixed_k)
+        best_ratio = "1.00x" if lv.best_fixed_ratio is None else _ratio_text(lv.best_fixed_ratio)
+        if lv.as_good is False:
+            reasons.append(f"At concurrency {lv.concurrency} the emitted config's {_ratio_text(lv.ratio)} falls "
+                           f"short of {best}'s {best_ratio}: its interval does not reach the other's.")
+        elif lv.as_good is None:
+            reasons.append(f"At concurrency {lv.concurrency} there is no interval to tell whether the emitted "
+                           f"config's {_ratio_text(lv.ratio)} is as good as {best}'s {best_ratio}.")
+    if suspect > 0:
+        reasons.append(f"{suspect} prompt{'s' if suspect > 1 else ''} diverged from the spec-off output "
+                       f"beyond a near-tie (suspect).")
+    return reasons
 
 
 def variant_score(choices: Sequence[LevelChoice]) -> float:
     """Mean over levels of log(chosen point) (off: 0): how good a variant's schedule is, to pick
     among variants (higher is better)."""
-    raise NotImplementedError
+    if not choices:
+        return 0.0
+    return sum(0.0 if ch.ratio is None else math.log(ch.ratio.point) for ch in choices) / len(choices)
 
 
 def units_problem(concurrency: Sequence[int], requests_per_set: int, repeat: int, min_units: int) -> str | None:
@@ -146,4 +392,17 @@ def units_problem(concurrency: Sequence[int], requests_per_set: int, repeat: int
     per repeat. E.g. "--concurrency 4 gives 3 units (one per --repeat); intervals need 5: give
     --repeat 5"; at 1: "... gives 4 units (prompts x --repeat); intervals need 5: give --repeat 2
     or more prompts"."""
-    raise NotImplementedError
+    levels = sorted(set(concurrency))
+    batched = [c for c in levels if c > 1]
+    if batched and repeat < min_units:
+        gives = "gives" if len(batched) == 1 else "give"
+        each = "" if len(batched) == 1 else " each"
+        return (f"--concurrency {_and_list(batched)} {gives} {repeat} unit{'' if repeat == 1 else 's'}{each} "
+                f"(one per --repeat); intervals need {min_units}: give --repeat {min_units}.")
+    units = requests_per_set * repeat
+    if 1 in levels and units < min_units:
+        fix = f"give --repeat {-(-min_units // requests_per_set)} or more prompts" if requests_per_set > 0 \
+            else "give prompts"
+        return (f"--concurrency 1 gives {units} unit{'' if units == 1 else 's'} (prompts x --repeat); "
+                f"intervals need {min_units}: {fix}.")
+    return None
