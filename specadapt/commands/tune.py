@@ -240,20 +240,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         raise ServerDied(f"{report.partial_reason}; the partial report is in {out_dir}")
     for path in written:
         say(f"wrote {path}")
-    return exit_code(report)
-
-
-def exit_code(report: TuneReport) -> int:
-    """0: a recommendation stands; 1: the verification failed on speed (on a server that honoured
-    the schedule) or found a suspect divergence, or nothing could be recommended."""
-    ver = report.verification
-    if report.recommendation.form == "none":
-        return 1
-    if ver.suspect:
-        return 1
-    if ver.status == "failed" and ver.honoured != "not honoured":
-        return 1
-    return 0
+    return tuning.exit_code(report)
 
 
 def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None, launches: dict[str, Any],

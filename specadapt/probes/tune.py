@@ -299,6 +299,19 @@ def run_verification(report: TuneReport, off: Server, open_verify: Callable[[Spe
     report.verification = judge_verification(report, compare)
 
 
+def exit_code(report: TuneReport) -> int:
+    """0: a recommendation stands; 1: the verification failed on speed (on a server that honoured
+    the schedule) or found a suspect divergence, or nothing could be recommended."""
+    ver = report.verification
+    if report.recommendation.form == "none":
+        return 1
+    if ver.suspect:
+        return 1
+    if ver.status == "failed" and ver.honoured != "not honoured":
+        return 1
+    return 0
+
+
 @contextlib.contextmanager
 def no_progress(description: str, total: int) -> Iterator[Progress]:
     yield lambda rec: None

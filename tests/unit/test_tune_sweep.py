@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from specadapt.commands.tune import exit_code, parse_ks, parse_on
+from specadapt.commands.tune import parse_ks, parse_on
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerStartError, UsageError
 from specadapt.probes import tune as tuning
@@ -199,7 +199,7 @@ def tuning_candidate(label, variant, k, spec):
 ])
 def test_exit_code(ver, form, code):
     report = TuneReport(settings=settings(), verification=ver, recommendation=Recommendation(form=form))
-    assert exit_code(report) == code
+    assert tuning.exit_code(report) == code
 
 
 def test_settle_recommendation_falls_back_to_the_fixed_k_where_the_schedule_is_not_honoured():
