@@ -29,6 +29,7 @@ from specadapt.commands._server import (
 )
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
+from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import load_spec_config, neutral_form
 from specadapt.errors import ServerDied, ServerError, UsageError
@@ -41,7 +42,8 @@ from specadapt.records import CompareSettings, RequestSettings
 from specadapt.records.schedule import schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
 
-SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
+SCHEDULE_BACKENDS = ("vllm", "reference")
+CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds  # backends whose launch takes a per-batch-size schedule
 
 
 def parse_ks(value: str) -> list[int]:
@@ -50,6 +52,8 @@ def parse_ks(value: str) -> list[int]:
     try:
         for part in (p.strip() for p in value.split(",") if p.strip()):
             lo, dash, hi = part.partition("-")
+            if dash and int(hi) < int(lo):
+                raise UsageError(f"--k {value!r}: the range {part} is empty: write it low-high, e.g. 0-4")
             out.update(range(int(lo), int(hi) + 1) if dash else [int(part)])
     except ValueError as exc:
         raise UsageError(f"--k {value!r}: give draft lengths as comma-separated integers or ranges, e.g. 0,2,4 or "
@@ -197,8 +201,12 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         model = str(backend.resolve_model(opts.model))
         for c in to_start:  # every candidate's launch checked before anything starts
             launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)
+            if opts.backend in CONFIG_BACKENDS:  # the configs package's rules, model directories included
+                validate(c.spec.model_copy(update={"target": model}), opts.backend)
         if not off_url:
             launches["off"] = launch_options_for(backend, opts, model, None, None)
+        for launch in launches.values():
+            backend.check_launch(launch)
         if not verify_url and not kw["no_verify"] and opts.backend not in SCHEDULE_BACKENDS:
             raise UsageError(f"tune starts the verification server with a per-batch-size schedule, which backend "
                              f"{opts.backend} does not take: give --verify-url of a running server with the emitted "
