@@ -51,8 +51,7 @@ OFF_NOTE = ("speculation did not pay at any measured batch size: deploy without 
 NONE_NOTE = ("no speculative candidate was measured, so there is nothing to recommend: deploy "
              "without a speculative config until a sweep measures one")
 FALLBACK_NOTE = ("the best single k over all measured batch sizes, for a vLLM server that does not "
-                 "apply num_speculative_tokens_per_batch_size (the CPU build accepts the key but "
-                 "only the GPU model runner applies it)")
+                 "apply num_speculative_tokens_per_batch_size (versions before 0.32 do not know the key)")
 TRTLLM_RULES = "TensorRT-LLM field rules"
 
 Schedule = Sequence[Sequence[int]]
