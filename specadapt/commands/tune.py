@@ -238,9 +238,9 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
     except KeyboardInterrupt:
         report.partial, report.partial_reason = True, "interrupted (Ctrl-C or a signal); the candidates measured " \
                                                       "before are kept"
-        _finish(report, base, out_dir, opts, quiet=True)
+        _finish(report, base, out_dir, model or opts.model, quiet=True)
         raise
-    written = _finish(report, base, out_dir, opts)
+    written = _finish(report, base, out_dir, model or opts.model)
     if report.recommendation.form == "none":
         failed = next((c.error for c in report.candidates if c.error), "no candidate ran")
         raise ServerError(f"no candidate could be measured ({failed}); the report is in {out_dir}")
@@ -304,14 +304,14 @@ def _describe(report: TuneReport) -> str:
     return f"fixed k={rec.k}"
 
 
-def _finish(report: TuneReport, base: SpecConfig, out_dir: Path, opts: ServerOptions, quiet: bool = False) -> list:
+def _finish(report: TuneReport, base: SpecConfig, out_dir: Path, model: str | None, quiet: bool = False) -> list:
     """Configs (for a finished analysis), then the report in every format; the console summary."""
     from specadapt.configs.tuned import write_tuned_configs
     from specadapt.report.tune_render import render_console, write_tune_outputs
 
     written: list = []
     if not report.partial and report.recommendation.form != "none":
-        spec = base.model_copy(update={"target": base.target or opts.model})
+        spec = base.model_copy(update={"target": base.target or model})
         variant = next((c.spec for c in report.candidates if c.variant == report.recommendation.variant and c.spec),
                        None)
         if variant:
