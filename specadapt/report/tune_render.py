@@ -228,9 +228,10 @@ def _choices(report: TuneReport) -> Section:
 def _configs(report: TuneReport) -> Section:
     if not report.configs:
         return Section("Configs written", [Line("No config was written.")])
-    rows = [[c.engine, c.form or "-", c.path or "not written", ", ".join(c.checked_by) or "-", c.note or "-"]
-            for c in report.configs]
-    return Section("Configs written", [Grid("configs", ["engine", "form", "file", "checked by", "note"], rows)])
+    rows = [[c.engine, c.form or "-", c.path or "not written", ", ".join(c.checked_by) or "-"] for c in report.configs]
+    notes = [Line(f"{c.engine} {c.form or ''}: {c.note}".replace("  ", " "), bullet=True) for c in report.configs
+             if c.note]
+    return Section("Configs written", [Grid("configs", ["engine", "form", "file", "checked by"], rows), *notes])
 
 
 def _verification(report: TuneReport) -> Section:
@@ -246,11 +247,13 @@ def _verification(report: TuneReport) -> Section:
         rows.append([str(lv.concurrency), k_name(lv.scheduled_k), ci(lv.ratio), k_name(lv.best_fixed_k),
                      ci(lv.best_fixed_ratio) if lv.best_fixed_ratio is not None else "1.00x (off)",
                      yes_no(lv.as_good, "no interval"),
-                     "-" if h is None else f"{h.verdict} (engine k={h.engine_k})", "-" if h is None else h.reason])
+                     "-" if h is None else f"{h.verdict} (engine k={h.engine_k})"])
     if rows:
         parts.append(Grid("the written config against the best fixed k", [
             "concurrency", "scheduled k", f"{obj} ratio", "best fixed k", "its ratio in the sweep", "as good",
-            "schedule honoured", "why"], rows))
+            "schedule honoured"], rows))
+    parts += [Line(f"concurrency {lv.concurrency}: {lv.honour.reason}", bullet=True) for lv in v.levels
+              if lv.honour is not None]
     parts.append(Line(f"Schedule honoured by the server: {v.honoured}."))
     counts = f"{v.suspect} suspect, {v.near_tie} near-tie"
     if v.compare is not None:
