@@ -97,8 +97,7 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
                                                url=report.off_server.base_url if report.off_server else None))
             continue
         entry = Candidate(label=cand.label, variant=cand.variant, k=cand.k, url=cand.url,
-                          spec=cand.spec.model_dump(exclude_none=True, exclude_defaults=True) if cand.spec else None)
-        server = None
+                          spec=cand.spec.model_dump(exclude_defaults=True) if cand.spec else None)
         try:
             with open_candidate(cand) as server, progress(f"{cand.label} vs off", 2 * requests_per_side) as tick:
                 entry.url = server.base_url
@@ -135,27 +134,30 @@ def level_of(compare: CompareReport | None, concurrency: int) -> LevelResult | N
 
 
 def _variants(report: TuneReport) -> list[str]:
-    return list(dict.fromkeys(c.variant for c in report.candidates if c.k > 0)) or [""]
+    return list(dict.fromkeys(c.variant for c in report.candidates if c.k > 0))
 
 
 def _measured(report: TuneReport, variant: str) -> list[Candidate]:
-    return [c for c in report.candidates if c.k > 0 and c.variant == variant and c.compare is not None]
+    return [c for c in report.candidates if c.variant == variant and c.compare is not None]  # k = 0 has none
 
 
 def _excluded(report: TuneReport, variant: str) -> dict[int, str]:
     out = {}
     for c in report.candidates:
         if c.k > 0 and c.variant == variant:
-            if c.status != "measured" or c.compare is None:
+            if c.compare is None:  # failed or not run
                 out[c.k] = f"not measured: {c.error or c.status}"
             elif c.suspect:
                 out[c.k] = f"{c.suspect} prompt(s) with a suspect divergence: output changed beyond a near-tie"
     return out
 
 
-def _options(report: TuneReport, variant: str, concurrency: int) -> dict[int, RatioCI | None]:
-    """{k: objective ratio at this level} of the variant's eligible measured candidates."""
-    excluded = _excluded(report, variant)
+def _options(report: TuneReport, variant: str, concurrency: int, keep_excluded: bool = False
+             ) -> dict[int, RatioCI | None]:
+    """{k: objective ratio at this level} of the variant's eligible measured candidates (with
+    ``keep_excluded``, of all its measured ones: choose_level leaves the excluded out itself, and
+    needs them to tell a measured but excluded k from one that was not measured)."""
+    excluded = {} if keep_excluded else _excluded(report, variant)
     out: dict[int, RatioCI | None] = {}
     for c in _measured(report, variant):
         if c.k in excluded:
@@ -182,8 +184,8 @@ def analyse(report: TuneReport, given_schedule: Sequence[tuple[int, int, int]] |
             points = [(c.k, lv) for c in measured if (lv := level_of(c.compare, level)) is not None]
             fit = tm.fit_level(level, points, variant)
             report.fits.append(fit)
-            choices.append(tm.choose_level(level, _options(report, variant, level), _excluded(report, variant),
-                                           fit, labels))
+            choices.append(tm.choose_level(level, _options(report, variant, level, keep_excluded=True),
+                                           _excluded(report, variant), fit, labels))
         score = tm.variant_score(choices)
         if best is None or score > best[0]:
             best = (score, variant, choices)
@@ -225,7 +227,7 @@ def verification_spec(report: TuneReport, base: SpecConfig) -> SpecConfig | None
         return None
     variant_spec = next((c.spec for c in report.candidates if c.variant == rec.variant and c.k == rec.k and c.spec),
                         None)
-    spec = SpecConfig.model_validate(variant_spec) if variant_spec else base.model_copy(update={"k": rec.k})
+    spec = SpecConfig.model_validate(variant_spec) if variant_spec else base
     schedule = [tuple(r) for r in rec.schedule] if rec.form == "schedule" else None
     return spec.model_copy(update={"k": rec.k, "k_per_batch_size": schedule})
 
@@ -238,7 +240,7 @@ def judge_verification(report: TuneReport, compare: CompareReport) -> Verificati
     checks = []
     for choice in report.choices:
         level = choice.concurrency
-        scheduled = k_for_batch(rec.schedule, level, rec.k) if rec.form == "schedule" else rec.k
+        scheduled = k_for_batch(rec.schedule, level, rec.k)  # a fixed form's ranges all have k
         lv = level_of(compare, level)
         if lv is None:
             continue
@@ -252,7 +254,7 @@ def judge_verification(report: TuneReport, compare: CompareReport) -> Verificati
     suspect = compare.counts.get("suspect", 0)
     reasons = tm.verification_reasons(levels, suspect)
     return Verification(status="failed" if reasons else "passed", compare=compare, levels=levels,
-                        honoured=tm.overall_honour(checks) if checks else "not applicable",
+                        honoured=tm.overall_honour(checks),
                         suspect=suspect, near_tie=compare.counts.get("near-tie", 0), reasons=reasons,
                         url=compare.on_server.base_url)
 
