@@ -235,7 +235,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
     try:
         _sweep_and_verify(report, plan, off_url, launches, candidates, verify_url, base, prompts, compare_settings,
                           per_side, opts, model, given_schedule)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM/SIGHUP arrive as SystemExit
         report.partial, report.partial_reason = True, "interrupted (Ctrl-C or a signal); the candidates measured " \
                                                       "before are kept"
         _finish(report, base, out_dir, model or opts.model, quiet=True)
