@@ -19,6 +19,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
 
 NGRAM_K4 = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
+NGRAM_K2 = SpecConfig(method="ngram", k=2, ngram_min=2, ngram_max=4)  # tune's k=2 candidate
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +29,12 @@ def embedded_model() -> str:
 
 SERVERS = {  # name: (spec config, dtype)
     "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"), "off_bf16": (None, "bfloat16"),
+    "ngram_k2_fp32": (NGRAM_K2, "float32"),
 }
 # Fixture -> server. The pair that differs in speculation only is float32 (vllm_off and vllm_ngram
 # are the float32 servers); the bfloat16 spec-off server is there for precision divergences.
 FIXTURES = {"vllm_off": "off_fp32", "vllm_off_fp32": "off_fp32", "vllm_ngram": "ngram_fp32",
-            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16"}
+            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16", "vllm_ngram_k2": "ngram_k2_fp32"}
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +71,11 @@ def vllm_off_fp32(vllm_servers):
 @pytest.fixture(scope="session")
 def vllm_ngram_fp32(vllm_servers):
     return vllm_servers[FIXTURES["vllm_ngram_fp32"]]
+
+
+@pytest.fixture(scope="session")
+def vllm_ngram_k2(vllm_servers):
+    return vllm_servers[FIXTURES["vllm_ngram_k2"]]
 
 
 @pytest.fixture(scope="session")
