@@ -258,18 +258,18 @@ def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None,
     off_plan = replace(plan, sides=(Side(url=off_url, spec=False, label="spec-off"),),
                        launch=(None if off_url else launches["off"],))
 
-    def one(label: str, url: str | None, launch) -> contextlib.AbstractContextManager[list[Server]]:
+    def one(url: str | None, launch) -> contextlib.AbstractContextManager[list[Server]]:
         return open_servers(replace(plan, sides=(Side(url=url, label="spec-on"),), launch=(launch,)))
 
     @contextlib.contextmanager
     def open_candidate(cand: tuning.SweepCandidate) -> Iterator[Server]:
-        with one(cand.label, cand.url, None if cand.url else launches[cand.label]) as (server,):
+        with one(cand.url, None if cand.url else launches[cand.label]) as (server,):
             yield server
 
     @contextlib.contextmanager
     def open_verify(spec: SpecConfig) -> Iterator[Server]:
         launch = None if verify_url else launch_options_for(plan.backend, opts, model or "", spec, None)
-        with one("verification", verify_url, launch) as (server,):
+        with one(verify_url, launch) as (server,):
             yield server
 
     @contextlib.contextmanager

@@ -21,8 +21,7 @@ server drafted fewer tokens where the schedule says so (tune_model.honour_check)
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ContextManager
 
@@ -312,8 +311,3 @@ def exit_code(report: TuneReport) -> int:
     if ver.status == "failed" and ver.honoured != "not honoured":
         return 1
     return 0
-
-
-@contextlib.contextmanager
-def no_progress(description: str, total: int) -> Iterator[Progress]:
-    yield lambda rec: None
