@@ -11,8 +11,9 @@ from pathlib import Path
 
 import click
 
-from specadapt.errors import UsageError, require
+from specadapt.errors import require
 from specadapt.models import resolve_model_dir
+from specadapt.records.schedule import read_schedule
 
 _DTYPES = click.Choice(["auto", "float64", "float32", "bfloat16", "float16"])
 
@@ -57,14 +58,7 @@ def _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, d
 
 def _schedule(value: str | None) -> list | None:
     """--num-speculative-tokens-per-batch-size: JSON text or a file holding it."""
-    if not value:
-        return None
-    text = Path(value).read_text() if Path(value).is_file() else value
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise UsageError(f"--num-speculative-tokens-per-batch-size: {value!r} is not JSON: "
-                         "write it as [[1, END1, K1], [END1+1, END2, K2], ...]") from None
+    return read_schedule(value, "--num-speculative-tokens-per-batch-size") if value else None
 
 
 @click.group("reference")

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 
 from specadapt.adapters.base import Server
@@ -32,6 +31,7 @@ from specadapt.commands.compare import parse_levels
 from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import load_spec_config, neutral_form
+from specadapt.configs.tuned import write_tuned_configs
 from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.probes import tune as tuning
 from specadapt.probes import tune_model
@@ -39,11 +39,12 @@ from specadapt.probes.compare import total_requests
 from specadapt.probes.load import turns_of
 from specadapt.probes.stats import MIN_UNITS
 from specadapt.records import CompareSettings, RequestSettings
-from specadapt.records.schedule import schedule_problems
+from specadapt.records.schedule import read_schedule, schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
+from specadapt.report.tune_render import render_console, write_tune_outputs
 
-SCHEDULE_BACKENDS = ("vllm", "reference")
-CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds  # backends whose launch takes a per-batch-size schedule
+SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
+CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds
 
 
 def parse_ks(value: str) -> list[int]:
@@ -135,12 +136,7 @@ def _base_spec(opts: ServerOptions) -> SpecConfig:
 def parse_schedule(value: str, ks: list[int]) -> list[tuple[int, int, int]]:
     """--schedule: inline JSON or a JSON/YAML file with [[start, end, k], ...]; its largest k must be
     one of --k (the fixed run the honour check compares against)."""
-    path = Path(value)
-    text = path.read_text() if not value.lstrip().startswith("[") and path.is_file() else value
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"--schedule {value!r} is not JSON: write it as [[1, 4, 4], [5, 16, 2]]") from exc
+    data = read_schedule(value, "--schedule")
     problems = schedule_problems(data, None)
     if problems:
         raise UsageError(f"--schedule: {problems[0]}")
@@ -300,22 +296,16 @@ def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None,
 def _describe(report: TuneReport) -> str:
     rec = report.recommendation
     if rec.form == "schedule":
-        return "k per batch size " + ", ".join(f"{a}-{b}: {k}" for a, b, k in rec.schedule)
+        return "k per batch size " + tuning.ranges_text(rec.schedule)
     return f"fixed k={rec.k}"
 
 
 def _finish(report: TuneReport, base: SpecConfig, out_dir: Path, model: str | None, quiet: bool = False) -> list:
     """Configs (for a finished analysis), then the report in every format; the console summary."""
-    from specadapt.configs.tuned import write_tuned_configs
-    from specadapt.report.tune_render import render_console, write_tune_outputs
-
     written: list = []
     if not report.partial and report.recommendation.form != "none":
-        spec = base.model_copy(update={"target": base.target or model})
-        variant = next((c.spec for c in report.candidates if c.variant == report.recommendation.variant and c.spec),
-                       None)
-        if variant:
-            spec = SpecConfig.model_validate({**variant, "target": spec.target})
+        spec = tuning.recommended_spec(report, base)
+        spec = spec.model_copy(update={"target": spec.target or model})
         try:
             report.configs = write_tuned_configs(spec, report.recommendation, out_dir)
         except UsageError as err:

@@ -105,13 +105,9 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
                     raise ServerError(_exit_reason(server, cand.label))
         except ServerError as err:
             entry.status, entry.error = "failed", str(err)
-            report.candidates.append(entry)
-            if died(off):
-                _stop(report, candidates[i + 1:], _exit_reason(off, "spec-off"))
-                return
-            continue
-        entry.compare = compare
-        entry.suspect = compare.counts.get("suspect", 0)
+        else:
+            entry.compare = compare
+            entry.suspect = compare.counts.get("suspect", 0)
         report.candidates.append(entry)
         if died(off):
             _stop(report, candidates[i + 1:], _exit_reason(off, "spec-off"))
@@ -202,16 +198,20 @@ def analyse(report: TuneReport, given_schedule: Sequence[tuple[int, int, int]] |
     report.recommendation = tm.recommendation(schedule, choices, fallback, variant)
     if given_schedule is not None:
         ranges = [tuple(r) for r in given_schedule]
-        chosen = ", ".join(f"{a}-{b}: k={k}" for a, b, k in schedule)
         report.recommendation = Recommendation(
             form="schedule", variant=variant, k=max(k for _, _, k in ranges), schedule=ranges,
             fixed_fallback_k=fallback,
-            summary=f"The schedule given with --schedule ({', '.join(f'{a}-{b}: k={k}' for a, b, k in ranges)}), "
-                    f"verified against the best fixed k at each level; the sweep alone would choose {chosen}.")
+            summary=f"The schedule given with --schedule ({ranges_text(ranges)}), verified against the best "
+                    f"fixed k at each level; the sweep alone would choose {ranges_text(schedule)}.")
         report.schedule_ranges_note = "the schedule was given with --schedule"
     if len(_variants(report)) > 1:
         report.notes.append(f"the schedule uses the variant {variant or 'of the base config'}, whose choices "
                             f"scored best over the levels")
+
+
+def ranges_text(schedule: Sequence[Sequence[int]]) -> str:
+    """'1-3: k=4, 4-4: k=2'."""
+    return ", ".join(f"{a}-{b}: k={k}" for a, b, k in schedule)
 
 
 def fixed_candidate(report: TuneReport, k: int, variant: str) -> Candidate | None:
@@ -219,14 +219,19 @@ def fixed_candidate(report: TuneReport, k: int, variant: str) -> Candidate | Non
 
 
 # --- verification -------------------------------------------------------------------------------
+def recommended_spec(report: TuneReport, base: SpecConfig) -> SpecConfig:
+    """The speculative config of the recommended variant (its candidates differ in k alone; the
+    caller sets k), or ``base`` when none of them has one."""
+    spec = next((c.spec for c in report.candidates if c.variant == report.recommendation.variant and c.spec), None)
+    return SpecConfig.model_validate(spec) if spec else base
+
+
 def verification_spec(report: TuneReport, base: SpecConfig) -> SpecConfig | None:
     """The speculative config the verification runs: the recommendation's (None for off/none)."""
     rec = report.recommendation
     if rec.form in ("off", "none"):
         return None
-    variant_spec = next((c.spec for c in report.candidates if c.variant == rec.variant and c.k == rec.k and c.spec),
-                        None)
-    spec = SpecConfig.model_validate(variant_spec) if variant_spec else base
+    spec = recommended_spec(report, base)
     schedule = [tuple(r) for r in rec.schedule] if rec.form == "schedule" else None
     return spec.model_copy(update={"k": rec.k, "k_per_batch_size": schedule})
 

@@ -10,9 +10,25 @@ refused (vLLM silently lowers it), so what is written is what runs.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
+import yaml
+
+from specadapt.errors import UsageError
+
 FIX = "write it as [[1, END1, K1], [END1+1, END2, K2], ...]"
+
+
+def read_schedule(value: str, flag: str) -> object:
+    """A schedule given on the command line as ``flag``: inline JSON, or a JSON/YAML file holding it
+    (YAML is a superset of JSON). Parsed, not checked: see schedule_problems."""
+    path = Path(value)
+    text = path.read_text() if not value.lstrip().startswith("[") and path.is_file() else value
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UsageError(f"{flag}: {value!r} is not JSON: {FIX}") from None
 
 
 def schedule_problems(schedule: object, k: int | None) -> list[str]:

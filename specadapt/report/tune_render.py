@@ -18,8 +18,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specadapt.probes.tune_model import objective_ratio
 from specadapt.records import RatioCI
-from specadapt.records.reports import LevelResult, atomic_write_text, write_report
+from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
 from specadapt.report.compare_render import INTERVAL_NOTE, ci
 
@@ -53,11 +54,6 @@ class Section:
 
 
 # ---------------------------------------------------------------------------------- formatting
-
-
-def objective_ratio(level: LevelResult, objective: str) -> RatioCI:
-    """The level's ratio that judges candidates (speed.tpot, speed.e2e or speed.throughput)."""
-    return getattr(level.speed, objective)
 
 
 def times(v: float | None) -> str:
