@@ -18,6 +18,7 @@ from specadapt import __version__
 from specadapt.errors import UsageError
 from specadapt.records.client_load import ClientLoad
 from specadapt.records.identity import PromptIdentity
+from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
     AcceptanceSummary,
@@ -172,6 +173,8 @@ class CompareReport(ReportEnvelope):
     identity: list[PromptIdentity] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
     gate: Gate | None = None
+    diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
+                                                          "measured figures (probes/diagnosis.py).")
     notes: list[str] = Field(default_factory=list)
     counters_on: dict[int, CounterPair] = Field(default_factory=dict)
     counters_off: dict[int, CounterPair] = Field(default_factory=dict)
