@@ -123,6 +123,8 @@ class VLLMServer(OpenAIServer):
         if isinstance(spec, dict):
             info.spec_method = spec.get("method")
             info.num_speculative_tokens = spec.get("num_speculative_tokens", info.num_speculative_tokens)
+            draft = spec.get("model")
+            info.spec_draft = str(draft) if draft else None
         elif info.spec_enabled:
             info.notes.append("the speculative method is not exposed (start vLLM with VLLM_SERVER_DEV_MODE=1 "
                               "to expose /server_info); k is read from the per-position counters")

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import time
+from pathlib import Path
 from typing import Callable
 
 from specadapt.adapters.base import Server
@@ -29,6 +31,7 @@ from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag_blocks
 from specadapt.probes.client import run as run_loop
 from specadapt.probes.client import stream_request
+from specadapt.probes.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
 from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.load import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
@@ -435,7 +438,26 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
                      for v in ("identical", "near-tie", "suspect", "unknown")}
     report.notes += _compare_notes(report)
+    report.diagnosis = diagnose_compare(report, draft_cost_of(report))
     return report
+
+
+def draft_cost_of(report: CompareReport) -> DraftCost | None:
+    """The draft's own cost per draft token: --draft-cost, else for a draft model its parameters over
+    the target's, where both are local HF directories (their config.json); None otherwise."""
+    if report.settings.draft_cost is not None:
+        return DraftCost(per_token=report.settings.draft_cost, source="--draft-cost")
+    on = report.on_server
+    target = on.model_root or on.model_id
+    if not on.spec_draft or not target:
+        return None
+    configs = []
+    for path in (on.spec_draft, target):
+        try:
+            configs.append(json.loads((Path(path) / "config.json").read_text()))
+        except (OSError, ValueError):
+            return None
+    return draft_cost_from_configs(configs[0], configs[1])
 
 
 def turn_request(records: list[RequestRecord], prompt: Prompt, rec: RequestRecord) -> Prompt:

@@ -70,7 +70,7 @@ def objective_ratio(level: LevelResult, objective: Objective) -> RatioCI:
     return {"tpot": level.speed.tpot, "e2e": level.speed.e2e, "throughput": level.speed.throughput}[objective]
 
 
-def _predict(rates: Sequence[float], v: float, c: float, k: int) -> float | None:
+def predict_ratio(rates: Sequence[float], v: float, c: float, k: int) -> float | None:
     """(1 + sum of the first k rates) / (v + c k); None where the model says nothing: fewer
     per-position rates than k, or a cost v + c k that is not positive (a fit that went wrong)."""
     if k == 0:
@@ -111,13 +111,13 @@ def fit_level(concurrency: int, points: Sequence[tuple[int, LevelResult]], varia
     rates = list(kept[-1][1].acceptance.per_position_rate)
     predicted = {}
     for k in range(kept[-1][0] + 1):
-        pred = _predict(rates, v, c, k)
+        pred = predict_ratio(rates, v, c, k)
         if pred is not None:
             predicted[k] = pred
     fit_points = []
     for k, lv in kept:
         if k not in predicted:
-            continue  # no prediction to set beside it (see _predict)
+            continue  # no prediction to set beside it (see predict_ratio)
         r = lv.speed.tpot
         inside = r.low <= predicted[k] <= r.high if _has_interval(r) else None
         fit_points.append(FitPoint(k=k, measured=r.point, low=r.low, high=r.high,

@@ -101,6 +101,8 @@ class ServerInfo(BaseModel):
     spec_enabled: bool | None = None
     spec_method: str | None = None
     num_speculative_tokens: int | None = None
+    spec_draft: str | None = Field(None, description="The draft model (path or id) where the server or its "
+                                                     "launch tells it; None for model-free drafts or unknown.")
     spec_counters: list[str] = Field(default_factory=list, description="Spec-decode counter names found.")
     spec_signal: str | None = Field(None, description="Which server signal told whether speculation is on.")
     metrics_available: bool = False

@@ -11,6 +11,7 @@ from specadapt.probes.slo import slo_text
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
 from specadapt.report.console import goodput_text, lag_text, rate_text
+from specadapt.report.diagnosis_render import diagnosis_markdown, render_diagnosis
 
 INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
                  "off/on pairs at concurrency 1, off+on blocks above")
@@ -109,15 +110,7 @@ def render_console(report: CompareReport, console: Console) -> None:
         console.print(per)
     if first and first.acceptance.known:
         console.print("acceptance per position: " + " / ".join(f"{r:.0%}" for r in first.acceptance.per_position_rate))
-    if first and first.theory:
-        t = first.theory
-        console.print(
-            f"theory: {t.tokens_per_pass:.2f} tokens per pass; predicted speedup {t.predicted_speedup:.2f}x at c="
-            f"{t.draft_cost_assumed:g}, measured {'-' if t.measured_speedup is None else f'{t.measured_speedup:.2f}x'}"
-            + ("" if t.implied_draft_cost is None else f"; implied cost per draft token c={t.implied_draft_cost:.3f}")
-            + ("" if t.best_k_iid is None else f"; best k {t.best_k_iid} (i.i.d. a={t.iid_acceptance:.2f})")
-            + ("" if t.best_k_measured_positions is None else
-               f"; best k <= {t.k} from per-position acceptance: {t.best_k_measured_positions}"))
+    render_diagnosis(report.diagnosis, console)
     c = report.counts
     console.print(f"identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                   f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)")
@@ -209,6 +202,7 @@ def to_markdown(report: CompareReport) -> str:
     if report.rate_crossover:
         out += ["", f"Load by request rate: {report.rate_crossover.text}."]
     out += load_markdown(report)
+    out += diagnosis_markdown(report.diagnosis)
     c = report.counts
     out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                 f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]

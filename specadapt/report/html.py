@@ -10,6 +10,7 @@ from markupsafe import Markup
 from specadapt.probes.latency import tpot_ns
 from specadapt.records import CompareReport
 from specadapt.probes.slo import slo_text
+from specadapt.report.diagnosis_render import diagnosis_html
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
     all_levels,
@@ -69,10 +70,7 @@ ratio and share difference over units.</p>
 {% for lv in cats %}{% for name, sr in lv.by_category.items() %}<tr><td class="num">{{ level_name(lv) }}</td><td>{{ name }}</td>
 <td class="num">{{ ci(sr.throughput) }}</td><td class="num">{{ ci(sr.tpot) }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
 <div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
-{% if theory %}<p>Theory: {{ num(theory.tokens_per_pass) }} tokens per target pass; predicted speedup {{ num(theory.predicted_speedup) }}x
-(draft cost c={{ theory.draft_cost_assumed }}), measured TPOT ratio {{ num(theory.measured_speedup) }}x
-{% if theory.implied_draft_cost is not none %}; implied cost per draft token c={{ "%.3f"|format(theory.implied_draft_cost) }}{% endif %}
-{% if theory.best_k_iid is not none %}; best k {{ theory.best_k_iid }}{% endif %}.</p>{% endif %}
+{{ diagnosis }}
 <h2>Identity</h2>
 <p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
 {{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
@@ -166,5 +164,5 @@ def to_html(report: CompareReport) -> str:
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
                        pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
                        num=lambda v: "-" if v is None else f"{v:.2f}")
-    theory = report.levels[0].theory if report.levels else None
-    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), theory=theory, levels=all_levels(report))
+    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), levels=all_levels(report),
+                                              diagnosis=diagnosis_html(report.diagnosis))

@@ -1,0 +1,535 @@
+"""Why speculation was faster or slower here: the figures, the causes they support, what to do.
+
+Pure functions over records (no I/O, no servers), shared by compare, equiv and tune.
+
+Formulas at one level. N = the spec-on side's decode tokens (output tokens - 1, summed over its
+measured requests); D = verify passes (the server's draft count); A = accepted draft tokens;
+S = the measured TPOT ratio off/on (> 1: spec on is faster), with its interval.
+- plain steps      P = N - A - D: decode steps in which no draft was proposed (an n-gram miss)
+- tokens per pass  L = 1 + A / D (the bonus token counted)
+- pass cost        v(S) = (N / S - P) / D, in spec-off decode steps: the spec-on side spent N / S
+                   decode steps' worth of time, P of them on plain steps. With P = 0, v = L / S.
+                   Its interval is v(S_high) .. v(S_low).
+- draft cost       k c_d per pass, c_d the cost of one draft-model token in decode steps
+                   (--draft-cost, or the draft's parameter count over the target's); 0 for n-gram.
+- break-even       L* = v tokens per pass; the i.i.d. acceptance a* with (1 - a^(k+1)) / (1 - a)
+                   = L*; impossible when v > k + 1 (even a draft that is always right cannot pay).
+- ideal            N / (P + D (1 + k c_d)): every verify pass one decode step plus the draft's own
+                   cost (the memory-bound limit).
+- model            tune's fit v + c k where several k were measured, else 1 + c k with
+                   c = (v - 1) / k; S(k') = (1 + sum_{i<k'} p_i) / (v + c k') (probes/tune_model),
+                   and the k' <= k it predicts best (0: off).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from specadapt.native_reference import theory
+from specadapt.probes.tune_model import predict_ratio
+from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord
+from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
+
+COMPUTE_BOUND = 1.5
+"""A verify pass (the draft's own cost left out) costing more decode steps than this, beyond its
+interval, is compute-bound: the k + 1 tokens are not verified for the price of one."""
+LOW_ACCEPTANCE = 0.3
+"""Accepted / drafted tokens below this: the draft does not match the traffic."""
+DRAFT_SHARE = 0.25
+"""The draft model's own cost above this share of the pass cost makes it a cause."""
+MIN_DRAFTS = 30
+"""Fewer verify passes than this at a level: acceptance is too thin to read."""
+TTFT_OVERHEAD = 1.25
+"""Mean time to first token on / off above this: work outside decoding that speculation adds."""
+MODEL_GAIN = 1.02
+"""The model's best k must beat the running k by this factor to be advised."""
+GPU_SATURATED_AT = 8
+"""On a GPU, a compute-bound verify pass from this concurrency on is put down to the batch."""
+
+THRESHOLDS = {"compute_bound_pass_cost": COMPUTE_BOUND, "low_acceptance": LOW_ACCEPTANCE,
+              "draft_share": DRAFT_SHARE, "min_drafts": MIN_DRAFTS, "ttft_overhead": TTFT_OVERHEAD,
+              "model_gain": MODEL_GAIN}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the diagnosis needs to know of the spec-on server's machine (None: not known)."""
+
+    cpu_model: str | None = None
+    cores: int | None = None
+    native_dtypes: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    missing_flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """The draft's own cost per draft token, in decode steps of the target, and where it came from."""
+
+    per_token: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything besides the levels: k, method, dtype, hardware, the draft's cost."""
+
+    k: int | None = None
+    method: str | None = None
+    dtype: str | None = None
+    hardware: Hardware | None = None
+    draft: DraftCost | None = None
+    spec_enabled: bool | None = None
+    categories: Mapping[str, RatioCI] = field(default_factory=dict)
+    """The first level's TPOT ratio per prompt category."""
+
+
+# --- the arithmetic -----------------------------------------------------------------------------
+def decode_tokens(records: Sequence[RequestRecord]) -> int:
+    """N: output tokens - 1 over the succeeded requests with a TPOT (two tokens or more)."""
+    return sum(r.output_tokens - 1 for r in records if r.ok and r.output_tokens >= 2
+               and r.e2e_ns is not None and r.ttft_ns is not None)
+
+
+def plain_steps(n: int, acc: AcceptanceSummary) -> float | None:
+    """P = N - A - D, or None where it cannot be known (no counters, or P < 0 beyond 5% of D:
+    the counts disagree, e.g. output cut by max_tokens after acceptance); small negatives are 0."""
+    if not acc.drafts or acc.accepted_tokens is None or n <= 0:
+        return None
+    p = n - acc.accepted_tokens - acc.drafts
+    if p < -0.05 * acc.drafts:
+        return None
+    return max(0.0, p)
+
+
+def pass_cost(n: int, plain: float, drafts: float, s: float | None) -> float | None:
+    """v(S) = (N / S - P) / D; None without S > 0 or drafts."""
+    if s is None or s <= 0 or drafts <= 0:
+        return None
+    return (n / s - plain) / drafts
+
+
+def break_even_acceptance(cost: float, k: int) -> float | None:
+    """The i.i.d. acceptance a at which a pass yields ``cost`` tokens; 0 when even a = 0 pays
+    (cost <= 1); None when impossible (cost > k + 1)."""
+    if cost <= 1.0:
+        return 0.0
+    if cost > k + 1:
+        return None
+    return theory.acceptance_from_mean_length(cost, k)
+
+
+def ideal_speedup(n: int, plain: float, drafts: float, k: int, draft_per_token: float) -> float | None:
+    """N / (P + D (1 + k c_d))."""
+    cost = plain + drafts * (1.0 + k * draft_per_token)
+    return n / cost if cost > 0 else None
+
+
+def _ratio(r: RatioCI | None) -> float | None:
+    return None if r is None else r.point
+
+
+def verdict_of(r: RatioCI | None) -> str:
+    """faster / slower / no clear difference from the interval; unknown without one."""
+    if r is None or r.point is None or r.low is None or r.high is None:
+        return "unknown"
+    return r.verdict
+
+
+def level_name(lv: LevelResult) -> str:
+    if lv.request_rate is not None:
+        rate = "all at once" if math.isinf(lv.request_rate) else f"{lv.request_rate:g} req/s"
+        return rate
+    return f"concurrency {lv.concurrency}"
+
+
+def level_figures(lv: LevelResult, on_records: Sequence[RequestRecord], k: int | None,
+                  draft: DraftCost | None, fit_v: float | None = None, fit_c: float | None = None) -> LevelFigures:
+    """The arithmetic of one level (module docstring); ``fit_v``/``fit_c``: tune's fit at this level."""
+    acc = lv.acceptance
+    s = lv.speed.tpot
+    fig = LevelFigures(level=level_name(lv), concurrency=lv.concurrency, request_rate=lv.request_rate,
+                       tpot_ratio=s, verdict=verdict_of(s), e2e_ratio=lv.speed.e2e)
+    off_ttft, on_ttft = lv.off.ttft_ms.mean, lv.on.ttft_ms.mean
+    if off_ttft and on_ttft is not None:
+        fig.ttft_ratio = on_ttft / off_ttft
+    if not acc.known or not acc.drafts or acc.accepted_tokens is None:
+        return fig
+    k = k or len(acc.per_position_rate) or None
+    fig.k = k
+    fig.acceptance_rate = acc.acceptance_rate
+    fig.per_position_rate = list(acc.per_position_rate)
+    fig.tokens_per_pass = acc.mean_acceptance_length
+    fig.verify_passes = acc.drafts
+    n = decode_tokens(on_records)
+    plain = plain_steps(n, acc)
+    if plain is None:  # the counts disagree: every step taken for a pass (v = L / S)
+        n, plain = int(round(acc.drafts + acc.accepted_tokens)), 0.0
+        fig.pass_cost_source = "tokens per pass / TPOT ratio (decode steps without a draft unknown)"
+    else:
+        fig.plain_steps = plain
+        fig.pass_cost_source = "(decode tokens / TPOT ratio - plain steps) / verify passes"
+    fig.tokens_per_step = n / (plain + acc.drafts) if plain + acc.drafts > 0 else None
+    fig.pass_cost = pass_cost(n, plain, acc.drafts, s.point)
+    fig.pass_cost_low = pass_cost(n, plain, acc.drafts, s.high)
+    fig.pass_cost_high = pass_cost(n, plain, acc.drafts, s.low)
+    per_token = draft.per_token if draft else 0.0
+    if k:
+        fig.draft_cost_per_pass = k * per_token
+        fig.draft_cost_source = draft.source if draft else None
+        fig.ideal_speedup = ideal_speedup(n, plain, acc.drafts, k, per_token)
+    if fig.ideal_speedup and s.point:
+        fig.measured_over_ideal = s.point / fig.ideal_speedup
+    if fig.pass_cost is not None and k:
+        fig.break_even_tokens_per_pass = fig.pass_cost
+        fig.break_even_acceptance = break_even_acceptance(fig.pass_cost, k)
+        fig.break_even_possible = fig.pass_cost <= k + 1
+    _model(fig, fit_v, fit_c)
+    return fig
+
+
+def _model(fig: LevelFigures, fit_v: float | None, fit_c: float | None) -> None:
+    """The cost model's figures: tune's v + c k, or 1 + c k through this level's pass cost."""
+    k = fig.k
+    if not k or not fig.per_position_rate:
+        return
+    if fit_v is not None and fit_c is not None:
+        fig.model, v, c = "v + c k", fit_v, fit_c
+    elif fig.pass_cost is not None:
+        fig.model, v, c = "1 + c k", 1.0, (fig.pass_cost - 1.0) / k
+    else:
+        return
+    fig.model_v, fig.model_c = v, c
+    rates = fig.per_position_rate
+    predicted = {kk: predict_ratio(rates, v, c, kk) for kk in range(k + 1)}
+    predicted = {kk: p for kk, p in predicted.items() if p is not None}
+    fig.model_speedup = predicted.get(k)
+    if fig.model == "v + c k" and fig.model_speedup and fig.tpot_ratio and fig.tpot_ratio.point:
+        fig.measured_over_model = fig.tpot_ratio.point / fig.model_speedup
+    if predicted:
+        best = max(predicted, key=lambda kk: (predicted[kk], -kk))
+        fig.model_best_k, fig.model_best_speedup = best, predicted[best]
+
+
+# --- the causes ---------------------------------------------------------------------------------
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _ci(r: RatioCI | None) -> str:
+    if r is None or r.point is None:
+        return "-"
+    if r.low is None or r.high is None:
+        return f"{r.point:.2f}x (no interval)"
+    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.0f}%"
+
+
+def _interval(lo: float | None, hi: float | None) -> str:
+    return "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
+
+
+def verify_cost(f: LevelFigures) -> tuple[float, float | None, float | None] | None:
+    """(point, low, high) of the pass cost with the draft's own cost taken out."""
+    if f.pass_cost is None:
+        return None
+    d = f.draft_cost_per_pass or 0.0
+    return (f.pass_cost - d, None if f.pass_cost_low is None else f.pass_cost_low - d,
+            None if f.pass_cost_high is None else f.pass_cost_high - d)
+
+
+def compute_bound_reason(ctx: Context, f: LevelFigures) -> tuple[str, list[Advice]]:
+    """The likely reason a verify pass is compute-bound, where the hardware and dtype tell it."""
+    hw, dtype = ctx.hardware, ctx.dtype
+    if hw is None:
+        return ("the hardware is not known (the server was given by URL on another host), so the reason "
+                "cannot be told"), []
+    if hw.gpus:
+        gpu = hw.gpus[0]
+        if f.concurrency >= GPU_SATURATED_AT or (f.request_rate is not None):
+            return (f"the GPU ({gpu}) is saturated: {f.level} x {f.k + 1 if f.k else '?'} tokens per step keep "
+                    "it busy computing, so verifying costs time"), [
+                Advice(code="batch-size", text="speculate at lower batch sizes only: `specadapt tune` writes a "
+                                               "per-batch-size schedule")]
+        return (f"on the GPU ({gpu}) the verify pass costs more than a decode step even at {f.level} "
+                "(a large k, or a large model per GPU)"), []
+    cpu = hw.cpu_model or "this CPU"
+    if dtype in ("bfloat16", "float16") and dtype not in hw.native_dtypes:
+        missing = ", ".join(x for x in hw.missing_flags if "bf16" in x or "fp16" in x or "amx" in x) \
+            or "its native instructions"
+        native = [d for d in hw.native_dtypes if d != dtype]
+        alt = native[-1] if native else "float32"
+        return (f"{dtype} has no native support on {cpu} (no {missing}): every matrix product is "
+                f"emulated, so a pass over {f.k + 1 if f.k else 'k + 1'} tokens costs nearly "
+                f"{f.k + 1 if f.k else 'k + 1'} times a step"), [
+            Advice(code="dtype", text=f"serve {alt} here (native on {cpu}; `--dtype auto` picks it), or use a CPU "
+                                      f"with AVX512-BF16/AMX or a GPU for {dtype}")]
+    cores = f"{hw.cores} cores" if hw.cores else "its cores"
+    return (f"on {cpu} ({cores}) the pass is limited by arithmetic, not memory: verifying "
+            f"{f.k + 1 if f.k else 'k + 1'} tokens costs more than one decode step even in {dtype or 'this dtype'}"), []
+
+
+def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advice], list[str]]:
+    """The causes one level's figures support, the advice they lead to, and the evidence gaps."""
+    causes: list[Cause] = []
+    advice: list[Advice] = []
+    gaps: list[str] = []
+    if f.tokens_per_pass is None or f.verify_passes is None:
+        if ctx.spec_enabled is False:
+            causes.append(Cause(code="speculation-off", level=f.level,
+                                text="the spec-on server shows no speculation counters: speculation is off there, "
+                                     "so there is nothing to diagnose"))
+        else:
+            gaps.append(f"{f.level}: acceptance unknown (no spec-decode counters read), so the pass cost and "
+                        "the causes cannot be told apart")
+        return causes, advice, gaps
+    if f.verify_passes < MIN_DRAFTS:
+        gaps.append(f"{f.level}: only {f.verify_passes:.0f} verify passes (fewer than {MIN_DRAFTS}): too few "
+                    "to read acceptance; send more prompts or tokens")
+        return causes, advice, gaps
+    if f.pass_cost is None:
+        gaps.append(f"{f.level}: no TPOT ratio, so the pass cost is unknown")
+        return causes, advice, gaps
+    if f.pass_cost_low is None:
+        gaps.append(f"{f.level}: the TPOT ratio has no interval (too few pairs or blocks), so the pass cost "
+                    f"{f.pass_cost:.2f} decode steps is a point estimate only; add --repeat")
+    k = f.k or 0
+    vc = verify_cost(f)
+    if f.verdict == "faster":
+        causes.append(Cause(code="pays", level=f.level, text=(
+            f"speculation pays: {f.tokens_per_pass:.2f} tokens per verify pass at a cost of {f.pass_cost:.2f}"
+            f"{_interval(f.pass_cost_low, f.pass_cost_high)} decode steps"
+            + (f" (ideal {_x(f.ideal_speedup)} if a pass cost one step)" if f.ideal_speedup else "")),
+            figures={"tokens_per_pass": f.tokens_per_pass, "pass_cost": f.pass_cost}))
+    if vc is not None and vc[1] is not None and vc[1] > COMPUTE_BOUND:
+        reason, adv = compute_bound_reason(ctx, f)
+        causes.append(Cause(code="verify-compute-bound", level=f.level, text=(
+            f"the verify pass is compute-bound: checking {k + 1} tokens costs {vc[0]:.2f}{_interval(vc[1], vc[2])} "
+            f"decode steps (memory-bound ideal: 1); {reason}"), figures={"verify_cost": vc[0], "low": vc[1]}))
+        advice += adv
+    if f.acceptance_rate is not None and f.acceptance_rate < LOW_ACCEPTANCE:
+        rates = " / ".join(_pct(r) for r in f.per_position_rate)
+        causes.append(Cause(code="low-acceptance", level=f.level, text=(
+            f"the draft does not match this traffic: {_pct(f.acceptance_rate)} of draft tokens accepted "
+            f"(per position {rates}), {f.tokens_per_pass:.2f} tokens per pass")
+            + _categories(ctx.categories), figures={"acceptance_rate": f.acceptance_rate}))
+        advice.append(Advice(code="draft", text="a better-matched draft: EAGLE/MTP heads trained for this target, "
+                                                "or n-gram only where the answer copies the input"
+                                                + _categories(ctx.categories, short=True)))
+    elif (f.verdict != "faster" and f.break_even_possible and f.break_even_tokens_per_pass is not None
+          and f.tokens_per_pass < f.break_even_tokens_per_pass and f.break_even_acceptance is not None
+          and f.acceptance_rate is not None):
+        causes.append(Cause(code="low-acceptance", level=f.level, text=(
+            f"acceptance below break-even: at {f.pass_cost:.2f} decode steps per pass it takes "
+            f"{f.break_even_tokens_per_pass:.2f} tokens per pass (acceptance {_pct(f.break_even_acceptance)} per "
+            f"token) to break even; the draft gives {f.tokens_per_pass:.2f} ({_pct(f.acceptance_rate)})"),
+            figures={"break_even_acceptance": f.break_even_acceptance, "acceptance_rate": f.acceptance_rate}))
+    if f.draft_cost_per_pass and f.draft_cost_per_pass >= DRAFT_SHARE * f.pass_cost:
+        per = f.draft_cost_per_pass / k if k else f.draft_cost_per_pass
+        causes.append(Cause(code="draft-expensive", level=f.level, text=(
+            f"the draft model is expensive: {per:.2f} decode steps per draft token, {f.draft_cost_per_pass:.2f} of "
+            f"the {f.pass_cost:.2f} a pass costs ({f.draft_cost_source})"),
+            figures={"draft_cost_per_pass": f.draft_cost_per_pass}))
+        advice.append(Advice(code="draft", text="a smaller draft (or fewer draft tokens): each draft token costs "
+                                                f"{per:.2f} decode steps here"))
+    if f.model_best_k is not None and f.model_best_speedup and f.model_speedup:
+        if f.model_best_k < k and f.model_best_speedup > MODEL_GAIN * f.model_speedup:
+            if f.model_best_k == 0:
+                advice.append(Advice(code="off", text=(
+                    f"turn speculation off at {f.level}: the cost model ({f.model}, c = {f.model_c:.2f}) "
+                    f"predicts no k up to {k} beats off (k={k}: {_x(f.model_speedup)})")))
+            else:
+                later = " / ".join(_pct(r) for r in f.per_position_rate[f.model_best_k:])
+                causes.append(Cause(code="k-too-long", level=f.level, text=(
+                    f"k={k} drafts too far: positions after {f.model_best_k} are accepted {later} of passes, "
+                    f"less than the {f.model_c:.2f} decode steps each extra draft token costs; the model predicts "
+                    f"{_x(f.model_best_speedup)} at k={f.model_best_k} against {_x(f.model_speedup)} at k={k}"),
+                    figures={"model_best_k": f.model_best_k, "model_best_speedup": f.model_best_speedup}))
+                advice.append(Advice(code="k", text=(
+                    f"run k={f.model_best_k} at {f.level} (predicted {_x(f.model_best_speedup)}); "
+                    f"`specadapt tune --k 0,{f.model_best_k},{k}` measures it")))
+    if f.break_even_possible is False:
+        advice.append(Advice(code="off", text=(
+            f"at {f.pass_cost:.2f} decode steps per pass no acceptance can pay at {f.level}: even a draft that is "
+            f"always right gives {k + 1} tokens per pass")))
+    if f.ttft_ratio is not None and f.ttft_ratio > TTFT_OVERHEAD:
+        causes.append(Cause(code="overhead", level=f.level, text=(
+            f"the first token comes {_pct(f.ttft_ratio - 1)} later with speculation on: prefill and scheduling "
+            "work outside the decode steps (the draft's own prefill, the proposer)"),
+            figures={"ttft_ratio": f.ttft_ratio}))
+    return causes, advice, gaps
+
+
+def _categories(cats: Mapping[str, RatioCI], short: bool = False) -> str:
+    """'; it pays on code (1.4x [1.2, 1.6]) and loses on qa (...)' from per-category TPOT ratios."""
+    pays = [c for c, r in cats.items() if r.low is not None and r.low > 1.0]
+    loses = [c for c, r in cats.items() if r.high is not None and r.high < 1.0]
+    if not pays and not loses:
+        return ""
+    if short:
+        return f" (it pays on {', '.join(pays)})" if pays else ""
+    parts = []
+    if pays:
+        parts.append("pays on " + ", ".join(f"{c} ({_ci(cats[c])})" for c in pays))
+    if loses:
+        parts.append("loses on " + ", ".join(f"{c} ({_ci(cats[c])})" for c in loses))
+    return "; by prompt category it " + " and ".join(parts)
+
+
+def crossover_cause(figs: Sequence[LevelFigures]) -> tuple[Cause | None, Advice | None]:
+    """Faster at a lower concurrency, slower at a higher one: the load is past the crossover."""
+    closed = [f for f in figs if f.request_rate is None]
+    faster = [f for f in closed if f.verdict == "faster"]
+    if not faster:
+        return None, None
+    slower = [f for f in closed if f.verdict == "slower" and f.concurrency > faster[0].concurrency]
+    if not slower:
+        return None, None
+    last = max((f for f in faster if f.concurrency < slower[0].concurrency), key=lambda f: f.concurrency)
+    first = slower[0]
+    rise = ""
+    if last.pass_cost is not None and first.pass_cost is not None:
+        rise = (f": a verify pass costs {last.pass_cost:.2f} decode steps at {last.concurrency} and "
+                f"{first.pass_cost:.2f} at {first.concurrency}, as the batch fills the hardware")
+    cause = Cause(code="past-crossover", level=f"concurrency {first.concurrency} and above", text=(
+        f"the load is past the crossover: faster up to concurrency {last.concurrency} "
+        f"({_ci(last.tpot_ratio)}), slower from {first.concurrency} ({_ci(first.tpot_ratio)}){rise}"),
+        figures={"last_faster": last.concurrency, "first_slower": first.concurrency})
+    advice = Advice(code="batch-size", text=(
+        f"speculate up to concurrency {last.concurrency} only: `specadapt tune` writes the per-batch-size "
+        "schedule (vLLM num_speculative_tokens_per_batch_size, TensorRT-LLM draft_len_schedule)"))
+    return cause, advice
+
+
+def _merge(causes: list[Cause]) -> list[Cause]:
+    """One cause per code: the first level's sentence, the other levels named after it."""
+    out: dict[str, Cause] = {}
+    for c in causes:
+        if c.code in out:
+            first = out[c.code]
+            first.level = f"{first.level}, {c.level}"
+        else:
+            out[c.code] = c.model_copy(deep=True)
+    return list(out.values())
+
+
+def _dedupe(advice: list[Advice]) -> list[Advice]:
+    seen: set[str] = set()
+    out = []
+    for a in advice:
+        if a.text not in seen:
+            seen.add(a.text)
+            out.append(a)
+    return out
+
+
+_PRIORITY = ("speculation-off", "verify-compute-bound", "draft-expensive", "low-acceptance", "past-crossover",
+             "k-too-long", "overhead", "pays")
+
+
+def headline(figs: Sequence[LevelFigures], causes: Sequence[Cause]) -> str:
+    """The verdict at the first level and the cause that weighs most."""
+    if not figs:
+        return "nothing was measured"
+    f = figs[0]
+    verdict = {"faster": "faster", "slower": "slower", "no clear difference": "no clearly faster or slower",
+               "unknown": "of unknown speed"}[f.verdict]
+    head = f"Spec on is {verdict} at {f.level} (TPOT {_ci(f.tpot_ratio)})"
+    if f.verdict == "no clear difference":
+        head = f"Spec on is neither clearly faster nor slower at {f.level} (TPOT {_ci(f.tpot_ratio)})"
+    ranked = sorted(causes, key=lambda c: _PRIORITY.index(c.code))
+    if f.verdict == "faster":
+        ranked = [c for c in ranked if c.code == "pays"] + [c for c in ranked if c.code != "pays"]
+    else:
+        ranked = [c for c in ranked if c.code != "pays"]
+    if not ranked:
+        return head + "; the figures point to no single cause."
+    return f"{head}: {ranked[0].text}."
+
+
+def diagnose(figs: Sequence[LevelFigures], ctx: Context, hardware_text: str | None = None) -> Diagnosis:
+    """Causes, advice and gaps over every level's figures."""
+    causes: list[Cause] = []
+    advice: list[Advice] = []
+    gaps: list[str] = []
+    for f in figs:
+        c, a, g = level_causes(f, ctx)
+        causes += c
+        advice += a
+        gaps += g
+    cross, cross_advice = crossover_cause(figs)
+    if cross is not None:
+        causes.append(cross)
+        advice.append(cross_advice)
+    if gaps and not any(a.code == "evidence" for a in advice):
+        advice.append(Advice(code="evidence", text="more evidence: --repeat or --max-tokens higher, or more prompts"))
+    merged = _merge(causes)
+    return Diagnosis(headline=headline(figs, merged), levels=list(figs), causes=merged, advice=_dedupe(advice),
+                     evidence_gaps=gaps, hardware=hardware_text, thresholds=dict(THRESHOLDS))
+
+
+# --- the draft's cost -----------------------------------------------------------------------------
+def param_count(config: Mapping[str, object]) -> float | None:
+    """Approximate parameters of a decoder-only transformer from its HF config.json: embeddings
+    (twice unless tied) + layers x (attention q, o + k, v at the KV heads' width + an MLP of 3 or 2
+    matrices)."""
+    try:
+        h = int(config["hidden_size"])  # type: ignore[arg-type]
+        layers = int(config["num_hidden_layers"])  # type: ignore[arg-type]
+        vocab = int(config["vocab_size"])  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return None
+    inter = int(config.get("intermediate_size") or 4 * h)  # type: ignore[arg-type]
+    heads = int(config.get("num_attention_heads") or 1)  # type: ignore[arg-type]
+    kv = int(config.get("num_key_value_heads") or heads)  # type: ignore[arg-type]
+    kv_width = h * kv // heads
+    gated = str(config.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh") or \
+        str(config.get("model_type", "")) in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
+    mlp = (3 if gated else 2) * h * inter
+    attn = 2 * h * h + 2 * h * kv_width
+    embed = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    return float(embed + layers * (attn + mlp))
+
+
+def draft_cost_from_configs(draft: Mapping[str, object], target: Mapping[str, object]) -> DraftCost | None:
+    """c_d = the draft's parameter count over the target's (a decode step reads every weight once)."""
+    pd, pt = param_count(draft), param_count(target)
+    if not pd or not pt:
+        return None
+    return DraftCost(per_token=pd / pt, source=f"the draft's parameters over the target's ({pd / 1e6:.0f}M / "
+                                               f"{pt / 1e6:.0f}M, from their config.json)")
+
+
+# --- a compare report ------------------------------------------------------------------------------
+def hardware_of(info: object) -> Hardware | None:
+    """The diagnosis's view of a ServerInfo's hardware facts (None: not known)."""
+    hw = getattr(info, "hardware", None)
+    if hw is None:
+        return None
+    return Hardware(cpu_model=hw.cpu_model, cores=hw.cores, native_dtypes=tuple(hw.native_dtypes),
+                    gpus=tuple(g.name for g in hw.gpus), missing_flags=tuple(hw.cpu_flags_missing))
+
+
+def diagnose_compare(report, draft: DraftCost | None = None, hardware_text: str | None = None,
+                     fits: Mapping[int, tuple[float, float]] | None = None) -> Diagnosis:
+    """The diagnosis of a compare report (its levels, counters, servers and settings); ``fits``:
+    {concurrency: (v, c)} of tune's cost model where several k were measured."""
+    on = report.on_server
+    k = on.num_speculative_tokens
+    fits = fits or {}
+    figs = []
+    for lv in [*report.levels, *report.rate_levels]:
+        on_recs = [r for r in report.requests if r.side == "on" and not r.warmup and r.concurrency == lv.concurrency
+                   and r.request_rate == lv.request_rate]
+        v, c = fits.get(lv.concurrency, (None, None)) if lv.request_rate is None else (None, None)
+        figs.append(level_figures(lv, on_recs, k, draft, v, c))
+    first = report.levels[0] if report.levels else (report.rate_levels[0] if report.rate_levels else None)
+    cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}
+    ctx = Context(k=k, method=on.spec_method, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
+                  draft=draft, spec_enabled=on.spec_enabled, categories=cats)
+    return diagnose(figs, ctx, hardware_text)

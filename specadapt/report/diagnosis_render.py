@@ -1,0 +1,126 @@
+"""The diagnosis ("why is it faster or slower here") in every format: console, Markdown, HTML."""
+
+from __future__ import annotations
+
+from markupsafe import Markup
+from markupsafe import escape as _escape
+from rich.console import Console
+from rich.table import Table
+
+from specadapt.records.diagnosis import Diagnosis, LevelFigures
+
+COLUMNS = ("level", "TPOT ratio", "tokens per pass", "pass cost (decode steps)", "break-even",
+           "ideal (pass = 1 step)", "measured / ideal", "model best k")
+COST_NOTE = ("pass cost: the time of one verify pass (k + 1 tokens, the draft included) in spec-off decode "
+             "steps; speculation pays when tokens per pass exceed it")
+
+
+def _num(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _tpot(f: LevelFigures) -> str:
+    r = f.tpot_ratio
+    if r is None or r.point is None:
+        return "-"
+    if r.low is None or r.high is None:
+        return f"{r.point:.2f}x"
+    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}] {f.verdict}"
+
+
+def _cost(f: LevelFigures) -> str:
+    if f.pass_cost is None:
+        return "-"
+    text = f"{f.pass_cost:.2f}"
+    if f.pass_cost_low is not None and f.pass_cost_high is not None:
+        text += f" [{f.pass_cost_low:.2f}, {f.pass_cost_high:.2f}]"
+    if f.draft_cost_per_pass:
+        text += f" (draft {f.draft_cost_per_pass:.2f})"
+    return text
+
+
+def _break_even(f: LevelFigures) -> str:
+    if f.break_even_tokens_per_pass is None:
+        return "-"
+    if f.break_even_possible is False:
+        return f"{f.break_even_tokens_per_pass:.2f} tokens: > k + 1, impossible"
+    acc = "" if f.break_even_acceptance is None else f" (acceptance {100 * f.break_even_acceptance:.0f}%)"
+    return f"{f.break_even_tokens_per_pass:.2f} tokens{acc}"
+
+
+def _best(f: LevelFigures) -> str:
+    if f.model_best_k is None:
+        return "-"
+    k = "off" if f.model_best_k == 0 else f"k={f.model_best_k}"
+    return f"{k} ({_num(f.model_best_speedup, '{:.2f}x')}, {f.model})"
+
+
+def row(f: LevelFigures) -> tuple[str, ...]:
+    """One level's figures as the table's cells."""
+    return (f.level, _tpot(f), _num(f.tokens_per_pass), _cost(f), _break_even(f),
+            _num(f.ideal_speedup, "{:.2f}x"), _num(f.measured_over_ideal), _best(f))
+
+
+def render_diagnosis(d: Diagnosis | None, console: Console) -> None:
+    if d is None:
+        return
+    console.print(f"[bold]why[/]: {d.headline}")
+    if any(f.pass_cost is not None for f in d.levels):
+        table = Table(title=f"the arithmetic ({COST_NOTE})")
+        for col in COLUMNS:
+            table.add_column(col, justify="left" if col == "level" else "right")
+        for f in d.levels:
+            table.add_row(*row(f))
+        console.print(table)
+    for c in d.causes:
+        console.print(f"  cause ({c.level}): {c.text}")
+    for a in d.advice:
+        console.print(f"  to do: {a.text}")
+    for g in d.evidence_gaps:
+        console.print(f"  not enough evidence: {g}")
+    if d.hardware:
+        console.print(f"  spec-on server's machine: {d.hardware}")
+
+
+def diagnosis_markdown(d: Diagnosis | None) -> list[str]:
+    if d is None:
+        return []
+    out = ["", "### Why", "", d.headline, ""]
+    if any(f.pass_cost is not None for f in d.levels):
+        out += [f"The arithmetic ({COST_NOTE}):", "", "| " + " | ".join(COLUMNS) + " |",
+                "| --- |" + " --- |" * (len(COLUMNS) - 1)]
+        out += ["| " + " | ".join(row(f)) + " |" for f in d.levels]
+        out.append("")
+    out += [f"- cause ({c.level}): {c.text}" for c in d.causes]
+    out += [f"- to do: {a.text}" for a in d.advice]
+    out += [f"- not enough evidence: {g}" for g in d.evidence_gaps]
+    if d.hardware:
+        out.append(f"- spec-on server's machine: {d.hardware}")
+    return out
+
+
+def escape(text: str) -> str:
+    """HTML-escaped text as a plain str (so that joining it with markup does not escape twice)."""
+    return str(_escape(text))
+
+
+def diagnosis_html(d: Diagnosis | None) -> Markup:
+    if d is None:
+        return Markup("")
+    parts = ["<h2>Why</h2>", f"<p><strong>{escape(d.headline)}</strong></p>"]
+    if any(f.pass_cost is not None for f in d.levels):
+        parts.append(f"<p>{escape(COST_NOTE)}.</p><table><tr>"
+                     + "".join(f"<th>{escape(c)}</th>" for c in COLUMNS) + "</tr>")
+        for f in d.levels:
+            cells = row(f)
+            parts.append("<tr><td>" + escape(cells[0]) + "</td>"
+                         + "".join(f'<td class="num">{escape(c)}</td>' for c in cells[1:]) + "</tr>")
+        parts.append("</table>")
+    items = [f"<li>cause ({escape(c.level)}): {escape(c.text)}</li>" for c in d.causes]
+    items += [f"<li>to do: {escape(a.text)}</li>" for a in d.advice]
+    items += [f"<li>not enough evidence: {escape(g)}</li>" for g in d.evidence_gaps]
+    if d.hardware:
+        items.append(f"<li>spec-on server's machine: {escape(d.hardware)}</li>")
+    if items:
+        parts.append('<ul class="diagnosis">' + "".join(items) + "</ul>")
+    return Markup("".join(parts))
