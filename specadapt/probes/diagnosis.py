@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specadapt.native_reference import theory
+from specadapt.probes.stats import ratio_ci
 from specadapt.probes.tune_model import predict_ratio
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord
 from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
@@ -145,16 +146,26 @@ def level_name(lv: LevelResult) -> str:
     return f"concurrency {lv.concurrency}"
 
 
+def ttft_ratio(records: Sequence[RequestRecord]) -> RatioCI:
+    """TTFT on / off over the (off, on) pairs of one concurrency-1 level (same prompt, repeat, copy
+    and turn), each pair one unit: exp(mean log(ttft_on / ttft_off)) with its t interval."""
+    keyed: dict[tuple, dict[str, RequestRecord]] = {}
+    for r in records:
+        if r.ok and not r.warmup and r.ttft_ns:
+            keyed.setdefault((r.prompt_id, r.repeat, r.replica, r.turn), {})[r.side] = r
+    logs = [math.log(p["on"].ttft_ns / p["off"].ttft_ns) for p in keyed.values() if "on" in p and "off" in p]
+    return ratio_ci(logs, "pairs")
+
+
 def level_figures(lv: LevelResult, on_records: Sequence[RequestRecord], k: int | None,
-                  draft: DraftCost | None, fit_v: float | None = None, fit_c: float | None = None) -> LevelFigures:
-    """The arithmetic of one level (module docstring); ``fit_v``/``fit_c``: tune's fit at this level."""
+                  draft: DraftCost | None, fit_v: float | None = None, fit_c: float | None = None,
+                  ttft: RatioCI | None = None) -> LevelFigures:
+    """The arithmetic of one level (module docstring); ``fit_v``/``fit_c``: tune's fit at this level;
+    ``ttft``: the level's TTFT ratio on/off (concurrency 1)."""
     acc = lv.acceptance
     s = lv.speed.tpot
     fig = LevelFigures(level=level_name(lv), concurrency=lv.concurrency, request_rate=lv.request_rate,
-                       tpot_ratio=s, verdict=verdict_of(s), e2e_ratio=lv.speed.e2e)
-    off_ttft, on_ttft = lv.off.ttft_ms.mean, lv.on.ttft_ms.mean
-    if off_ttft and on_ttft is not None:
-        fig.ttft_ratio = on_ttft / off_ttft
+                       tpot_ratio=s, verdict=verdict_of(s), e2e_ratio=lv.speed.e2e, ttft_ratio=ttft)
     if not acc.known or not acc.drafts or acc.accepted_tokens is None:
         return fig
     k = k or len(acc.per_position_rate) or None
@@ -357,11 +368,12 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
         advice.append(Advice(code="off", text=(
             f"at {f.pass_cost:.2f} decode steps per pass no acceptance can pay at {f.level}: even a draft that is "
             f"always right gives {k + 1} tokens per pass")))
-    if f.ttft_ratio is not None and f.ttft_ratio > TTFT_OVERHEAD:
+    t = f.ttft_ratio
+    if t is not None and t.point is not None and t.low is not None and t.low > 1.0 and t.point > TTFT_OVERHEAD:
         causes.append(Cause(code="overhead", level=f.level, text=(
-            f"the first token comes {_pct(f.ttft_ratio - 1)} later with speculation on: prefill and scheduling "
-            "work outside the decode steps (the draft's own prefill, the proposer)"),
-            figures={"ttft_ratio": f.ttft_ratio}))
+            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {_ci(t)}): prefill "
+            "and scheduling work outside the decode steps (the draft's own prefill, the proposer)"),
+            figures={"ttft_ratio": t.point}))
     return causes, advice, gaps
 
 
@@ -518,7 +530,7 @@ def hardware_of(info: object) -> Hardware | None:
 def diagnose_compare(report, draft: DraftCost | None = None, hardware_text: str | None = None,
                      fits: Mapping[int, tuple[float, float]] | None = None) -> Diagnosis:
     """The diagnosis of a compare report (its levels, counters, servers and settings); ``fits``:
-    {concurrency: (v, c)} of tune's cost model where several k were measured."""
+    {concurrency: (v, c)} of tune's cost model fitted over several k (the model then is v + c k)."""
     on = report.on_server
     k = on.num_speculative_tokens
     fits = fits or {}
@@ -527,9 +539,39 @@ def diagnose_compare(report, draft: DraftCost | None = None, hardware_text: str 
         on_recs = [r for r in report.requests if r.side == "on" and not r.warmup and r.concurrency == lv.concurrency
                    and r.request_rate == lv.request_rate]
         v, c = fits.get(lv.concurrency, (None, None)) if lv.request_rate is None else (None, None)
-        figs.append(level_figures(lv, on_recs, k, draft, v, c))
+        ttft = None
+        if lv.concurrency == 1 and lv.request_rate is None:
+            ttft = ttft_ratio([r for r in report.requests if r.concurrency == 1 and r.request_rate is None])
+        figs.append(level_figures(lv, on_recs, k, draft, v, c, ttft))
     first = report.levels[0] if report.levels else (report.rate_levels[0] if report.rate_levels else None)
     cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}
     ctx = Context(k=k, method=on.spec_method, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
                   draft=draft, spec_enabled=on.spec_enabled, categories=cats)
     return diagnose(figs, ctx, hardware_text)
+
+
+def diagnose_tune(report) -> Diagnosis | None:
+    """A tune report's diagnosis: the largest measured k of the chosen variant, read through the cost
+    model tune fitted over every k of that variant (v + c k with 3+ k measured, else 1 + c k)."""
+    variant = report.recommendation.variant
+    measured = [c for c in report.candidates if c.status == "measured" and c.compare is not None and c.k > 0
+                and c.variant == variant]
+    if not measured:
+        return None
+    top = max(measured, key=lambda c: c.k)
+    fits = {f.concurrency: (f.v, f.c) for f in report.fits
+            if f.variant == variant and f.form == "v + c k" and f.v is not None and f.c is not None}
+    base = top.compare.diagnosis
+    d = diagnose_compare(top.compare, _draft_of(base), base.hardware if base else None, fits)
+    d.headline = f"{top.label}, the largest k measured: {d.headline}"
+    return d
+
+
+def _draft_of(d: Diagnosis | None) -> DraftCost | None:
+    """The draft cost a compare's diagnosis used (per token, source), to diagnose it again."""
+    if d is None:
+        return None
+    for f in d.levels:
+        if f.draft_cost_per_pass and f.k and f.draft_cost_source:
+            return DraftCost(per_token=f.draft_cost_per_pass / f.k, source=f.draft_cost_source)
+    return None

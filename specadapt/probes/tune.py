@@ -30,6 +30,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
 from specadapt.probes import tune_model as tm
 from specadapt.probes.compare import run_compare
+from specadapt.probes.diagnosis import diagnose_tune
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI, RequestRecord
 from specadapt.records.schedule import k_for_batch
 from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
@@ -204,6 +205,7 @@ def analyse(report: TuneReport, given_schedule: Sequence[tuple[int, int, int]] |
             summary=f"The schedule given with --schedule ({ranges_text(ranges)}), verified against the best "
                     f"fixed k at each level; the sweep alone would choose {ranges_text(schedule)}.")
         report.schedule_ranges_note = "the schedule was given with --schedule"
+    report.diagnosis = diagnose_tune(report)
     if len(_variants(report)) > 1:
         report.notes.append(f"the schedule uses the variant {variant or 'of the base config'}, whose choices "
                             f"scored best over the levels")

@@ -63,7 +63,8 @@ class LevelFigures(BaseModel):
     model_best_k: int | None = Field(None, description="The k (0 = off) the model predicts best, k <= the "
                                                        "measured k.")
     model_best_speedup: float | None = None
-    ttft_ratio: float | None = Field(None, description="Mean TTFT on / off (> 1: the first token is later).")
+    ttft_ratio: RatioCI | None = Field(None, description="TTFT on / off over the pairs at concurrency 1 (> 1: "
+                                                         "the first token comes later with spec on).")
     e2e_ratio: RatioCI | None = None
 
 

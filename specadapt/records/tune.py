@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.metrics import RatioCI
 from specadapt.records.reports import CompareReport, ReportEnvelope
 from specadapt.records.requests import RequestSettings
@@ -185,6 +186,8 @@ class TuneReport(ReportEnvelope):
     recommendation: Recommendation = Field(default_factory=lambda: Recommendation(form="none"))
     configs: list[WrittenConfig] = Field(default_factory=list)
     verification: Verification = Field(default_factory=lambda: Verification(status="not run"))
+    diagnosis: Diagnosis | None = Field(None, description="Why the largest k measured was faster or slower, "
+                                                          "read through the fitted cost model.")
     partial: bool = Field(False, description="The sweep stopped early; the candidates measured are kept.")
     partial_reason: str | None = None
     notes: list[str] = Field(default_factory=list)

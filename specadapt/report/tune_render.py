@@ -23,6 +23,7 @@ from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
 from specadapt.report.compare_render import INTERVAL_NOTE, ci
+from specadapt.report.diagnosis_render import COLUMNS, COST_NOTE, row
 
 OBJECTIVE_NAME = {"tpot": "TPOT", "e2e": "E2E", "throughput": "tokens/s"}
 RATIO_ORDER = ("tpot", "e2e", "throughput")
@@ -259,10 +260,24 @@ def _verification(report: TuneReport) -> Section:
     return Section("Verification", parts)
 
 
+def _diagnosis(report: TuneReport) -> list[Section]:
+    """Why: the largest k measured through the fitted model (the same section as compare's)."""
+    d = report.diagnosis
+    if d is None:
+        return []
+    parts: list[Line | Grid] = [Line(d.headline, strong=True)]
+    if any(f.pass_cost is not None for f in d.levels):
+        parts.append(Grid(f"the arithmetic ({COST_NOTE})", list(COLUMNS), [list(row(f)) for f in d.levels]))
+    parts += [Line(f"cause ({c.level}): {c.text}", bullet=True) for c in d.causes]
+    parts += [Line(f"to do: {a.text}", bullet=True) for a in d.advice]
+    parts += [Line(f"not enough evidence: {g}", bullet=True) for g in d.evidence_gaps]
+    return [Section("Why", parts)]
+
+
 def sections(report: TuneReport) -> list[Section]:
     """The report's content, in reading order, for every renderer."""
     out = [_header(report), _recommendation(report), _candidates(report), _speed(report), _fits(report),
-           _choices(report), _configs(report), _verification(report)]
+           _choices(report), *_diagnosis(report), _configs(report), _verification(report)]
     if report.notes:
         out.append(Section("Notes", [Line(n, bullet=True) for n in report.notes]))
     return out

@@ -127,9 +127,17 @@ def test_tunes_fit_gives_the_model_and_the_measured_over_model():
     assert f.measured_over_model == pytest.approx(1.4 / expected)
 
 
-def test_ttft_ratio_and_verdict():
-    f = dg.level_figures(level(ratio(0.8, 0.7, 0.9), ttft_off=40.0, ttft_on=60.0), on_records(300), 4, None)
-    assert f.ttft_ratio == pytest.approx(1.5) and f.verdict == "slower"
+def test_ttft_ratio_over_pairs_and_verdict():
+    def rec(side, pid, rep, ttft_ms):
+        return RequestRecord(prompt_id=pid, category="x", api="chat", side=side, repeat=rep, ok=True, output_tokens=2,
+                             chunk_ns=[int(ttft_ms * 1e6), int(ttft_ms * 1e6) + 1], chunk_tokens=[1, 1],
+                             e2e_ns=int(ttft_ms * 1e6) + 2)
+    recs = [rec("off", "a", 0, 40), rec("on", "a", 0, 80), rec("off", "b", 0, 50), rec("on", "b", 0, 50),
+            rec("on", "c", 0, 10)]  # c has no off side: no pair
+    r = dg.ttft_ratio(recs)
+    assert r.n == 2 and r.point == pytest.approx(math.sqrt(2.0))
+    f = dg.level_figures(level(ratio(0.8, 0.7, 0.9)), on_records(300), 4, None)
+    assert f.verdict == "slower"
     assert dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None).verdict == "no clear difference"
     assert dg.level_figures(level(ratio(1.0)), on_records(300), 4, None).verdict == "unknown"
 
@@ -270,12 +278,15 @@ def test_past_the_crossover_names_both_levels_and_the_rising_pass_cost():
     assert "past-crossover" not in codes(d)
 
 
-def test_a_later_first_token_is_an_overhead():
-    d = diagnose([level(ratio(1.0, 0.9, 1.1), ttft_off=40.0, ttft_on=52.0)])
-    cause = next(c for c in d.causes if c.code == "overhead")
-    assert "30% later" in cause.text
-    d = diagnose([level(ratio(1.0, 0.9, 1.1), ttft_off=40.0, ttft_on=48.0)])  # 1.2 < 1.25
-    assert "overhead" not in codes(d)
+def test_a_later_first_token_is_an_overhead_only_beyond_its_interval():
+    def with_ttft(t):
+        return dg.diagnose([dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None, ttft=t)],
+                           dg.Context(k=4))
+    cause = next(c for c in with_ttft(ratio(1.3, 1.1, 1.5)).causes if c.code == "overhead")
+    assert "30% later" in cause.text and "[1.10, 1.50]" in cause.text
+    assert "overhead" not in codes(with_ttft(ratio(1.2, 1.1, 1.3)))  # under 25% later
+    assert "overhead" not in codes(with_ttft(ratio(1.6, 0.9, 2.5)))  # the interval reaches 1
+    assert "overhead" not in codes(with_ttft(ratio(1.6)))  # no interval
 
 
 def test_thin_evidence_is_said_and_no_cause_is_made_up():
