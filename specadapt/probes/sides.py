@@ -4,9 +4,10 @@
 each server, or what a running server says about itself) and gives one readable line per
 difference other than speculation: launch argv, environment, interpreter, package version,
 config file settings, server version, model root, max_model_len, dtype, the server's
-own settings and the hardware each ran on (where both are known). An empty list means the sides differ in speculation only (as far as they
-could be seen). Secret values never appear: the records hold them as ``***`` already, and
-names that look secret are masked again here.
+own settings and the hardware each ran on (where both are known). An empty list means
+the sides differ in speculation only (as far as they could be seen). Secret values never
+appear: the records hold them as ``***`` already, and names that look secret are masked
+again here.
 """
 
 from __future__ import annotations
