@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 
 from specadapt.adapters.base import ServerBase, Verify
+from specadapt.adapters.hardware import server_hardware
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 from specadapt.records import ServerInfo
 
@@ -107,8 +108,14 @@ class OpenAIServer(ServerBase):
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def _server_info(self, **fields: Any) -> ServerInfo:
-        """A ServerInfo for this server (backend, base URL and, when specadapt started it, the launch)."""
-        return ServerInfo(backend=self.backend, base_url=self._base_url, launch=self.launch, **fields)
+        """A ServerInfo for this server (backend, base URL, the hardware where known and, when specadapt
+        started it, the launch)."""
+        hardware, note = server_hardware(self._base_url, started_here=self.launched or self.launch is not None)
+        info = ServerInfo(backend=self.backend, base_url=self._base_url, launch=self.launch, hardware=hardware,
+                          **fields)
+        if note:
+            info.notes.append(note)
+        return info
 
     @property
     def model_id(self) -> str:

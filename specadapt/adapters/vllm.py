@@ -85,6 +85,10 @@ class VLLMServer(OpenAIServer):
                                  model_root=first.get("root"), max_model_len=first.get("max_model_len"))
         server_info = self._http.get_json(SERVER_INFO)  # only with VLLM_SERVER_DEV_MODE=1
         info.dtype, info.server_flags = self._settings(version, server_info)
+        device = server_device(server_info)
+        if device:
+            said = f"the server says its device is {device} (/server_info device_config)"
+            (info.hardware.notes if info.hardware is not None else info.notes).append(said)
         self._fill_spec_state(info, server_info)
         return info
 
@@ -191,6 +195,24 @@ def server_settings(server_info: Any) -> tuple[str | None, dict[str, Any]]:
         flags.update({f"env.{name}": _scalar(value) for name, value in sorted(env.items())
                       if name not in PER_SERVER_ENV})
     return dtype, record_settings(flags)
+
+
+def server_device(server_info: Any) -> str | None:
+    """The device vLLM's ``/server_info`` names (``vllm_config.device_config.device``, or
+    ``device_config=...`` in the text form); None when it names none."""
+    if not isinstance(server_info, dict):
+        return None
+    config = server_info.get("vllm_config")
+    if isinstance(config, dict):
+        section = config.get("device_config")
+        if isinstance(section, dict):
+            value = section.get("device") or section.get("device_type")
+            return str(value) if value else None
+        return str(section) if isinstance(section, str) and section else None
+    if isinstance(config, str):
+        found = re.search(r"(?:^|, )device_config=([^,]*)", config)
+        return found.group(1).strip() or None if found else None
+    return None
 
 
 def _find_key(obj: Any, key: str) -> Any:

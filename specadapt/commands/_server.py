@@ -26,6 +26,7 @@ import click
 from pydantic import ValidationError
 
 from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
+from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
 from specadapt.adapters.plan import launch_record
 from specadapt.adapters.registry import get_backend
 from specadapt.commands._console import say, stderr
@@ -82,7 +83,8 @@ PYTHON = click.option("--python", default=sys.executable, show_default="this int
                       help="Interpreter that has the server installed.")
 HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Host a started server binds.")
 PORT = click.option("--port", type=click.IntRange(1, 65535), help="Port for a started server (default: a free one).")
-DTYPE = click.option("--dtype", help="Server dtype (auto, bfloat16, float16, float32).")
+DTYPE = click.option("--dtype", help="Server dtype (auto: specadapt picks what this machine runs natively and says "
+                                     "so; bfloat16, float16, float32).")
 MAX_MODEL_LEN = click.option("--max-model-len", type=click.IntRange(16), default=2048, show_default=True,
                              help="Longest sequence (prompt + output) a started server accepts.")
 SERVER_ARG = click.option("--server-arg", "server_args", multiple=True,
@@ -199,6 +201,9 @@ class ServerPlan:
     startup_timeout_s: float
     started: dict[str, LaunchPlan] = field(default_factory=dict, compare=False)
     """The launch plans of the sides started so far, by label (shared with the plans ``only()`` makes)."""
+    dtype: str | None = None
+    """The dtype the servers run as the reports record it: --dtype, with auto resolved when specadapt
+    starts a server (see ``resolve_dtype``)."""
 
     def only(self, label: str) -> ServerPlan:
         """The plan of one side alone (to start the servers one after the other)."""
@@ -206,8 +211,19 @@ class ServerPlan:
         return replace(self, sides=(self.sides[i],), launch=(self.launch[i],))
 
 
+def resolve_dtype(opts: ServerOptions) -> ServerOptions:
+    """``opts`` with ``--dtype auto`` made concrete for a server specadapt starts on this machine
+    (what its hardware runs natively, said in one line); any other value, or none, as given."""
+    if opts.dtype is None or opts.dtype.strip().lower() != "auto":
+        return opts
+    dtype, reason = resolve_auto_dtype(local_hardware(STARTED_HERE))
+    say(f"dtype auto: {dtype} ({reason})")
+    return replace(opts, dtype=dtype)
+
+
 def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
-    """Check the options against the backend and build each side's launch options; start nothing."""
+    """Check the options against the backend and build each side's launch options; start nothing.
+    ``--dtype auto`` is resolved here when a server is to be started (``plan.dtype`` has the result)."""
     verify = tls_verify(opts.insecure, opts.ca_bundle)
     backend = get_backend(opts.backend)
     one = len(sides) == 1
@@ -221,13 +237,15 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
         if not backend.capabilities.launch:
             hint = "--url of a running one" if one else f"{flags} URLs of running ones"
             raise UsageError(f"backend {opts.backend} cannot start servers: pass {hint}")
+        opts = resolve_dtype(opts)
         model = str(backend.resolve_model(opts.model))
         spec = load_spec_config(opts.spec_config, opts.backend) if opts.spec_config else None
         for i, side in enumerate(sides):
             if not side.url:
                 launch[i] = launch_options_for(backend, opts, model, spec if side.spec else None, side.port)
     return ServerPlan(backend_name=opts.backend, backend=backend, sides=tuple(sides), launch=tuple(launch),
-                      api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout)
+                      api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout,
+                      dtype=opts.dtype)
 
 
 def launch_options_for(backend: Backend, opts: ServerOptions, model: str, spec: SpecConfig | None,

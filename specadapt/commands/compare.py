@@ -96,6 +96,7 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
     prompts, workload = load_workload(**kw["workload_opts"])
     settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel", workload=workload)
     plan = plan_servers(server_opts, _sides(off_url, on_url))
+    settings = settings.model_copy(update={"dtype": plan.dtype})  # --dtype auto as the started servers run it
     if settings.interleaved:
         report = _side_by_side(plan, prompts, settings)
     else:

@@ -23,6 +23,7 @@ from specadapt.commands._server import (
     api_key_from,
     launch_options_for,
     open_servers,
+    resolve_dtype,
     sweep_server_options,
     tls_verify,
 )
@@ -194,6 +195,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         if not backend.capabilities.launch:
             raise UsageError(f"backend {opts.backend} cannot start servers: give --off URL, one --on URL per draft "
                              "length and --verify-url (or --no-verify)")
+        opts = resolve_dtype(opts)  # --dtype auto as the started servers will run it
         model = str(backend.resolve_model(opts.model))
         for c in to_start:  # every candidate's launch checked before anything starts
             launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)

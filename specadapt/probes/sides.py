@@ -3,10 +3,11 @@
 ``side_differences(off, on)`` reads what both ServerInfos recorded (how specadapt started
 each server, or what a running server says about itself) and gives one readable line per
 difference other than speculation: launch argv, environment, interpreter, package version,
-config file settings, server version, model root, max_model_len, dtype and the server's
-own settings. An empty list means the sides differ in speculation only (as far as they
-could be seen). Secret values never appear: the records hold them as ``***`` already, and
-names that look secret are masked again here.
+config file settings, server version, model root, max_model_len, dtype, the server's
+own settings and the hardware each ran on (where both are known). An empty list means
+the sides differ in speculation only (as far as they could be seen). Secret values never
+appear: the records hold them as ``***`` already, and names that look secret are masked
+again here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from specadapt.adapters.plan import RECORD_REDACTED, SECRET_NAME, record_argv
-from specadapt.records.server import LaunchRecord, ServerInfo
+from specadapt.records.server import HardwareInfo, LaunchRecord, ServerInfo
 
 OFF, ON = "spec-off", "spec-on"
 
@@ -81,6 +82,22 @@ def launch_differences(off: LaunchRecord, on: LaunchRecord) -> list[str]:
     return lines
 
 
+def _gpus(hw: HardwareInfo) -> str:
+    return "; ".join(f"{g.name} ({g.memory_mib} MiB, cc {g.compute_capability})" for g in hw.gpus) or "none"
+
+
+def hardware_differences(off: HardwareInfo, on: HardwareInfo) -> list[str]:
+    """What the two machines differ in (CPU model, logical CPUs, matrix flags, GPUs); where the
+    facts came from is not compared: the same machine seen two ways is the same machine."""
+    lines = []
+    for what, a, b in (("hardware CPU", off.cpu_model, on.cpu_model), ("hardware logical CPUs", off.cores, on.cores),
+                       ("hardware CPU flags", " ".join(off.cpu_flags), " ".join(on.cpu_flags)),
+                       ("hardware GPUs", _gpus(off), _gpus(on))):
+        if a != b:
+            lines.append(_differs(what, a, b))
+    return lines
+
+
 def side_differences(off: ServerInfo, on: ServerInfo) -> list[str]:
     """One readable line per difference between the two sides other than speculation; [] when
     they differ in speculation only. Values one side does not expose are not compared, except
@@ -103,4 +120,6 @@ def side_differences(off: ServerInfo, on: ServerInfo) -> list[str]:
         shown = OFF if off.server_flags else ON
         lines.append(f"only the {shown} server exposes its settings (vLLM: /server_info with "
                      "VLLM_SERVER_DEV_MODE=1): they were started differently, and the settings cannot be compared")
+    if off.hardware is not None and on.hardware is not None:
+        lines += hardware_differences(off.hardware, on.hardware)
     return lines

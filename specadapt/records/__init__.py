@@ -40,13 +40,14 @@ from specadapt.records.requests import (
     TokenSource,
 )
 from specadapt.records.scale import MergeSource, ReplicaResult, ScaleLayout, WorkerInfo
-from specadapt.records.server import CounterSnapshot, ServerInfo
+from specadapt.records.server import CounterSnapshot, GpuInfo, HardwareInfo, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
     "CounterPair",
-    "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
+    "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "GpuInfo",
+    "HardwareInfo", "LatencySummary",
     "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
     "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",

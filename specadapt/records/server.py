@@ -89,6 +89,34 @@ class LaunchRecord(BaseModel):
         return {**self.inherited_env, **self.env}
 
 
+class GpuInfo(BaseModel):
+    """One GPU as ``nvidia-smi`` names it."""
+
+    name: str
+    memory_mib: int | None = Field(None, description="Total memory in MiB.")
+    driver: str | None = Field(None, description="Driver version.")
+    compute_capability: str | None = Field(None, description='CUDA compute capability, e.g. "9.0".')
+
+
+class HardwareInfo(BaseModel):
+    """The machine a server ran on, as far as specadapt can tell."""
+
+    source: str = Field(description="Where the facts come from, e.g. 'this machine (specadapt started the "
+                                    "server here)'.")
+    cpu_model: str | None = None
+    cores: int | None = Field(None, description="Logical CPUs.")
+    cpu_flags: list[str] = Field(default_factory=list, description=(
+        "Of the CPU flags that matter for matrix speed (avx2, avx512f, avx512_bf16, avx512_fp16, amx_tile, "
+        "amx_bf16, amx_fp16, avx_vnni, avx512_vnni, fma), those present, spelled as /proc/cpuinfo does."))
+    cpu_flags_missing: list[str] = Field(default_factory=list, description="Of those flags, the ones absent.")
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    native_dtypes: list[str] = Field(default_factory=list, description=(
+        "Dtypes whose matrix products this hardware runs natively (CPU: float32; bfloat16 with avx512_bf16 or "
+        "amx_bf16; float16 with avx512_fp16 or amx_fp16. GPU: float32, float16; bfloat16 from compute "
+        "capability 8.0)."))
+    notes: list[str] = Field(default_factory=list, description="What could not be told and why.")
+
+
 class ServerInfo(BaseModel):
     """What a running server says about itself; ``spec_enabled`` is None when it cannot tell."""
 
@@ -111,6 +139,9 @@ class ServerInfo(BaseModel):
         "Settings the server exposes about itself (vLLM: /server_info with VLLM_SERVER_DEV_MODE=1), "
         "speculation left out; secrets as ***."))
     launch: LaunchRecord | None = Field(None, description="What specadapt started it with; None when given by URL.")
+    hardware: HardwareInfo | None = Field(None, description=(
+        "The machine the server ran on: specadapt's own when it started the server or the address is loopback; "
+        "None when given by URL on another host."))
     notes: list[str] = Field(default_factory=list, description="Plain statements of what could not be told and why.")
 
     @field_validator("server_flags")

@@ -9,6 +9,7 @@ from rich.table import Table
 from specadapt.probes.slo import slo_text
 from specadapt.records import Distribution, ProbeReport
 from specadapt.records.load import Goodput, SendLag
+from specadapt.report.hardware import hardware_source_text
 
 
 def _ms(v: float | None) -> str:
@@ -71,6 +72,7 @@ def render_probe(report: ProbeReport, console: Console) -> None:
     console.print(f"[bold]{s.backend}[/] {s.version or '?'} at {s.base_url}  model [bold]{s.model_id}[/]"
                   f"  max_model_len {s.max_model_len or '?'}")
     console.print(f"speculative decoding: [bold]{spec}[/]" + (f" ({', '.join(details)})" if details else ""))
+    console.print(f"hardware: {escape(hardware_source_text(s.hardware))}", highlight=False, soft_wrap=True)
     wl = report.settings.workload
     if wl is not None:
         cats = ", ".join(f"{name} {n}" for name, n in wl.categories.items())

@@ -24,6 +24,7 @@ from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
 from specadapt.report.compare_render import INTERVAL_NOTE, ci
 from specadapt.report.diagnosis_render import COLUMNS, COST_NOTE, row
+from specadapt.report.hardware import hardware_source_text, hardware_text
 
 OBJECTIVE_NAME = {"tpot": "TPOT", "e2e": "E2E", "throughput": "tokens/s"}
 RATIO_ORDER = ("tpot", "e2e", "throughput")
@@ -112,6 +113,14 @@ def _header(report: TuneReport) -> Section:
                       f"repeat {s.repeat}, warmup {s.warmup}; prompts {s.prompts_source}; objective "
                       f"{OBJECTIVE_NAME[s.objective]} ratio. Created {report.created_at} by specadapt "
                       f"{report.specadapt_version}."))
+    if off is not None:
+        parts.append(Line(f"Hardware of the spec-off server: {hardware_source_text(off.hardware)}."))
+        for c in report.candidates:
+            on = c.compare.on_server if c.compare is not None else None
+            if on is not None and on.hardware is not None and off.hardware is not None \
+                    and hardware_text(on.hardware) != hardware_text(off.hardware):
+                parts.append(Line(f"Candidate {c.label} ran on other hardware: {hardware_source_text(on.hardware)}.",
+                                  strong=True))
     return Section("specadapt tune", parts)
 
 

@@ -192,3 +192,24 @@ def test_given_urls_are_connected_and_closed(stub):
         assert [s.base_url for s in servers] == ["http://a", "http://b"]
         assert not any(s.closed for s in servers)
     assert all(s.closed for s in stub.connected) and not stub.launched
+
+
+def test_dtype_auto_is_resolved_for_the_started_servers_and_the_report(stub, monkeypatch):
+    from specadapt.commands import compare as compare_module
+    from specadapt.records import HardwareInfo
+
+    monkeypatch.setattr(_server, "local_hardware", lambda source: HardwareInfo(
+        source=source, cpu_model="AMD EPYC", cpu_flags=["avx2", "avx512_bf16"], native_dtypes=["float32", "bfloat16"]))
+    recorded = []
+
+    def side_by_side(plan, prompts, settings):
+        recorded.append(settings.dtype)
+        raise UsageError("stop before any request")
+
+    monkeypatch.setattr(compare_module, "_side_by_side", side_by_side)
+    code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--dtype", "auto")
+    assert code == 2
+    assert lines == ["dtype auto: bfloat16 (this CPU (AMD EPYC) has AVX512-BF16: bfloat16 runs natively)",
+                     "error: stop before any request"]
+    assert recorded == ["bfloat16"]
+    assert "auto: specadapt picks what this machine runs natively" in params(compare)["dtype"]["help"]

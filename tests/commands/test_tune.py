@@ -114,3 +114,29 @@ def mtp_target(tmp_path) -> str:
     (d / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 2, "max_position_embeddings": 4096,
                                                "vocab_size": 10, "hidden_size": 8}))
     return str(d)
+
+
+def test_dtype_auto_is_resolved_before_the_servers_start(tmp_path, monkeypatch, embedded_dir):
+    from specadapt.commands import _server
+    from specadapt.errors import UsageError
+    from specadapt.records import HardwareInfo
+
+    monkeypatch.setattr(_server, "local_hardware", lambda source: HardwareInfo(source=source, cpu_model="AMD EPYC",
+                                                                               cpu_flags=["avx2"]))
+    started = []
+
+    @contextlib.contextmanager
+    def launched_many(self, opts_list, **kw):
+        started.extend(o.dtype for o in opts_list)
+        raise UsageError("stop before any request")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(VLLMBackend, "launched_many", launched_many)
+    result = CliRunner().invoke(cli, ["tune", "--out", str(tmp_path / "out"), "--model", embedded_dir,
+                                      "--spec-config", NGRAM, "--k", "2",
+                                      "--prompts", prompts(tmp_path, 5), "--concurrency", "1", "--repeat", "1",
+                                      "--dtype", "auto"])
+    assert result.exit_code == 2, result.output
+    assert ("dtype auto: float32 (this CPU (AMD EPYC) has no AVX512-BF16 or AMX: bfloat16 would be emulated, so "
+            "float32)") in result.stderr.splitlines()
+    assert started == ["float32"], result.output

@@ -441,3 +441,24 @@ def test_report_show_and_export_read_a_saved_tune_report(tmp_path):
     saved.write_text(saved.read_text().replace('"form": "schedule"', '"form": "weekly"', 1))
     bad = CliRunner().invoke(cli, ["report", "show", str(saved)])
     assert bad.exit_code == 2 and "is not a specadapt tune report" in bad.output
+
+
+@pytest.mark.parametrize("form", RENDERERS)
+def test_every_form_says_the_hardware_and_a_candidate_on_other_hardware(form):
+    from specadapt.records import GpuInfo, HardwareInfo
+    from specadapt.report.hardware import hardware_text
+
+    here = HardwareInfo(source="this machine (specadapt started the server here)", cpu_model="AMD EPYC", cores=2,
+                        cpu_flags=["avx2", "avx512_bf16"], native_dtypes=["float32", "bfloat16"])
+    other = HardwareInfo(source="this machine (the server's address is loopback)", cpu_model="AMD EPYC", cores=2,
+                         gpus=[GpuInfo(name="NVIDIA H200", memory_mib=143771, compute_capability="9.0")])
+    report = make_tune_report()
+    report.off_server = OFF.model_copy(update={"hardware": here})
+    measured = next(c for c in report.candidates if c.compare is not None)
+    measured.compare.on_server = measured.compare.on_server.model_copy(update={"hardware": other})
+    text = RENDERERS[form](report)
+    assert (f"Hardware of the spec-off server: {hardware_text(here)}; facts from this machine (specadapt started "
+            "the server here).") in text
+    assert f"Candidate {measured.label} ran on other hardware: {hardware_text(other)}" in text
+    unknown = RENDERERS[form](make_tune_report())
+    assert "Hardware of the spec-off server: not known." in unknown and "ran on other hardware" not in unknown
