@@ -17,8 +17,9 @@ S = the measured TPOT ratio off/on (> 1: spec on is faster), with its interval.
 - ideal            N / (P + D (1 + k c_d)): every verify pass one decode step plus the draft's own
                    cost (the memory-bound limit).
 - model            tune's fit v + c k where several k were measured, else 1 + c k with
-                   c = (v - 1) / k; S(k') = (1 + sum_{i<k'} p_i) / (v + c k') (probes/tune_model),
-                   and the k' <= k it predicts best (0: off).
+                   c = (v - 1) / k; with rho = P / D plain steps per pass,
+                   S(k') = (rho + 1 + sum_{i<k'} p_i) / (rho + v + c k') (rho = 0: probes/tune_model's),
+                   and the k' <= k it predicts best (0: off). With one k it reproduces the measured S.
 """
 
 from __future__ import annotations
@@ -201,6 +202,16 @@ def level_figures(lv: LevelResult, on_records: Sequence[RequestRecord], k: int |
     return fig
 
 
+def model_ratio(rates: Sequence[float], v: float, c: float, k: int, rho: float = 0.0) -> float | None:
+    """The model's TPOT ratio at k with rho plain steps per verify pass (steps that draft nothing
+    cost one step and yield one token): (rho + 1 + sum_{i<k} p_i) / (rho + v + c k); 1 at k = 0;
+    with rho = 0 tune's predict_ratio."""
+    base = predict_ratio(rates, v, c, k)
+    if k == 0 or base is None:
+        return base
+    return (rho + 1.0 + sum(rates[:k])) / (rho + v + c * k)
+
+
 def _model(fig: LevelFigures, fit_v: float | None, fit_c: float | None) -> None:
     """The cost model's figures: tune's v + c k, or 1 + c k through this level's pass cost."""
     k = fig.k
@@ -214,8 +225,8 @@ def _model(fig: LevelFigures, fit_v: float | None, fit_c: float | None) -> None:
         return
     fig.model_v, fig.model_c = v, c
     rates = fig.per_position_rate
-    predicted = {kk: predict_ratio(rates, v, c, kk) for kk in range(k + 1)}
-    predicted = {kk: p for kk, p in predicted.items() if p is not None}
+    rho = (fig.plain_steps or 0.0) / fig.verify_passes if fig.verify_passes else 0.0
+    predicted = {kk: p for kk in range(k + 1) if (p := model_ratio(rates, v, c, kk, rho)) is not None}
     fig.model_speedup = predicted.get(k)
     if fig.model == "v + c k" and fig.model_speedup and fig.tpot_ratio and fig.tpot_ratio.point:
         fig.measured_over_model = fig.tpot_ratio.point / fig.model_speedup
@@ -464,7 +475,7 @@ def headline(figs: Sequence[LevelFigures], causes: Sequence[Cause]) -> str:
     return f"{head}: {ranked[0].text}."
 
 
-def diagnose(figs: Sequence[LevelFigures], ctx: Context, hardware_text: str | None = None) -> Diagnosis:
+def diagnose(figs: Sequence[LevelFigures], ctx: Context) -> Diagnosis:
     """Causes, advice and gaps over every level's figures."""
     causes: list[Cause] = []
     advice: list[Advice] = []
@@ -482,7 +493,7 @@ def diagnose(figs: Sequence[LevelFigures], ctx: Context, hardware_text: str | No
         advice.append(Advice(code="evidence", text="more evidence: --repeat or --max-tokens higher, or more prompts"))
     merged = _merge(causes)
     return Diagnosis(headline=headline(figs, merged), levels=list(figs), causes=merged, advice=_dedupe(advice),
-                     evidence_gaps=gaps, hardware=hardware_text, thresholds=dict(THRESHOLDS))
+                     evidence_gaps=gaps, thresholds=dict(THRESHOLDS))
 
 
 # --- the draft's cost -----------------------------------------------------------------------------
@@ -527,7 +538,7 @@ def hardware_of(info: object) -> Hardware | None:
                     gpus=tuple(g.name for g in hw.gpus), missing_flags=tuple(hw.cpu_flags_missing))
 
 
-def diagnose_compare(report, draft: DraftCost | None = None, hardware_text: str | None = None,
+def diagnose_compare(report, draft: DraftCost | None = None,
                      fits: Mapping[int, tuple[float, float]] | None = None) -> Diagnosis:
     """The diagnosis of a compare report (its levels, counters, servers and settings); ``fits``:
     {concurrency: (v, c)} of tune's cost model fitted over several k (the model then is v + c k)."""
@@ -547,7 +558,7 @@ def diagnose_compare(report, draft: DraftCost | None = None, hardware_text: str 
     cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}
     ctx = Context(k=k, method=on.spec_method, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
                   draft=draft, spec_enabled=on.spec_enabled, categories=cats)
-    return diagnose(figs, ctx, hardware_text)
+    return diagnose(figs, ctx)
 
 
 def diagnose_tune(report) -> Diagnosis | None:
@@ -562,7 +573,7 @@ def diagnose_tune(report) -> Diagnosis | None:
     fits = {f.concurrency: (f.v, f.c) for f in report.fits
             if f.variant == variant and f.form == "v + c k" and f.v is not None and f.c is not None}
     base = top.compare.diagnosis
-    d = diagnose_compare(top.compare, _draft_of(base), base.hardware if base else None, fits)
+    d = diagnose_compare(top.compare, _draft_of(base), fits)
     d.headline = f"{top.label}, the largest k measured: {d.headline}"
     return d
 

@@ -90,5 +90,4 @@ class Diagnosis(BaseModel):
     causes: list[Cause] = Field(default_factory=list)
     advice: list[Advice] = Field(default_factory=list)
     evidence_gaps: list[str] = Field(default_factory=list, description="What the run cannot tell, and why.")
-    hardware: str | None = Field(None, description="The spec-on server's hardware and served dtype, as used.")
     thresholds: dict[str, float] = Field(default_factory=dict, description="The thresholds the causes used.")

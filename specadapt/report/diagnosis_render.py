@@ -5,9 +5,11 @@ from __future__ import annotations
 from markupsafe import Markup
 from markupsafe import escape as _escape
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
+from specadapt.records import ServerInfo
 from specadapt.records.diagnosis import Diagnosis, LevelFigures
+from specadapt.report.hardware import hardware_text
 
 COLUMNS = ("level", "TPOT ratio", "tokens per pass", "pass cost (decode steps)", "break-even",
            "ideal (pass = 1 step)", "measured / ideal", "model best k")
@@ -61,28 +63,42 @@ def row(f: LevelFigures) -> tuple[str, ...]:
             _num(f.ideal_speedup, "{:.2f}x"), _num(f.measured_over_ideal), _best(f))
 
 
-def render_diagnosis(d: Diagnosis | None, console: Console) -> None:
+def level_line(f: LevelFigures) -> str:
+    """One level's arithmetic in a sentence (the console's form of the table)."""
+    parts = [f"TPOT {_tpot(f)}"]
+    if f.tokens_per_pass is not None:
+        parts.append(f"{f.tokens_per_pass:.2f} tokens per pass")
+    if f.pass_cost is not None:
+        parts.append(f"a pass costs {_cost(f)} decode steps")
+    if f.break_even_tokens_per_pass is not None:
+        parts.append(f"break-even {_break_even(f)}")
+    if f.ideal_speedup is not None:
+        parts.append(f"ideal {f.ideal_speedup:.2f}x (measured {_num(f.measured_over_ideal)} of it)")
+    if f.model_best_k is not None:
+        parts.append(f"model's best {_best(f)}")
+    return f"{f.level}: " + "; ".join(parts)
+
+
+def render_diagnosis(d: Diagnosis | None, console: Console, machine: str | None = None) -> None:
+    """The why section; ``machine``: the spec-on server's hardware and dtype, in one line."""
     if d is None:
         return
-    console.print(f"[bold]why[/]: {d.headline}")
+    console.print(Text("why: ", style="bold") + Text(d.headline))
     if any(f.pass_cost is not None for f in d.levels):
-        table = Table(title=f"the arithmetic ({COST_NOTE})")
-        for col in COLUMNS:
-            table.add_column(col, justify="left" if col == "level" else "right")
+        console.print(f"  ({COST_NOTE})")
         for f in d.levels:
-            table.add_row(*row(f))
-        console.print(table)
+            console.print(Text("  " + level_line(f)))
     for c in d.causes:
-        console.print(f"  cause ({c.level}): {c.text}")
+        console.print(Text(f"  cause ({c.level}): {c.text}"))
     for a in d.advice:
-        console.print(f"  to do: {a.text}")
+        console.print(Text(f"  to do: {a.text}"))
     for g in d.evidence_gaps:
-        console.print(f"  not enough evidence: {g}")
-    if d.hardware:
-        console.print(f"  spec-on server's machine: {d.hardware}")
+        console.print(Text(f"  not enough evidence: {g}"))
+    if machine:
+        console.print(Text(f"  spec-on server's machine: {machine}"))
 
 
-def diagnosis_markdown(d: Diagnosis | None) -> list[str]:
+def diagnosis_markdown(d: Diagnosis | None, machine: str | None = None) -> list[str]:
     if d is None:
         return []
     out = ["", "### Why", "", d.headline, ""]
@@ -94,8 +110,8 @@ def diagnosis_markdown(d: Diagnosis | None) -> list[str]:
     out += [f"- cause ({c.level}): {c.text}" for c in d.causes]
     out += [f"- to do: {a.text}" for a in d.advice]
     out += [f"- not enough evidence: {g}" for g in d.evidence_gaps]
-    if d.hardware:
-        out.append(f"- spec-on server's machine: {d.hardware}")
+    if machine:
+        out.append(f"- spec-on server's machine: {machine}")
     return out
 
 
@@ -104,7 +120,7 @@ def escape(text: str) -> str:
     return str(_escape(text))
 
 
-def diagnosis_html(d: Diagnosis | None) -> Markup:
+def diagnosis_html(d: Diagnosis | None, machine: str | None = None) -> Markup:
     if d is None:
         return Markup("")
     parts = ["<h2>Why</h2>", f"<p><strong>{escape(d.headline)}</strong></p>"]
@@ -119,8 +135,14 @@ def diagnosis_html(d: Diagnosis | None) -> Markup:
     items = [f"<li>cause ({escape(c.level)}): {escape(c.text)}</li>" for c in d.causes]
     items += [f"<li>to do: {escape(a.text)}</li>" for a in d.advice]
     items += [f"<li>not enough evidence: {escape(g)}</li>" for g in d.evidence_gaps]
-    if d.hardware:
-        items.append(f"<li>spec-on server's machine: {escape(d.hardware)}</li>")
+    if machine:
+        items.append(f"<li>spec-on server's machine: {escape(machine)}</li>")
     if items:
         parts.append('<ul class="diagnosis">' + "".join(items) + "</ul>")
     return Markup("".join(parts))
+
+
+def machine_line(info: ServerInfo, dtype: str | None) -> str:
+    """The spec-on server's hardware and the dtype served, in one line."""
+    served = info.dtype or dtype
+    return hardware_text(info.hardware) + (f"; dtype {served}" if served else "; dtype not known")

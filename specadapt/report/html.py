@@ -10,7 +10,7 @@ from markupsafe import Markup
 from specadapt.probes.latency import tpot_ns
 from specadapt.records import CompareReport
 from specadapt.probes.slo import slo_text
-from specadapt.report.diagnosis_render import diagnosis_html
+from specadapt.report.diagnosis_render import diagnosis_html, machine_line
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
     all_levels,
@@ -165,4 +165,4 @@ def to_html(report: CompareReport) -> str:
                        pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), levels=all_levels(report),
-                                              diagnosis=diagnosis_html(report.diagnosis))
+                                              diagnosis=diagnosis_html(report.diagnosis, machine_line(report.on_server, report.settings.dtype)))

@@ -23,7 +23,7 @@ from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
 from specadapt.report.compare_render import INTERVAL_NOTE, ci
-from specadapt.report.diagnosis_render import COLUMNS, COST_NOTE, row
+from specadapt.report.diagnosis_render import COLUMNS, COST_NOTE, machine_line, row
 from specadapt.report.hardware import hardware_source_text, hardware_text
 
 OBJECTIVE_NAME = {"tpot": "TPOT", "e2e": "E2E", "throughput": "tokens/s"}
@@ -280,6 +280,10 @@ def _diagnosis(report: TuneReport) -> list[Section]:
     parts += [Line(f"cause ({c.level}): {c.text}", bullet=True) for c in d.causes]
     parts += [Line(f"to do: {a.text}", bullet=True) for a in d.advice]
     parts += [Line(f"not enough evidence: {g}", bullet=True) for g in d.evidence_gaps]
+    top = max((c for c in report.candidates if c.compare is not None), key=lambda c: c.k, default=None)
+    if top is not None:
+        parts.append(Line(f"spec-on server's machine: {machine_line(top.compare.on_server, report.settings.dtype)}",
+                          bullet=True))
     return [Section("Why", parts)]
 
 

@@ -119,6 +119,16 @@ def test_one_k_model_is_one_plus_c_k_through_the_pass_cost():
     assert f.measured_over_model is None  # one point: the model is fitted to it
 
 
+def test_with_plain_steps_the_one_k_model_reproduces_the_measured_ratio():
+    # N = 400, A = 200, D = 100: P = 100 plain steps (rho = 1 per pass)
+    f = dg.level_figures(level(ratio(1.25, 1.0, 1.6)), on_records(400), 4, None)
+    assert f.model_speedup == pytest.approx(1.25)
+    c = (f.pass_cost - 1) / 4
+    assert dg.model_ratio([0.8, 0.6, 0.4, 0.2], 1.0, c, 2, rho=1.0) == pytest.approx((1 + 1 + 1.4) / (1 + 1 + 2 * c))
+    assert dg.model_ratio([0.8], 1.0, c, 0, rho=1.0) == 1.0
+    assert dg.model_ratio([0.8], 1.0, c, 2, rho=1.0) is None  # fewer rates than k
+
+
 def test_tunes_fit_gives_the_model_and_the_measured_over_model():
     f = dg.level_figures(level(ratio(1.4, 1.3, 1.5)), on_records(300), 4, None, fit_v=1.1, fit_c=0.2)
     assert f.model == "v + c k" and f.model_v == 1.1 and f.model_c == 0.2
