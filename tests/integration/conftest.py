@@ -27,14 +27,16 @@ def embedded_model() -> str:
     return str(resolve_model_dir(None))
 
 
+DRAFT_K3 = "draft_model k=3"  # its SpecConfig names the truncated_model fixture's directory (made at session start)
 SERVERS = {  # name: (spec config, dtype)
     "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"), "off_bf16": (None, "bfloat16"),
-    "ngram_k2_fp32": (NGRAM_K2, "float32"),
+    "ngram_k2_fp32": (NGRAM_K2, "float32"), "draft_fp32": (DRAFT_K3, "float32"),
 }
 # Fixture -> server. The pair that differs in speculation only is float32 (vllm_off and vllm_ngram
 # are the float32 servers); the bfloat16 spec-off server is there for precision divergences.
 FIXTURES = {"vllm_off": "off_fp32", "vllm_off_fp32": "off_fp32", "vllm_ngram": "ngram_fp32",
-            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16", "vllm_ngram_k2": "ngram_k2_fp32"}
+            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16", "vllm_ngram_k2": "ngram_k2_fp32",
+            "vllm_draft": "draft_fp32"}
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +49,13 @@ def vllm_servers(request, embedded_model):
     # --enforce-eager: no torch.compile at start-up (about 80 s instead of 280 s for two servers on
     # 2 cores with a cold compile cache; requests about a third slower): the tests check behaviour,
     # never speed.
-    opts = [VLLMLaunch(model=embedded_model, spec_config=SERVERS[name][0], dtype=SERVERS[name][1],
+    def spec(name: str) -> SpecConfig | None:
+        config = SERVERS[name][0]
+        if config == DRAFT_K3:  # a poorly matched draft: the embedded model's first 4 of 30 layers
+            return SpecConfig(method="draft_model", k=3, draft=request.getfixturevalue("truncated_model"))
+        return config
+
+    opts = [VLLMLaunch(model=embedded_model, spec_config=spec(name), dtype=SERVERS[name][1],
                        max_model_len=2048, extra_args=["--enforce-eager"]) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
         yield dict(zip(names, servers))
@@ -76,6 +84,12 @@ def vllm_ngram_fp32(vllm_servers):
 @pytest.fixture(scope="session")
 def vllm_ngram_k2(vllm_servers):
     return vllm_servers[FIXTURES["vllm_ngram_k2"]]
+
+
+@pytest.fixture(scope="session")
+def vllm_draft(vllm_servers):
+    """Spec on with a draft model that matches badly: the embedded model cut to 4 layers, k=3."""
+    return vllm_servers[FIXTURES["vllm_draft"]]
 
 
 @pytest.fixture(scope="session")

@@ -342,3 +342,58 @@ def test_rate_levels_are_named_by_rate_and_kept_out_of_the_crossover():
     assert dg.level_name(level(ratio(1.0), concurrency=0, rate=math.inf)) == "all at once"
     d = diagnose([level(ratio(1.3, 1.2, 1.4)), lv])
     assert "past-crossover" not in codes(d)
+
+
+def test_the_compare_reads_the_draft_cost_from_the_two_config_files(tmp_path):
+    import json
+
+    from specadapt.probes.compare import draft_cost_of
+    from specadapt.records import CompareReport, CompareSettings, ServerInfo
+
+    base = {"hidden_size": 64, "vocab_size": 1000, "intermediate_size": 128, "num_attention_heads": 4,
+            "tie_word_embeddings": True}
+    for name, layers in (("target", 10), ("draft", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(dict(base, num_hidden_layers=layers)))
+    info = ServerInfo(backend="vllm", base_url="http://x", model_root=str(tmp_path / "target"),
+                      spec_draft=str(tmp_path / "draft"))
+
+    def report(on, settings=CompareSettings()):
+        return CompareReport(settings=settings, off_server=on, on_server=on)
+
+    cost = draft_cost_of(report(info))
+    per_layer = 2 * 64 * 64 + 2 * 64 * 64 + 3 * 64 * 128
+    assert cost.per_token == pytest.approx((64_000 + 2 * per_layer) / (64_000 + 10 * per_layer))
+    assert draft_cost_of(report(info, CompareSettings(draft_cost=0.3))) == dg.DraftCost(0.3, "--draft-cost")
+    assert draft_cost_of(report(info.model_copy(update={"spec_draft": None}))) is None  # n-gram: no model
+    assert draft_cost_of(report(info.model_copy(update={"spec_draft": str(tmp_path / "none")}))) is None
+
+
+def test_tune_reads_its_largest_k_through_the_fit_over_every_k():
+    from specadapt.probes import tune as tuning
+    from specadapt.records import CompareReport, CompareSettings, RequestSettings, ServerInfo
+    from specadapt.records.tune import Candidate, TuneSettings
+
+    rates = [0.8, 0.6, 0.4, 0.2]
+
+    def cand(k: int, s: float) -> Candidate:
+        lv = level(ratio(s, s - 0.1, s + 0.1), accepted=100.0 * sum(rates[:k]), per_pos=tuple(rates[:k]))
+        info = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=k)
+        compare = CompareReport(settings=CompareSettings(), off_server=info, on_server=info, levels=[lv],
+                                counts={"identical": 1})
+        return Candidate(label=f"k={k}", variant="", k=k, compare=compare)
+
+    settings = TuneSettings(backend="vllm", base_spec={"method": "ngram", "k": 4}, ks=[0, 1, 2, 4], concurrency=[1],
+                            repeat=2, warmup=0, request=RequestSettings())
+    report = tuning.TuneReport(settings=settings, candidates=[Candidate(label="off", variant="", k=0,
+                                                                        status="baseline"),
+                                                              cand(1, 1.5), cand(2, 1.8), cand(4, 2.0)])
+    tuning.analyse(report)
+    (fit,) = report.fits
+    assert fit.form == "v + c k"
+    d = report.diagnosis
+    assert d.headline.startswith("k=4, the largest k measured: Spec on is faster")
+    (f,) = d.levels
+    assert f.model == "v + c k" and f.model_v == pytest.approx(fit.v) and f.model_c == pytest.approx(fit.c)
+    assert f.model_speedup == pytest.approx((1 + sum(rates)) / (fit.v + 4 * fit.c))
+    assert f.measured_over_model == pytest.approx(2.0 / f.model_speedup)
