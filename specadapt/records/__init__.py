@@ -33,6 +33,7 @@ from specadapt.records.reports import (
     report_kind,
     write_report,
 )
+from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.requests import (
     ErrorKind,
     RequestRecord,
@@ -46,9 +47,10 @@ from specadapt.records.workload import WorkloadInfo
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
     "CounterPair",
-    "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
+    "CounterSnapshot", "Crossover", "DemoReport", "DemoRun", "DemoTimings", "Distribution", "Divergence", "ErrorKind", "Gate", "LatencySummary",
     "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
     "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",
+    "read_demo_report",
     "read_report", "report_kind", "write_report",
 ]
