@@ -6,6 +6,7 @@ descriptions are the documentation of the saved JSON reports.
 """
 
 from specadapt.records.client_load import ClientLoad
+from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
 from specadapt.records.metrics import (
     AcceptanceSummary,
@@ -33,7 +34,6 @@ from specadapt.records.reports import (
     report_kind,
     write_report,
 )
-from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.requests import (
     ErrorKind,
     RequestRecord,

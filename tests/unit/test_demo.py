@@ -247,3 +247,34 @@ def test_without_the_embedded_model_the_demo_says_how_to_fetch_it(tmp_path, monk
     assert result.exit_code == 2
     (line,) = error_lines(result.output)
     assert line.startswith("error: the embedded default model is not fetched yet") and "models fetch" in line
+
+
+def with_launcher(monkeypatch, launcher, compare=None):
+    """The real command and orchestration, with ``launcher`` instead of vLLM and no draft written."""
+    from specadapt.commands import demo as command
+
+    def run(plan, progress):
+        return demo.run_demo(plan, progress, launcher=launcher, compare=compare or demo.run_compare,
+                             make_draft=lambda src, layers, dest: dest)
+
+    monkeypatch.setattr(command, "run_demo", run)
+    monkeypatch.setattr(demo.VLLMBackend, "check_launch", lambda self, opts: None)
+
+
+def test_a_server_that_fails_to_start_is_one_line_and_exit_2(model_dir, monkeypatch, tmp_path):
+    rec = Recorder(fail_start=ServerStartError("the vllm server exited with code 1 during start-up"))
+    with_launcher(monkeypatch, rec.launcher)
+    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert error_lines(result.output) == ["error: the vllm server exited with code 1 during start-up"]
+    assert "Traceback" not in result.output and rec.events[-1] == "stopped" and not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_stops_the_servers_and_exits_130(model_dir, monkeypatch, tmp_path):
+    from specadapt.cli import INTERRUPTED
+
+    rec = Recorder(fail_compare=KeyboardInterrupt())  # Ctrl-C during the first run
+    with_launcher(monkeypatch, rec.launcher, compare=rec.compare)
+    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 130
+    assert INTERRUPTED in result.output and rec.events[-1] == "stopped"
