@@ -78,15 +78,16 @@ def auto_dtype() -> tuple[str, str, str | None]:
     installed, else read from /proc/cpuinfo."""
     try:
         from specadapt.adapters.hardware import local_hardware, resolve_auto_dtype  # type: ignore[attr-defined]
-    except ImportError:
+
+        hw = local_hardware("local")
+        dtype, reason = resolve_auto_dtype(hw)
+        return dtype, reason, getattr(hw, "summary", None) or str(hw)
+    except (ImportError, TypeError):  # not installed here, or another signature: read the CPU's flags
         try:
             text: str | None = Path("/proc/cpuinfo").read_text()
         except OSError:
             text = None
         return cpuinfo_dtype(text)
-    hw = local_hardware("local")
-    dtype, reason = resolve_auto_dtype(hw)
-    return dtype, reason, getattr(hw, "summary", None) or str(hw)
 
 
 def resolve_dtype(requested: str) -> tuple[str, str, str | None]:

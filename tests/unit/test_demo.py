@@ -278,3 +278,17 @@ def test_ctrl_c_stops_the_servers_and_exits_130(model_dir, monkeypatch, tmp_path
     result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "o")])
     assert result.exit_code == 130
     assert INTERRUPTED in result.output and rec.events[-1] == "stopped"
+
+
+def test_auto_dtype_takes_the_hardware_modules_choice_where_it_is_installed(monkeypatch):
+    import sys
+    import types
+
+    hardware = types.ModuleType("specadapt.adapters.hardware")
+    hardware.local_hardware = lambda source: types.SimpleNamespace(summary=f"a GPU box ({source})")
+    hardware.resolve_auto_dtype = lambda hw: ("float16", "float16: the hardware module says so")
+    monkeypatch.setitem(sys.modules, "specadapt.adapters.hardware", hardware)
+    assert demo.auto_dtype() == ("float16", "float16: the hardware module says so", "a GPU box (local)")
+    monkeypatch.setitem(sys.modules, "specadapt.adapters.hardware", None)  # not installed: the CPU's flags
+    monkeypatch.setattr(demo.Path, "read_text", lambda self: CPU_PLAIN)
+    assert demo.auto_dtype()[0] == "float32"
