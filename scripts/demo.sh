@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: a local vLLM (CPU build) with the embedded
-# SmolLM2-135M, speculative decoding off and ngram k=4 side by side, the built-in prompts
-# interleaved, and a report (JSON, JUnit, Markdown, HTML) in OUTDIR.
+# The main job on the embedded default: `specadapt demo` starts three local vLLM (CPU build)
+# servers of the embedded SmolLM2-135M side by side (speculation off; n-gram k=4, a draft
+# that matches input-grounded prompts; a draft model cut to the target's first 8 layers, a
+# draft that matches badly), compares each spec-on server with the spec-off one on the same
+# prompts, and writes one report (JSON, JUnit, Markdown, HTML) in OUTDIR.
 # Usage: scripts/demo.sh PYTHON OUTDIR
 set -euo pipefail
 PY=${1:-.venv/bin/python}
 OUT=${2:-out}
-NGRAM='{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
-"$PY" -m specadapt compare --spec-config "$NGRAM" --dtype bfloat16 --repeat 2 --max-tokens 128 \
-    --reference "$("$PY" -m specadapt models path)" --out "$OUT"
+"$PY" -m specadapt demo --out "$OUT"
 echo "open $OUT/report.html for the plots; $OUT/summary.md is the short version" >&2

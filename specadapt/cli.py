@@ -14,6 +14,7 @@ from specadapt.adapters.process import install_signal_handlers
 from specadapt.commands.backends import backends
 from specadapt.commands.compare import compare, equiv
 from specadapt.commands.config import config
+from specadapt.commands.demo import demo
 from specadapt.commands.models import models
 from specadapt.commands.probe import probe
 from specadapt.commands.reference import reference
@@ -48,7 +49,7 @@ def cli() -> None:
     """Speculative decoding an operator can trust: configs, probes, on/off comparison."""
 
 
-for command in (probe, compare, equiv, tune, report, config, models, backends, reference):
+for command in (demo, probe, compare, equiv, tune, report, config, models, backends, reference):
     cli.add_command(command)
 
 

@@ -9,6 +9,7 @@ and reuses it afterwards. Nothing here touches a model hub.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -52,6 +53,22 @@ def embedded_gguf_path() -> Path:
 
 def is_complete(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() and (path / "config.json").is_file()
+
+
+def truncated_model_dir(src: Path, layers: int) -> Path:
+    """Where the cut of ``src`` to its first ``layers`` decoder layers is cached:
+    ``<cache>/models/<name>-first<N>`` (``SPECADAPT_CACHE_DIR`` moves it)."""
+    return models_dir() / f"{Path(src).name}-first{layers}"
+
+
+def decoder_layers(path: Path) -> int | None:
+    """``num_hidden_layers`` of the HF model directory ``path`` (read from config.json; no torch),
+    None when the file is missing or does not say."""
+    try:
+        value = json.loads((Path(path) / "config.json").read_text()).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
 
 
 def resolve_model_dir(model: str | None) -> Path:

@@ -11,9 +11,10 @@ from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
 from specadapt.probes.merge import merge_reports
 from specadapt.records import read_compare_report, read_report, report_kind, write_report
+from specadapt.records.demo import read_demo_report
 from specadapt.records.reports import read_model
 from specadapt.records.tune import TuneReport
-from specadapt.report import tune_render
+from specadapt.report import demo_render, tune_render
 from specadapt.report.compare_render import render_console
 from specadapt.report.console import render_probe
 from specadapt.report.outputs import write_outputs
@@ -29,7 +30,10 @@ def report() -> None:
 @report.command("show")
 @click.argument("path", type=click.Path(path_type=Path))
 def show(path: Path) -> None:
-    """Print a saved probe, compare or tune report (from --json / --out) as tables."""
+    """Print a saved probe, compare, tune or demo report (from --json / --out) as tables."""
+    if report_kind(path) == "demo":
+        demo_render.render_console(read_demo_report(path), Console())
+        return
     if report_kind(path) == "tune":
         tune_render.render_console(read_model(path, TuneReport, "tune"), Console())
         return
@@ -48,9 +52,15 @@ def show(path: Path) -> None:
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
 def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
-    """Render a saved compare/equiv report again as JUnit XML, Markdown or HTML (a tune report: Markdown, HTML)."""
+    """Render a saved compare/equiv or demo report again as JUnit XML, Markdown or HTML (a tune report:
+    Markdown, HTML)."""
     if not (junit_out or md_out or html_out):
         raise UsageError("give at least one of --junit, --markdown, --html")
+    if report_kind(path) == "demo":
+        for written in demo_render.write_demo_outputs(read_demo_report(path), junit_path=junit_out,
+                                                      markdown_path=md_out, html_path=html_out):
+            stderr.print(f"wrote {written}")
+        return
     if report_kind(path) == "tune":
         if junit_out:
             raise UsageError(f"{path} is a tune report, which has no JUnit form: give --markdown or --html")

@@ -8,12 +8,14 @@ only local directories are accepted (``local_files_only``).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specadapt.errors import UsageError, require
+from specadapt.models import COMPLETE_MARKER, is_complete
 
 DTYPES = {
     "float64": torch.float64,
@@ -94,6 +96,37 @@ def truncate_layers(model, keep: int):
     if getattr(model.config, "layer_types", None):
         model.config.layer_types = model.config.layer_types[:keep]
     return model
+
+
+# Files of a model directory that are not weights or config: the cut keeps them as they are.
+TOKENIZER_FILES = ("chat_template.jinja", "special_tokens_map.json", "generation_config.json")
+
+
+def truncated_copy(src: str | Path, layers: int, dest: str | Path, force: bool = False) -> Path:
+    """``dest``: the HF model ``src`` cut to its first ``layers`` decoder layers (float32), with
+    ``src``'s tokenizer, embeddings and head: the same vocabulary, a fraction of the depth.
+
+    Reused when ``dest`` is complete (unless ``force``); otherwise written into ``<dest>.part``
+    and renamed into place, so an interrupted write never leaves a directory that looks done."""
+    src, dest = Path(src), Path(dest)
+    if is_complete(dest) and not force:
+        return dest
+    model = truncate_layers(load_causal_lm(src, torch.float32), layers)
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for f in src.iterdir():
+            if f.is_file() and (f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES):
+                shutil.copy(f, tmp / f.name)
+        (tmp / COMPLETE_MARKER).write_text(f"first {layers} decoder layers of {src}\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
 
 
 @dataclass

@@ -6,6 +6,7 @@ descriptions are the documentation of the saved JSON reports.
 """
 
 from specadapt.records.client_load import ClientLoad
+from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
 from specadapt.records.metrics import (
     AcceptanceSummary,
@@ -46,10 +47,11 @@ from specadapt.records.workload import WorkloadInfo
 __all__ = [
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
     "CounterPair",
-    "CounterSnapshot", "Crossover", "Distribution", "Divergence", "ErrorKind", "Gate", "GpuInfo",
-    "HardwareInfo", "LatencySummary",
+    "CounterSnapshot", "Crossover", "DemoReport", "DemoRun", "DemoTimings", "Distribution", "Divergence",
+    "ErrorKind", "Gate", "GpuInfo", "HardwareInfo", "LatencySummary",
     "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
     "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
     "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",
+    "read_demo_report",
     "read_report", "report_kind", "write_report",
 ]

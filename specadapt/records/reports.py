@@ -1,4 +1,5 @@
-"""The versioned reports (probe, compare/equiv) and how they are saved and read.
+"""The versioned reports (probe, compare/equiv; tune and demo in their own modules) and how
+they are saved and read.
 
 Every output format renders from a saved report; a report is written atomically.
 """
@@ -219,7 +220,7 @@ def read_model(path: Path, model: type[BaseModel], what: str):
 
 
 def report_kind(path: Path) -> str | None:
-    """The ``kind`` field of a saved report ("probe", "compare"), None if unreadable."""
+    """The ``kind`` field of a saved report ("probe", "compare", "tune", "demo"), None if unreadable."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):

@@ -220,20 +220,34 @@ def to_markdown(report: CompareReport) -> str:
     return "\n".join(out) + "\n"
 
 
-def to_junit(report: CompareReport) -> str:
-    """One testcase per prompt: identical passes, near-tie passes (with a message unless the
-    gate's max_near_tie was exceeded), suspect/unknown fail; plus one case for the speed gate."""
-    suite = TestSuite("specadapt.equiv")
+def identity_cases(report: CompareReport, classname: str = "specadapt.identity") -> list[TestCase]:
+    """One testcase per prompt, classname ``<classname>.<category>``: identical passes, near-tie
+    passes (with a message unless the gate's max_near_tie was exceeded), suspect/unknown fail."""
     gate = report.gate
     near_fail = gate is not None and gate.max_near_tie is not None and report.counts.get("near-tie", 0) > gate.max_near_tie
+    cases = []
     for p in report.identity:
-        case = TestCase(p.prompt_id, classname=f"specadapt.identity.{p.category}")
+        case = TestCase(p.prompt_id, classname=f"{classname}.{p.category}")
         if p.verdict in ("suspect", "unknown") or (p.verdict == "near-tie" and near_fail):
             fail = Failure(identity_line(p))
             fail.text = "" if not p.divergence else f"off: {p.divergence.off_context}\non: {p.divergence.on_context}"
             case.result = [fail]
         elif p.verdict == "near-tie":
             case.system_out = identity_line(p)
+        cases.append(case)
+    return cases
+
+
+def junit_text(xml: JUnitXml) -> str:
+    return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
+
+
+def to_junit(report: CompareReport) -> str:
+    """One testcase per prompt: identical passes, near-tie passes (with a message unless the
+    gate's max_near_tie was exceeded), suspect/unknown fail; plus one case for the speed gate."""
+    suite = TestSuite("specadapt.equiv")
+    gate = report.gate
+    for case in identity_cases(report):
         suite.add_testcase(case)
     if gate is not None and gate.min_speedup is not None:
         case = TestCase("speedup", classname="specadapt.speed")
@@ -247,4 +261,4 @@ def to_junit(report: CompareReport) -> str:
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)
-    return xml.tostring().decode() if isinstance(xml.tostring(), bytes) else xml.tostring()
+    return junit_text(xml)

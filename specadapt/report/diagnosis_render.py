@@ -120,10 +120,11 @@ def escape(text: str) -> str:
     return str(_escape(text))
 
 
-def diagnosis_html(d: Diagnosis | None, machine: str | None = None) -> Markup:
+def diagnosis_html(d: Diagnosis | None, machine: str | None = None, heading: int = 2) -> Markup:
+    """The why section as HTML, under an h``heading``."""
     if d is None:
         return Markup("")
-    parts = ["<h2>Why</h2>", f"<p><strong>{escape(d.headline)}</strong></p>"]
+    parts = [f"<h{heading}>Why</h{heading}>", f"<p><strong>{escape(d.headline)}</strong></p>"]
     if any(f.pass_cost is not None for f in d.levels):
         parts.append(f"<p>{escape(COST_NOTE)}.</p><table><tr>"
                      + "".join(f"<th>{escape(c)}</th>" for c in COLUMNS) + "</tr>")

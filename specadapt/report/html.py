@@ -22,10 +22,7 @@ from specadapt.report.compare_render import (
     level_verdict,
 )
 
-TEMPLATE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>specadapt compare: {{ r.on_server.model_id }}</title>
-<style>
+STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: .3em .6em; }
@@ -34,14 +31,16 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 .identical { color: #096; } .near-tie { color: #b80; } .suspect, .unknown { color: #c00; font-weight: bold; }
 pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; } .plots svg { max-width: 100%; height: auto; }
 .plots { display: flex; flex-wrap: wrap; gap: 1em; }
-</style></head><body>
-<h1>Speculative decoding on vs off: {{ r.on_server.model_id }}</h1>
+</style>"""
+
+# The body of one compare report; its headings start at h{{ top }} (1 on a page of its own).
+BODY = """<h{{ top }}>Speculative decoding on vs off: {{ r.on_server.model_id }}</h{{ top }}>
 <p>{{ r.on_server.backend }} {{ r.on_server.version or "?" }}; off: {{ r.off_server.base_url }}, on: {{ r.on_server.base_url }}
 (k={{ r.on_server.num_speculative_tokens or "?" }}); {{ r.identity|length }} prompts, repeat {{ r.settings.repeat }};
 created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 {% if r.gate %}<p>Gate: <span class="{{ 'pass' if r.gate.passed else 'fail' }}">{{ 'PASS' if r.gate.passed else 'FAIL' }}</span>
 {% for reason in r.gate.reasons %}<br>{{ reason }}{% endfor %}</p>{% endif %}
-<h2>Speed</h2>
+<h{{ top + 1 }}>Speed</h{{ top + 1 }}>
 <p>{{ interval_note }}.</p>
 <table><tr><th>concurrency / rate</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
 <th>tokens/s verdict</th><th>acceptance</th><th>mean length</th></tr>
@@ -52,26 +51,26 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 </table>
 {% if r.crossover and r.levels %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
 {% if r.rate_crossover %}<p>Load by request rate: {{ r.rate_crossover.text }}.</p>{% endif %}
-{% if r.rate_levels %}<h2>Send lag</h2><p>Sent - scheduled, per request rate; CLIENT-LIMITED: the client could not keep
+{% if r.rate_levels %}<h{{ top + 1 }}>Send lag</h{{ top + 1 }}><p>Sent - scheduled, per request rate; CLIENT-LIMITED: the client could not keep
 the schedule, so the figures at that rate describe the client, not the server.</p>
 <table><tr><th>rate</th><th>spec-off</th><th>spec-on</th></tr>
 {% for lv in r.rate_levels %}<tr><td class="num">{{ level_name(lv) }}</td><td class="num">{{ lag_text(lv.send_lag_off) }}</td>
 <td class="num">{{ lag_text(lv.send_lag_on) }}</td></tr>{% endfor %}</table>{% endif %}
 {% set with_goodput = levels|selectattr("goodput")|list %}
-{% if with_goodput %}<h2>Goodput</h2><p>Requests within every SLO ({{ slo_text(with_goodput[0].goodput.off.slo_ms) }}) per second;
+{% if with_goodput %}<h{{ top + 1 }}>Goodput</h{{ top + 1 }}><p>Requests within every SLO ({{ slo_text(with_goodput[0].goodput.off.slo_ms) }}) per second;
 ratio and share difference over units.</p>
 <table><tr><th>level</th><th>spec-off</th><th>spec-on</th><th>goodput ratio on/off</th><th>good share on - off</th></tr>
 {% for lv in with_goodput %}{% set g = goodput_rows(lv.goodput) %}<tr><td class="num">{{ level_name(lv) }}</td>
 <td class="num">{{ g[0] }}</td><td class="num">{{ g[1] }}</td><td class="num">{{ g[2] }}</td><td class="num">{{ g[3] }}</td></tr>{% endfor %}
 </table>{% endif %}
 {% set cats = levels|selectattr("by_category")|list %}
-{% if cats and cats[0].by_category|length > 1 %}<h2>Per prompt category</h2><table><tr><th>level</th><th>category</th>
+{% if cats and cats[0].by_category|length > 1 %}<h{{ top + 1 }}>Per prompt category</h{{ top + 1 }}><table><tr><th>level</th><th>category</th>
 <th>tokens/s ratio</th><th>TPOT ratio</th></tr>
 {% for lv in cats %}{% for name, sr in lv.by_category.items() %}<tr><td class="num">{{ level_name(lv) }}</td><td>{{ name }}</td>
 <td class="num">{{ ci(sr.throughput) }}</td><td class="num">{{ ci(sr.tpot) }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
 <div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
 {{ diagnosis }}
-<h2>Identity</h2>
+<h{{ top + 1 }}>Identity</h{{ top + 1 }}>
 <p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
 {{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
 <table><tr><th>prompt</th><th>verdict</th><th>where</th><th>margin (nats)</th><th>context</th></tr>
@@ -84,9 +83,15 @@ off {{ p.divergence.off_token }} / on {{ p.divergence.on_token }}</td>
 on:  …{{ p.divergence.on_context }}</pre>{% if p.divergence.triage and p.divergence.triage.note %}{{ p.divergence.triage.note }}{% endif %}</td>
 {% else %}<td>-</td><td>-</td><td>{{ p.identical_pairs }}/{{ p.pairs }} pairs identical</td>{% endif %}</tr>{% endfor %}
 </table>
-{% if r.notes %}<h2>Notes</h2><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
-</body></html>
+{% if r.notes %}<h{{ top + 1 }}>Notes</h{{ top + 1 }}><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 """
+
+TEMPLATE = ("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>specadapt compare: {{ r.on_server.model_id }}</title>
+"""
+            + STYLE + "</head><body>\n" + BODY + """</body></html>
+""")
 
 
 def _svg(fig) -> Markup:
@@ -158,11 +163,27 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
     return plots
 
 
-def to_html(report: CompareReport) -> str:
+def environment() -> Environment:
+    """The jinja environment of the HTML reports (autoescaped; the renderers' helpers as globals)."""
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
                        pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
                        num=lambda v: "-" if v is None else f"{v:.2f}")
-    return env.from_string(TEMPLATE).render(r=report, plots=_plots(report), levels=all_levels(report),
-                                              diagnosis=diagnosis_html(report.diagnosis, machine_line(report.on_server, report.settings.dtype)))
+    return env
+
+
+def _context(report: CompareReport, top: int) -> dict:
+    diagnosis = diagnosis_html(report.diagnosis, machine_line(report.on_server, report.settings.dtype), top + 1)
+    return dict(r=report, plots=_plots(report), levels=all_levels(report), top=top, diagnosis=diagnosis)
+
+
+def compare_body_html(report: CompareReport, top: int = 2) -> Markup:
+    """One compare report as a part of a larger page: its tables, plots and identity, headings
+    from h``top`` down (the page supplies the document, the style and the title)."""
+    return Markup(environment().from_string(BODY).render(**_context(report, top)))
+
+
+def to_html(report: CompareReport) -> str:
+    """One compare report as a self-contained HTML document."""
+    return environment().from_string(TEMPLATE).render(**_context(report, 1))

@@ -19,7 +19,7 @@ def run(*args):
 
 
 def test_help_and_probe_help_work_without_heavy_deps():
-    for args in ([ "--help"], ["probe", "--help"], ["report", "--help"]):
+    for args in (["--help"], ["probe", "--help"], ["report", "--help"], ["demo", "--help"]):
         proc = run(*args)
         assert proc.returncode == 0, proc.stderr
         assert "Usage:" in proc.stdout

@@ -30,3 +30,18 @@ def test_html_renders_its_plots_offline(tmp_path):
                    capture_output=True, timeout=120)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000  # a page with plots, not a blank one
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it with apt-get)")
+def test_the_demo_page_renders_both_runs_offline(tmp_path):
+    from test_demo_outputs import demo_report
+
+    from specadapt.report.demo_render import to_html as demo_html
+
+    page = tmp_path / "report.html"
+    page.write_text(demo_html(demo_report()))
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    assert dom.stdout.count("<svg") >= 6 and dom.stdout.count("Speedup vs concurrency") == 2
+    assert "Run 1: spec off vs a well-matched draft" in dom.stdout and "Run 2: spec off vs a poorly" in dom.stdout

@@ -1,0 +1,312 @@
+"""The demo: what speculative decoding buys, and what it costs, on this machine, in one run.
+
+Three vLLM servers of the embedded model start side by side, in one dtype chosen for the
+machine: speculation off; n-gram k=4 (a draft that matches input-grounded prompts, whose
+answers copy the prompt); and a draft model that is the target cut to its first few decoder
+layers (a draft that predicts the target badly). The same input-grounded prompts then go
+through two interleaved comparisons against the one spec-off server (probes/compare.py):
+n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
+divergence triaged in float64 with the embedded model.
+
+Nothing here prints: ``DemoProgress`` receives every step, and the command layer shows them.
+The launcher and the comparison are parameters, so the orchestration runs without vLLM in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ContextManager
+
+import httpx
+
+from specadapt.adapters.base import LaunchPlan, Server
+from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
+from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
+from specadapt.configs.spec import SpecConfig
+from specadapt.errors import UsageError
+from specadapt.models import decoder_layers, is_complete, resolve_model_dir, truncated_model_dir
+from specadapt.probes.compare import run_compare, total_requests
+from specadapt.probes.prompts import load_builtin
+from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestRecord, RequestSettings
+from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
+
+# Input-grounded prompts whose answers copy the input (built-in categories code and rag).
+PROMPT_IDS = ("copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code")
+NGRAM = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
+DRAFT_K = 3
+DRAFT_LAYERS = 8
+DTYPES = ("auto", "bfloat16", "float32")
+EAGER = "--enforce-eager"
+
+Progress = Callable[[RequestRecord], None]
+# (launch options, startup timeout, on_plan) -> servers, stopped when the context exits
+Launcher = Callable[[Sequence[VLLMLaunch], float, Callable[[LaunchPlan, Path], None]], ContextManager[list[Server]]]
+Compare = Callable[[Server, Server, list[Prompt], CompareSettings, Progress], CompareReport]
+MakeDraft = Callable[[Path, int, Path], Path]
+
+
+# --- the dtype for this machine ------------------------------------------------------------------
+def auto_dtype() -> tuple[str, str, HardwareInfo]:
+    """(dtype, reason, hardware) for this machine: the dtype it runs natively (adapters/hardware)."""
+    hw = local_hardware(STARTED_HERE)
+    dtype, reason = resolve_auto_dtype(hw)
+    return dtype, reason, hw
+
+
+def resolve_dtype(requested: str) -> tuple[str, str, HardwareInfo]:
+    """(dtype, reason, hardware) for ``--dtype``: auto picks for the machine; the others are kept."""
+    if requested not in DTYPES:
+        raise UsageError(f"--dtype {requested}: give one of {', '.join(DTYPES)}")
+    if requested == "auto":
+        return auto_dtype()
+    _, _, hardware = auto_dtype()
+    return requested, f"{requested}: asked for with --dtype", hardware
+
+
+# --- the plan ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DemoOptions:
+    dtype: str = "auto"
+    max_tokens: int = 96
+    repeat: int = 2
+    draft_layers: int = DRAFT_LAYERS
+    python: str = field(default_factory=lambda: sys.executable)
+    startup_timeout_s: float = 900.0
+    server_args: tuple[str, ...] = ()
+    compile: bool = False
+    """False: every server runs with --enforce-eager (no torch.compile at start-up)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One comparison of the demo (the spec-on server it needs and what it is there to show)."""
+
+    name: str
+    title: str
+    draft: str
+    lesson: str
+    spec: SpecConfig
+    draft_cost: float | None
+
+
+@dataclass
+class DemoPlan:
+    """Everything decided before anything starts."""
+
+    model: Path
+    layers: int
+    draft_dir: Path
+    draft_layers: int
+    dtype: str
+    dtype_reason: str
+    hardware: HardwareInfo
+    prompts: list[Prompt]
+    settings: CompareSettings
+    runs: list[RunSpec]
+    launch: dict[str, VLLMLaunch]  # "spec-off" and one per run, in start order
+    startup_timeout_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def pick_prompts(ids: Sequence[str] = PROMPT_IDS) -> list[Prompt]:
+    by_id = {p.id: p for p in load_builtin("default")}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise UsageError(f"the built-in prompts have no {', '.join(missing)}")
+    return [by_id[i] for i in ids]
+
+
+def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) -> DemoPlan:
+    """Check every option and decide the servers, prompts and settings; start and write nothing.
+    ``check``: also ask the backend whether it can start each server (the interpreter has vLLM)."""
+    model = Path(model) if model is not None else resolve_model_dir(None)
+    layers = decoder_layers(model)
+    if layers is None:
+        raise UsageError(f"{model}/config.json does not say how many decoder layers the model has")
+    if not 1 <= opts.draft_layers < layers:
+        raise UsageError(f"--draft-layers {opts.draft_layers}: the embedded model has {layers} decoder layers; "
+                         f"give 1 to {layers - 1}")
+    if opts.max_tokens < 1 or opts.repeat < 2:
+        raise UsageError(f"--repeat {opts.repeat}: give at least 2 (intervals need independent pairs)"
+                         if opts.repeat < 2 else f"--max-tokens {opts.max_tokens}: give at least 1")
+    dtype, reason, hardware = resolve_dtype(opts.dtype)
+    draft_dir = truncated_model_dir(model, opts.draft_layers)
+    runs = [
+        RunSpec(name="ngram", title="spec off vs a well-matched draft: vLLM n-gram, k=4",
+                draft=f"n-gram prompt lookup, k={NGRAM.k}, n-gram size {NGRAM.ngram_min} to {NGRAM.ngram_max}: "
+                      "the next tokens are looked up in the prompt",
+                lesson="the answers copy the prompt, so the draft is often right and costs nothing: "
+                       "speculation pays, and the output is the same",
+                spec=NGRAM, draft_cost=0.0),
+        RunSpec(name="draft-model", title=f"spec off vs a poorly-matched draft: the first {opts.draft_layers} "
+                                          f"of {layers} layers, k={DRAFT_K}",
+                draft=f"draft model {draft_dir.name}: the target cut to its first {opts.draft_layers} of {layers} "
+                      f"decoder layers, k={DRAFT_K}",
+                lesson="the draft predicts the target badly and costs a share of a target step per draft token: "
+                       "almost nothing is accepted, so speculation loses",
+                spec=SpecConfig(method="draft_model", k=DRAFT_K, draft=str(draft_dir)),
+                draft_cost=opts.draft_layers / layers),
+    ]
+    extra = [*opts.server_args]
+    notes = []
+    if not opts.compile and EAGER not in extra:
+        extra.append(EAGER)
+        notes.append("every server runs with --enforce-eager (no torch.compile at start-up, so all three are up "
+                     "in minutes; each decode step is slower, alike on every side)")
+    launch = {"spec-off": VLLMLaunch(model=str(model), spec_config=None, python=opts.python, dtype=dtype,
+                                     extra_args=extra)}
+    for run in runs:
+        launch[run.name] = VLLMLaunch(model=str(model), spec_config=run.spec, python=opts.python, dtype=dtype,
+                                      extra_args=extra)
+    backend = VLLMBackend()
+    for opt in launch.values():
+        spec_json(opt.spec_config)  # the configs vLLM would refuse, before anything is written
+    if check:
+        backend.check_launch(launch["spec-off"])
+    request = RequestSettings(max_tokens=opts.max_tokens, seed=0, logprobs=True, top_logprobs=0)
+    settings = CompareSettings(concurrency=[1], repeat=opts.repeat, warmup=1, request=request,
+                               prompts_source=f"built-in, input-grounded: {', '.join(PROMPT_IDS)}", dtype=dtype,
+                               triage=True, reference=str(model), interleaved=True)
+    return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
+                    dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
+                    launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)
+
+
+# --- progress ------------------------------------------------------------------------------------
+class DemoProgress:
+    """What the demo reports while it runs (every method a no-op here; the command shows them)."""
+
+    def step(self, text: str) -> None: ...
+
+    def server_planned(self, name: str, plan: LaunchPlan, log_path: Path) -> None: ...
+
+    def waiting(self, elapsed_s: float, pending: list[str]) -> None: ...
+
+    def server_up(self, name: str, elapsed_s: float) -> None: ...
+
+    def servers_up(self, elapsed_s: float) -> None: ...
+
+    @contextlib.contextmanager
+    def run(self, name: str, title: str, total: int) -> Iterator[Progress]:
+        yield lambda rec: None
+
+    def run_done(self, name: str, seconds: float) -> None: ...
+
+    def stop(self) -> None:
+        """The demo ends (done, failed or interrupted): end any spinner or bar."""
+
+
+class HealthWatch:
+    """Polls each planned server's health URL in a thread and says when each answers (the servers
+    start side by side, so the launcher itself only says when all of them do)."""
+
+    def __init__(self, progress: DemoProgress, t0: float, interval_s: float = 1.0):
+        self.progress, self.t0, self.interval_s = progress, t0, interval_s
+        self.pending: dict[str, str] = {}  # name -> health URL
+        self.up: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="demo-health")
+
+    def add(self, name: str, plan: LaunchPlan) -> None:
+        with self._lock:
+            self.pending[name] = plan.base_url + plan.health_path
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop polling (once every server answered, or when the start failed)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        with httpx.Client(timeout=2.0) as client:
+            while not self._stop.wait(self.interval_s):
+                with self._lock:
+                    pending = dict(self.pending)
+                for name, url in pending.items():
+                    try:
+                        ok = client.get(url).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    if ok:
+                        with self._lock:
+                            self.pending.pop(name, None)
+                            self.up[name] = time.monotonic() - self.t0
+                        self.progress.server_up(name, self.up[name])
+                if self.pending:
+                    self.progress.waiting(time.monotonic() - self.t0, sorted(self.pending))
+
+
+def vllm_launcher(opts_list: Sequence[VLLMLaunch], startup_timeout_s: float,
+                  on_plan: Callable[[LaunchPlan, Path], None]) -> ContextManager[list[Server]]:
+    return VLLMBackend().launched_many(list(opts_list), startup_timeout_s=startup_timeout_s, on_plan=on_plan)
+
+
+def make_truncated_draft(src: Path, layers: int, dest: Path) -> Path:
+    from specadapt.native_reference.models import truncated_copy  # torch: only when the demo runs
+
+    return truncated_copy(src, layers, dest)
+
+
+def run_demo(plan: DemoPlan, progress: DemoProgress | None = None, launcher: Launcher = vllm_launcher,
+             compare: Compare = run_compare, make_draft: MakeDraft = make_truncated_draft) -> DemoReport:
+    """Make the draft, start every server side by side, run each comparison against the spec-off
+    server; every server is stopped when this returns or raises (Ctrl-C included)."""
+    progress = progress or DemoProgress()
+    t0 = time.monotonic()
+    timings = DemoTimings()
+    runs: list[DemoRun] = []
+    try:
+        progress.step(f"dtype {plan.dtype_reason}")
+        reused = is_complete(plan.draft_dir)
+        make_draft(plan.model, plan.draft_layers, plan.draft_dir)
+        timings.draft_s = time.monotonic() - t0
+        progress.step(f"draft model {'found' if reused else 'made'} in {timings.draft_s:.0f} s: {plan.draft_dir}")
+        names = list(plan.launch)
+        order = iter(names)
+        t_servers = time.monotonic()
+        with HealthWatch(progress, t_servers) as watch:
+            def on_plan(launch_plan: LaunchPlan, log_path: Path) -> None:
+                name = next(order)
+                watch.add(name, launch_plan)
+                progress.server_planned(name, launch_plan, log_path)
+
+            servers_cm = launcher([plan.launch[n] for n in names], plan.startup_timeout_s, on_plan)
+            with contextlib.ExitStack() as stack:
+                servers = dict(zip(names, stack.enter_context(servers_cm), strict=True))
+                watch.close()
+                timings.servers_s = time.monotonic() - t_servers
+                for name in names:
+                    if name not in watch.up:
+                        progress.server_up(name, timings.servers_s)
+                progress.servers_up(timings.servers_s)
+                total = total_requests(len(plan.prompts), plan.settings, plan.prompts)
+                for spec in plan.runs:
+                    settings = plan.settings.model_copy(deep=True, update={"draft_cost": spec.draft_cost})
+                    t_run = time.monotonic()
+                    with progress.run(spec.name, spec.title, total) as advance:
+                        report = compare(servers["spec-off"], servers[spec.name], plan.prompts, settings, advance)
+                    seconds = time.monotonic() - t_run
+                    timings.runs_s[spec.name] = seconds
+                    progress.run_done(spec.name, seconds)
+                    runs.append(DemoRun(name=spec.name, title=spec.title, draft=spec.draft, lesson=spec.lesson,
+                                        spec_config=spec_json(spec.spec) or {}, seconds=seconds, compare=report))
+    finally:
+        progress.stop()
+    timings.total_s = time.monotonic() - t0
+    return DemoReport(model=str(plan.model), dtype=plan.dtype, dtype_reason=plan.dtype_reason,
+                      hardware=plan.hardware, prompts=[p.id for p in plan.prompts], runs=runs, timings=timings,
+                      notes=list(plan.notes))
