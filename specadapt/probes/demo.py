@@ -66,7 +66,7 @@ def resolve_dtype(requested: str) -> tuple[str, str, HardwareInfo]:
     if requested == "auto":
         return auto_dtype()
     _, _, hardware = auto_dtype()
-    return requested, f"{requested}: asked for with --dtype", hardware
+    return requested, "asked for with --dtype", hardware
 
 
 # --- the plan ------------------------------------------------------------------------------------
@@ -92,7 +92,6 @@ class RunSpec:
     draft: str
     lesson: str
     spec: SpecConfig
-    draft_cost: float | None
 
 
 @dataclass
@@ -143,15 +142,14 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
                       "the next tokens are looked up in the prompt",
                 lesson="the answers copy the prompt, so the draft is often right and costs nothing: "
                        "speculation pays, and the output is the same",
-                spec=NGRAM, draft_cost=0.0),
+                spec=NGRAM),
         RunSpec(name="draft-model", title=f"spec off vs a poorly-matched draft: the first {opts.draft_layers} "
                                           f"of {layers} layers, k={DRAFT_K}",
                 draft=f"draft model {draft_dir.name}: the target cut to its first {opts.draft_layers} of {layers} "
                       f"decoder layers, k={DRAFT_K}",
                 lesson="the draft predicts the target badly and costs a share of a target step per draft token: "
                        "almost nothing is accepted, so speculation loses",
-                spec=SpecConfig(method="draft_model", k=DRAFT_K, draft=str(draft_dir)),
-                draft_cost=opts.draft_layers / layers),
+                spec=SpecConfig(method="draft_model", k=DRAFT_K, draft=str(draft_dir))),
     ]
     extra = [*opts.server_args]
     notes = []
@@ -270,7 +268,7 @@ def run_demo(plan: DemoPlan, progress: DemoProgress | None = None, launcher: Lau
     timings = DemoTimings()
     runs: list[DemoRun] = []
     try:
-        progress.step(f"dtype {plan.dtype_reason}")
+        progress.step(f"dtype {plan.dtype}: {plan.dtype_reason}")
         reused = is_complete(plan.draft_dir)
         make_draft(plan.model, plan.draft_layers, plan.draft_dir)
         timings.draft_s = time.monotonic() - t0
@@ -295,7 +293,7 @@ def run_demo(plan: DemoPlan, progress: DemoProgress | None = None, launcher: Lau
                 progress.servers_up(timings.servers_s)
                 total = total_requests(len(plan.prompts), plan.settings, plan.prompts)
                 for spec in plan.runs:
-                    settings = plan.settings.model_copy(deep=True, update={"draft_cost": spec.draft_cost})
+                    settings = plan.settings.model_copy(deep=True)  # the draft's cost: from its config.json
                     t_run = time.monotonic()
                     with progress.run(spec.name, spec.title, total) as advance:
                         report = compare(servers["spec-off"], servers[spec.name], plan.prompts, settings, advance)

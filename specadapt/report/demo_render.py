@@ -51,7 +51,7 @@ def run_line(run: DemoRun) -> str:
 
 
 def machine_line(report: DemoReport) -> str:
-    return f"machine: {hardware_text(report.hardware)}; dtype {report.dtype_reason}"
+    return f"machine: {hardware_text(report.hardware)}; dtype {report.dtype} ({report.dtype_reason})"
 
 
 def timing_line(report: DemoReport) -> str:

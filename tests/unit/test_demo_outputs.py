@@ -69,7 +69,7 @@ def demo_report() -> DemoReport:
                     spec_config={"method": "ngram"}, compare=fast),
             DemoRun(name="draft-model", title="spec off vs a poorly-matched draft", draft="first 8 of 30 layers",
                     lesson="it loses", spec_config={"method": "draft_model"}, compare=slow)]
-    return DemoReport(model="/m", dtype="bfloat16", dtype_reason="bfloat16: the CPU has avx512_bf16",
+    return DemoReport(model="/m", dtype="bfloat16", dtype_reason="the CPU has avx512_bf16",
                       hardware=HardwareInfo(source="this machine", cpu_model="Some CPU", cores=2,
                                             cpu_flags=["avx512_bf16"], native_dtypes=["float32", "bfloat16"]),
                       prompts=[p.id for p in PROMPTS], runs=runs,
@@ -92,8 +92,7 @@ def test_the_closing_lines_carry_the_ratios_verdicts_identity_and_diagnosis():
                         r"0 near-tie, 1 suspect, 0 unknown \(of 4 prompts\); diagnosis: Spec on is 2\.2x slower: "
                         r"the draft is almost never accepted\.", slow)
     assert demo_render.machine_line(report) == ("machine: Some CPU, 2 CPUs, AVX512-BF16; native: float32, bfloat16; "
-                                                "dtype bfloat16: "
-                                                "the CPU has avx512_bf16")
+                                                "dtype bfloat16 (the CPU has avx512_bf16)")
     assert demo_render.timing_line(report) == ("time: draft 1 s, servers 80 s, run 1 (ngram) 60 s, "
                                                "run 2 (draft-model) 120 s, total 265 s")
 
