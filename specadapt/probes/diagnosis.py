@@ -382,8 +382,9 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     t = f.ttft_ratio
     if t is not None and t.point is not None and t.low is not None and t.low > 1.0 and t.point > TTFT_OVERHEAD:
         causes.append(Cause(code="overhead", level=f.level, text=(
-            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {_ci(t)}): prefill "
-            "and scheduling work outside the decode steps (the draft's own prefill, the proposer)"),
+            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {_ci(t)}): work "
+            "outside the decode steps (prefill, scheduling, the proposer"
+            + (", the draft model's own prefill)" if ctx.draft is not None else ")")),
             figures={"ttft_ratio": t.point}))
     return causes, advice, gaps
 

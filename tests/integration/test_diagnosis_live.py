@@ -39,7 +39,7 @@ def run_compare(tmp_path: Path, off, on, *extra) -> dict:
     prompts.write_text("".join(json.dumps(p) + "\n" for p in GROUNDED))
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", off.base_url, "--on", on.base_url,
-                           "--prompts", str(prompts), "--repeat", "2", "--max-tokens", "48", "--dtype", "float32",
+                           "--prompts", str(prompts), "--repeat", "2", "--max-tokens", "32", "--dtype", "float32",
                            "--no-triage", "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
