@@ -265,35 +265,32 @@ def verify_cost(f: LevelFigures) -> tuple[float, float | None, float | None] | N
             None if f.pass_cost_high is None else f.pass_cost_high - d)
 
 
+UNKNOWN_HARDWARE = ("the hardware is not known (the server was given by URL on another host), so the reason "
+                    "cannot be told")
+
+
 def compute_bound_reason(ctx: Context, f: LevelFigures) -> tuple[str, list[Advice]]:
     """The likely reason a verify pass is compute-bound, where the hardware and dtype tell it."""
     hw, dtype = ctx.hardware, ctx.dtype
     if hw is None:
-        return ("the hardware is not known (the server was given by URL on another host), so the reason "
-                "cannot be told"), []
+        return UNKNOWN_HARDWARE, []
     if hw.gpus:
         gpu = hw.gpus[0]
-        if f.concurrency >= GPU_SATURATED_AT or (f.request_rate is not None):
-            return (f"the GPU ({gpu}) is saturated: {f.level} x {f.k + 1 if f.k else '?'} tokens per step keep "
-                    "it busy computing, so verifying costs time"), [
+        if f.concurrency >= GPU_SATURATED_AT or f.request_rate is not None:
+            return (f"the GPU ({gpu}) is saturated at {f.level}: every request's {f.k + 1 if f.k else 'k + 1'} "
+                    "tokens per step keep it computing"), [
                 Advice(code="batch-size", text="speculate at lower batch sizes only: `specadapt tune` writes a "
                                                "per-batch-size schedule")]
-        return (f"on the GPU ({gpu}) the verify pass costs more than a decode step even at {f.level} "
-                "(a large k, or a large model per GPU)"), []
+        return f"on the GPU ({gpu}) a pass costs more than a step even at {f.level} (a large k or model)", []
     cpu = hw.cpu_model or "this CPU"
     if dtype in ("bfloat16", "float16") and dtype not in hw.native_dtypes:
-        missing = ", ".join(x for x in hw.missing_flags if "bf16" in x or "fp16" in x or "amx" in x) \
-            or "its native instructions"
-        native = [d for d in hw.native_dtypes if d != dtype]
-        alt = native[-1] if native else "float32"
-        return (f"{dtype} has no native support on {cpu} (no {missing}): every matrix product is "
-                f"emulated, so a pass over {f.k + 1 if f.k else 'k + 1'} tokens costs nearly "
-                f"{f.k + 1 if f.k else 'k + 1'} times a step"), [
+        missing = ", ".join(x for x in hw.missing_flags if "16" in x or "amx" in x) or "native instructions for it"
+        alt = next((d for d in reversed(hw.native_dtypes) if d != dtype), "float32")
+        return f"{dtype} has no native support on {cpu} (no {missing}): its matrix products are emulated", [
             Advice(code="dtype", text=f"serve {alt} here (native on {cpu}; `--dtype auto` picks it), or use a CPU "
                                       f"with AVX512-BF16/AMX or a GPU for {dtype}")]
     cores = f"{hw.cores} cores" if hw.cores else "its cores"
-    return (f"on {cpu} ({cores}) the pass is limited by arithmetic, not memory: verifying "
-            f"{f.k + 1 if f.k else 'k + 1'} tokens costs more than one decode step even in {dtype or 'this dtype'}"), []
+    return f"on {cpu} ({cores}) the pass is limited by arithmetic, not memory, even in {dtype or 'its dtype'}", []
 
 
 def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advice], list[str]]:
@@ -368,8 +365,8 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
             else:
                 later = " / ".join(_pct(r) for r in f.per_position_rate[f.model_best_k:])
                 causes.append(Cause(code="k-too-long", level=f.level, text=(
-                    f"k={k} drafts too far: positions after {f.model_best_k} are accepted {later} of passes, "
-                    f"less than the {f.model_c:.2f} decode steps each extra draft token costs; the model predicts "
+                    f"k={k} drafts too far: positions after {f.model_best_k} are accepted {later} of passes, too "
+                    f"little for the {f.model_c:.2f} decode steps each extra draft token costs; the model predicts "
                     f"{_x(f.model_best_speedup)} at k={f.model_best_k} against {_x(f.model_speedup)} at k={k}"),
                     figures={"model_best_k": f.model_best_k, "model_best_speedup": f.model_best_speedup}))
                 advice.append(Advice(code="k", text=(

@@ -9,6 +9,7 @@ import pytest
 
 from specadapt.native_reference import theory
 from specadapt.probes import diagnosis as dg
+from specadapt.records.diagnosis import Advice
 from specadapt.records import (
     AcceptanceSummary,
     Distribution,
@@ -397,3 +398,333 @@ def test_tune_reads_its_largest_k_through_the_fit_over_every_k():
     assert f.model == "v + c k" and f.model_v == pytest.approx(fit.v) and f.model_c == pytest.approx(fit.c)
     assert f.model_speedup == pytest.approx((1 + sum(rates)) / (fit.v + 4 * fit.c))
     assert f.measured_over_model == pytest.approx(2.0 / f.model_speedup)
+
+
+# --- the sentences, word for word (pinned for mutation testing; every figure worked by hand) -------
+def test_every_sentence_of_a_bfloat16_run_on_an_avx2_cpu():
+    # N = 300 = A + D: no plain steps; L = 3; S = 0.8 [0.75, 0.85] -> v = 3.75 [3.53, 4.00]
+    # model 1 + c k, c = (3.75 - 1) / 4 = 0.6875: S(1) = 1.8 / 1.6875 = 1.07, S(4) = 3 / 3.75 = 0.80
+    d = diagnose([level(ratio(0.8, 0.75, 0.85))], dg.Context(k=4, dtype="bfloat16", hardware=CPU_AVX2))
+    a = theory.acceptance_from_mean_length(3.75, 4)
+    assert [(c.code, c.level, c.text) for c in d.causes] == [
+        ("verify-compute-bound", "concurrency 1",
+         "the verify pass is compute-bound: checking 5 tokens costs 3.75 [3.53, 4.00] decode steps (memory-bound "
+         "ideal: 1); bfloat16 has no native support on AMD EPYC (no avx512_bf16, amx_bf16): its matrix products "
+         "are emulated"),
+        ("low-acceptance", "concurrency 1",
+         f"acceptance below break-even: at 3.75 decode steps per pass it takes 3.75 tokens per pass (acceptance "
+         f"{100 * a:.0f}% per token) to break even; the draft gives 3.00 (50%)"),
+        ("k-too-long", "concurrency 1",
+         "k=4 drafts too far: positions after 1 are accepted 60% / 40% / 20% of passes, too little for the 0.69 "
+         "decode steps each extra draft token costs; the model predicts 1.07x at k=1 against 0.80x at k=4"),
+    ]
+    assert [(x.code, x.text) for x in d.advice] == [
+        ("dtype", "serve float32 here (native on AMD EPYC; `--dtype auto` picks it), or use a CPU with "
+                  "AVX512-BF16/AMX or a GPU for bfloat16"),
+        ("k", "run k=1 at concurrency 1 (predicted 1.07x); `specadapt tune --k 0,1,4` measures it"),
+    ]
+    assert d.headline == ("Spec on is slower at concurrency 1 (TPOT 0.80x [0.75, 0.85]): " + d.causes[0].text + ".")
+    assert d.evidence_gaps == [] and d.thresholds == dg.THRESHOLDS
+
+
+def test_the_reason_for_a_compute_bound_pass_on_each_kind_of_machine():
+    f = dg.level_figures(level(ratio(0.8, 0.75, 0.85)), on_records(300), 4, None)
+    f16 = dg.level_figures(level(ratio(0.8, 0.75, 0.85), concurrency=8), on_records(300), 4, None)
+    rate = dg.level_figures(level(ratio(0.8, 0.75, 0.85), concurrency=0, rate=2.0), on_records(300), 4, None)
+    assert dg.compute_bound_reason(dg.Context(k=4), f) == (dg.UNKNOWN_HARDWARE, [])
+    batch = [Advice(code="batch-size", text="speculate at lower batch sizes only: `specadapt tune` writes a "
+                                            "per-batch-size schedule")]
+    gpu = dg.Context(k=4, dtype="bfloat16", hardware=GPU)
+    assert dg.compute_bound_reason(gpu, f16) == (
+        "the GPU (NVIDIA H200) is saturated at concurrency 8: every request's 5 tokens per step keep it computing",
+        batch)
+    assert dg.compute_bound_reason(gpu, rate)[1] == batch
+    assert dg.compute_bound_reason(gpu, dg.level_figures(level(ratio(0.8, 0.75, 0.85), concurrency=7),
+                                                         on_records(300), 4, None)) == (
+        "on the GPU (NVIDIA H200) a pass costs more than a step even at concurrency 7 (a large k or model)", [])
+    native = dg.Context(k=4, dtype="bfloat16", hardware=CPU_BF16)
+    assert dg.compute_bound_reason(native, f) == (
+        "on AMD EPYC (2 cores) the pass is limited by arithmetic, not memory, even in bfloat16", [])
+    bare = dg.Hardware(native_dtypes=("float32",))
+    assert dg.compute_bound_reason(dg.Context(k=4, hardware=bare), f) == (
+        "on this CPU (its cores) the pass is limited by arithmetic, not memory, even in its dtype", [])
+    fp16 = dg.compute_bound_reason(dg.Context(k=4, dtype="float16", hardware=dg.Hardware(
+        cpu_model="Xeon", native_dtypes=("float32", "bfloat16"), missing_flags=("avx512_fp16", "amx_fp16",
+                                                                             "avx512f"))), f)
+    assert fp16 == ("float16 has no native support on Xeon (no avx512_fp16, amx_fp16): its matrix products are "
+                    "emulated", [Advice(code="dtype", text="serve bfloat16 here (native on Xeon; `--dtype auto` "
+                                                           "picks it), or use a CPU with AVX512-BF16/AMX or a GPU "
+                                                           "for float16")])
+    nothing = dg.compute_bound_reason(dg.Context(k=4, dtype="bfloat16", hardware=dg.Hardware()), f)
+    assert nothing[0] == ("bfloat16 has no native support on this CPU (no native instructions for it): its matrix "
+                          "products are emulated") and "serve float32 here" in nothing[1][0].text
+    # float32 is never emulated: the CPU is limited by arithmetic
+    assert "limited by arithmetic" in dg.compute_bound_reason(dg.Context(k=4, dtype="float32", hardware=CPU_AVX2),
+                                                              f)[0]
+
+
+def test_every_sentence_of_a_paying_run_and_of_thin_evidence():
+    d = diagnose([level(ratio(1.5, 1.4, 1.6))])  # v = 2 [1.88, 2.14]; ideal 3
+    assert [(c.code, c.text) for c in d.causes] == [
+        ("pays", "speculation pays: 3.00 tokens per verify pass at a cost of 2.00 [1.88, 2.14] decode steps "
+                 "(ideal 3.00x if a pass cost one step)"),
+        ("verify-compute-bound", "the verify pass is compute-bound: checking 5 tokens costs 2.00 [1.88, 2.14] "
+                                 "decode steps (memory-bound ideal: 1); " + dg.UNKNOWN_HARDWARE),
+        # c = (2 - 1) / 4 = 0.25: S(2) = 2.4 / 1.5 = 1.60 beats S(4) = 3 / 2 = 1.50
+        ("k-too-long", "k=4 drafts too far: positions after 2 are accepted 40% / 20% of passes, too little for the "
+                       "0.25 decode steps each extra draft token costs; the model predicts 1.60x at k=2 against "
+                       "1.50x at k=4")]
+    assert d.headline == "Spec on is faster at concurrency 1 (TPOT 1.50x [1.40, 1.60]): " + d.causes[0].text + "."
+    d = diagnose([level(ratio(0.5, 0.4, 0.6), drafts=20.0, accepted=40.0)], records=on_records(60))
+    assert d.evidence_gaps == ["concurrency 1: only 20 verify passes (fewer than 30): too few to read acceptance; "
+                               "send more prompts or tokens"]
+    assert d.advice == [Advice(code="evidence", text="more evidence: --repeat or --max-tokens higher, or more "
+                                                     "prompts")]
+    d = diagnose([level(ratio(0.5, 0.4, 0.6), known=False)])
+    assert d.evidence_gaps == ["concurrency 1: acceptance unknown (no spec-decode counters read), so the pass cost "
+                               "and the causes cannot be told apart"]
+    d = diagnose([level(ratio(0.5, 0.4, 0.6), known=False)], dg.Context(k=4, spec_enabled=False))
+    assert [c.text for c in d.causes] == ["the spec-on server shows no speculation counters: speculation is off "
+                                          "there, so there is nothing to diagnose"]
+    assert d.headline == "Spec on is slower at concurrency 1 (TPOT 0.50x [0.40, 0.60]): " + d.causes[0].text + "."
+    d = diagnose([level(ratio(0.5))])
+    assert d.evidence_gaps == ["concurrency 1: the TPOT ratio has no interval (too few pairs or blocks), so the pass "
+                               "cost 6.00 decode steps is a point estimate only; add --repeat"]
+    assert d.headline.startswith("Spec on is of unknown speed at concurrency 1 (TPOT 0.50x (no interval))")
+    d = diagnose([level(RatioCI(point=None))])
+    assert d.evidence_gaps == ["concurrency 1: no TPOT ratio, so the pass cost is unknown"]
+    assert dg.diagnose([], dg.Context()).headline == "nothing was measured"
+
+
+def test_every_sentence_of_a_poor_draft_model_and_its_advice():
+    # N = 108, A = 8, D = 100: P = 0; L = 1.08, acceptance 8 / 400 = 2%; S = 0.45 -> v = 2.40 [2.16, 2.70]
+    draft = dg.DraftCost(per_token=0.4, source="the draft's parameters over the target's")
+    lv = level(ratio(0.45, 0.4, 0.5), accepted=8.0, per_pos=(0.05, 0.02, 0.01, 0.0))
+    d = dg.diagnose([dg.level_figures(lv, on_records(108), 4, draft)], dg.Context(k=4, draft=draft))
+    texts = {c.code: c.text for c in d.causes}
+    assert texts["low-acceptance"] == ("the draft does not match this traffic: 2% of draft tokens accepted (per "
+                                       "position 5% / 2% / 1% / 0%), 1.08 tokens per pass")
+    assert texts["draft-expensive"] == ("the draft model is expensive: 0.40 decode steps per draft token, 1.60 of "
+                                        "the 2.40 a pass costs (the draft's parameters over the target's)")
+    assert "verify-compute-bound" not in texts  # 2.40 - 1.60 = 0.80 [0.56, 1.10] left for the verify pass
+    assert [a.text for a in d.advice] == [
+        "a better-matched draft: EAGLE/MTP heads trained for this target, or n-gram only where the answer copies "
+        "the input",
+        "a smaller draft (or fewer draft tokens): each draft token costs 0.40 decode steps here",
+        "turn speculation off at concurrency 1: the cost model (1 + c k, c = 0.35) predicts no k up to 4 beats off "
+        "(k=4: 0.45x)",
+    ]
+    assert d.headline == ("Spec on is slower at concurrency 1 (TPOT 0.45x [0.40, 0.50]): " + texts["draft-expensive"]
+                          + ".")
+    # the draft-expensive threshold: a quarter of the pass cost, inclusive
+    f = dg.level_figures(lv, on_records(108), 4, dg.DraftCost(per_token=0.15, source="x"))  # 0.6 of 2.4 = 25%
+    assert "draft-expensive" in codes(dg.diagnose([f], dg.Context(k=4)))
+    f = dg.level_figures(lv, on_records(108), 4, dg.DraftCost(per_token=0.149, source="x"))
+    assert "draft-expensive" not in codes(dg.diagnose([f], dg.Context(k=4)))
+
+
+def test_the_crossover_and_the_overhead_word_for_word():
+    lvs = [level(ratio(1.5, 1.4, 1.6), concurrency=1), level(ratio(1.2, 1.1, 1.3), concurrency=2),
+           level(ratio(0.75, 0.7, 0.8), concurrency=8), level(ratio(0.6, 0.5, 0.7), concurrency=16)]
+    cause, advice = dg.crossover_cause([dg.level_figures(lv, on_records(300), 4, None) for lv in lvs])
+    assert cause.text == ("the load is past the crossover: faster up to concurrency 2 (1.20x [1.10, 1.30]), slower "
+                          "from 8 (0.75x [0.70, 0.80]): a verify pass costs 2.50 decode steps at 2 and 4.00 at 8, as "
+                          "the batch fills the hardware")
+    assert cause.level == "concurrency 8 and above" and cause.figures == {"last_faster": 2, "first_slower": 8}
+    assert advice.text == ("speculate up to concurrency 2 only: `specadapt tune` writes the per-batch-size schedule "
+                           "(vLLM num_speculative_tokens_per_batch_size, TensorRT-LLM draft_len_schedule)")
+    # without counters the pass costs are unknown: the crossover is still said, without them
+    bare = [dg.level_figures(level(ratio(1.5, 1.4, 1.6), known=False), [], 4, None),
+            dg.level_figures(level(ratio(0.6, 0.5, 0.7), known=False, concurrency=4), [], 4, None)]
+    assert dg.crossover_cause(bare)[0].text == ("the load is past the crossover: faster up to concurrency 1 "
+                                                "(1.50x [1.40, 1.60]), slower from 4 (0.60x [0.50, 0.70])")
+    assert dg.crossover_cause(bare[:1]) == (None, None)
+    t = ratio(1.3, 1.1, 1.5)
+    f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None, ttft=t)
+    draft = dg.DraftCost(per_token=0.01, source="x")
+    over = {c.code: c.text for c in dg.diagnose([f], dg.Context(k=4)).causes}["overhead"]
+    assert over == ("the first token comes 30% later with speculation on (TTFT on/off 1.30x [1.10, 1.50]): work "
+                    "outside the decode steps (prefill, scheduling, the proposer)")
+    over = {c.code: c.text for c in dg.diagnose([f], dg.Context(k=4, draft=draft)).causes}["overhead"]
+    assert over.endswith("(prefill, scheduling, the proposer, the draft model's own prefill)")
+    assert "overhead" not in codes(dg.diagnose([dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4,
+                                                                 None, ttft=ratio(1.26, 1.0, 1.5))], dg.Context(k=4)))
+
+
+def test_diagnose_compare_reads_each_level_from_its_own_records_and_counters(monkeypatch):
+    """Closed-loop levels 1 and 4 and a rate level; warm-up, off-side and other levels' records
+    must not count towards a level's decode tokens N."""
+    from specadapt.records import CompareReport, CompareSettings, CounterPair, CounterSnapshot, GpuInfo, HardwareInfo
+    from specadapt.records import ServerInfo
+
+    def rec(side, pid, rep, tokens, ttft_ms, conc=1, rate=None, warmup=False, cat="code"):
+        t = int(ttft_ms * 1e6)
+        return RequestRecord(prompt_id=pid, category=cat, api="chat", side=side, repeat=rep, ok=True,
+                             output_tokens=tokens, chunk_ns=[t, t + 1000], chunk_tokens=[1, tokens - 1],
+                             e2e_ns=t + 2000, concurrency=conc, request_rate=rate, warmup=warmup)
+
+    recs = [rec("on", "w", 0, 500, 10, warmup=True), rec("off", "w", 0, 500, 10, warmup=True)]
+    for rep in range(5):
+        recs += [rec("off", "a", rep, 101, 40, cat="code"), rec("on", "a", rep, 101, 80, cat="code"),
+                 rec("off", "b", rep, 101, 50, cat="qa"), rec("on", "b", rep, 101, 50, cat="qa")]
+    recs += [rec("on", "a", 0, 51, 10, conc=4), rec("off", "a", 0, 51, 10, conc=4),
+             rec("on", "a", 0, 31, 10, conc=0, rate=2.0)]
+    hw = HardwareInfo(source="x", cpu_model="Box", cores=8, native_dtypes=["float32"], cpu_flags_missing=["amx_bf16"],
+                      gpus=[GpuInfo(name="G1")])
+    on = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=4, spec_enabled=True, hardware=hw,
+                    dtype="float16")
+    report = CompareReport(settings=CompareSettings(concurrency=[1, 4]), off_server=on, on_server=on, requests=recs,
+                           counters_on={1: CounterPair(before=CounterSnapshot(), after=CounterSnapshot())})
+    report.levels = [level(ratio(1.2, 1.1, 1.3), drafts=250.0, accepted=600.0, cats={
+        "code": ratio(1.5, 1.2, 1.8), "qa": ratio(0.9, 0.8, 0.95)}), level(ratio(0.9, 0.8, 1.0), concurrency=4,
+                                                                           drafts=20.0, accepted=20.0)]
+    report.rate_levels = [level(ratio(1.0, 0.9, 1.1), concurrency=0, rate=2.0, drafts=10.0, accepted=10.0)]
+    d = dg.diagnose_compare(report)
+    one, four, rate = d.levels
+    assert [f.level for f in d.levels] == ["concurrency 1", "concurrency 4", "2 req/s"]
+    # level 1: 10 spec-on requests of 101 tokens: N = 1000; P = 1000 - 600 - 250 = 150
+    assert one.plain_steps == 150 and one.k == 4
+    assert one.pass_cost == pytest.approx((1000 / 1.2 - 150) / 250)
+    assert four.plain_steps == 50 - 20 - 20 and rate.plain_steps == 30 - 10 - 10
+    # TTFT only at concurrency 1, over its pairs: a 80 / 40 (x5) and b 50 / 50 (x5)
+    assert one.ttft_ratio.n == 10 and one.ttft_ratio.point == pytest.approx(math.sqrt(2.0))
+    assert four.ttft_ratio is None and rate.ttft_ratio is None
+    assert four.model == "1 + c k" and rate.model == "1 + c k"
+    assert dg.hardware_of(on) == dg.Hardware(cpu_model="Box", cores=8, native_dtypes=("float32",), gpus=("G1",),
+                                            missing_flags=("amx_bf16",))
+    assert dg.hardware_of(ServerInfo(backend="vllm", base_url="http://x")) is None
+    fits = {1: (1.1, 0.3), 4: (1.5, 0.6)}
+    d2 = dg.diagnose_compare(report, fits=fits)
+    assert [(f.model, f.model_v, f.model_c) for f in d2.levels] == [("v + c k", 1.1, 0.3), ("v + c k", 1.5, 0.6),
+                                                                  ("1 + c k", 1.0, pytest.approx(rate.model_c))]
+    # the context: k, dtype (settings first, else the server's), hardware, spec on, categories
+    seen = {}
+    real = dg.diagnose
+
+    def spy(figs, ctx):
+        seen["ctx"] = ctx
+        return real(figs, ctx)
+
+    monkeypatch.setattr(dg, "diagnose", spy)
+    dg.diagnose_compare(report, draft=dg.DraftCost(0.1, "s"))
+    ctx = seen["ctx"]
+    assert (ctx.k, ctx.dtype, ctx.spec_enabled, ctx.draft) == (4, "float16", True, dg.DraftCost(0.1, "s"))
+    assert ctx.hardware == dg.hardware_of(on) and set(ctx.categories) == {"code", "qa"}
+    assert ctx.categories["code"].point == 1.5
+    report.settings.dtype = "bfloat16"
+    dg.diagnose_compare(report)
+    assert seen["ctx"].dtype == "bfloat16"
+    report.levels[0].by_category = {"code": report.levels[0].by_category["code"]}
+    dg.diagnose_compare(report)
+    assert dict(seen["ctx"].categories) == {}  # one category: nothing to compare
+
+
+def test_the_category_sentence_names_only_the_categories_beyond_their_interval():
+    cats = {"code": ratio(1.4, 1.2, 1.6), "qa": ratio(0.8, 0.7, 0.9), "rag": ratio(1.3, 1.01, 1.5),
+            "math": ratio(1.0, 0.9, 1.1), "edge": ratio(1.0, 1.0, 1.2), "none": RatioCI(point=2.0)}
+    assert dg._categories(cats) == ("; by prompt category it pays on code (1.40x [1.20, 1.60]), rag (1.30x [1.01, "
+                                    "1.50]) and loses on qa (0.80x [0.70, 0.90])")
+    assert dg._categories(cats, short=True) == " (it pays on code, rag)"
+    assert dg._categories({"qa": ratio(0.8, 0.7, 0.9)}, short=True) == ""
+    assert dg._categories({"qa": ratio(0.8, 0.7, 0.9)}) == "; by prompt category it loses on qa (0.80x [0.70, 0.90])"
+    assert dg._categories({"math": ratio(1.0, 0.9, 1.1)}) == "" and dg._categories({}) == ""
+
+
+def test_param_count_reads_the_defaults_of_a_config():
+    # no intermediate size: 4 h; no head counts: one head, so the KV width is h; not tied by default
+    cfg = {"hidden_size": 10, "num_hidden_layers": 2, "vocab_size": 100, "hidden_act": "relu"}
+    assert dg.param_count(cfg) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 100 + 2 * 10 * 40)
+    gated = dict(cfg, hidden_act="relu", model_type="qwen2")  # the model type makes the MLP gated
+    assert dg.param_count(gated) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 100 + 3 * 10 * 40)
+    for act in ("silu", "swiglu", "gelu_pytorch_tanh"):
+        assert dg.param_count(dict(cfg, hidden_act=act)) == dg.param_count(gated)
+    assert dg.param_count({k: v for k, v in cfg.items() if k != "hidden_act"}) == dg.param_count(gated)  # silu
+    gqa = dict(cfg, num_attention_heads=10, num_key_value_heads=5)
+    assert dg.param_count(gqa) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 10 * 5 + 2 * 10 * 40)
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        assert dg.param_count({k: v for k, v in cfg.items() if k != key}) is None
+    assert dg.param_count(dict(cfg, hidden_size="wide")) is None
+    assert dg.draft_cost_from_configs(cfg, {}) is None
+    cost = dg.draft_cost_from_configs(cfg, dict(cfg, num_hidden_layers=4))
+    assert cost.source == "the draft's parameters over the target's (0M / 0M, from their config.json)"
+
+
+def test_small_figures_at_their_edges():
+    acc = level(ratio(1.0)).acceptance  # D = 100, A = 200
+    assert dg.plain_steps(0, acc) is None
+    assert dg.plain_steps(300, acc.model_copy(update={"accepted_tokens": None})) is None
+    assert dg.plain_steps(300, acc.model_copy(update={"drafts": 0.0})) is None
+    assert dg.plain_steps(295, acc) == 0.0  # -5 = 5% of D: still counted as 0
+    assert dg.plain_steps(310, acc) == 10
+    assert dg.pass_cost(300, 0.0, 100.0, None) is None and dg.pass_cost(300, 0.0, 100.0, 0.0) is None
+    assert dg.pass_cost(300, 0.0, 0.0, 1.0) is None and dg.pass_cost(300, 10.0, 100.0, 1.0) == 2.9
+    assert dg.ideal_speedup(300, 0.0, 0.0, 4, 0.0) is None and dg.ideal_speedup(300, 0.0, 100.0, 4, 0.5) == 1.0
+    assert dg.break_even_acceptance(1.0, 4) == 0.0 and dg.break_even_acceptance(1.01, 4) > 0
+    recs = on_records(300) + [RequestRecord(prompt_id="f", category="x", api="chat", side="on", ok=False,
+                                            output_tokens=50, chunk_ns=[1, 2], chunk_tokens=[1, 49], e2e_ns=3),
+                              RequestRecord(prompt_id="o", category="x", api="chat", side="on", ok=True,
+                                            output_tokens=1, chunk_ns=[1], chunk_tokens=[1], e2e_ns=3),
+                              RequestRecord(prompt_id="n", category="x", api="chat", side="on", ok=True,
+                                            output_tokens=9, chunk_ns=[], chunk_tokens=[], e2e_ns=None)]
+    assert dg.decode_tokens(recs) == 300  # failed, one-token and unfinished requests left out
+    assert dg.verdict_of(None) == "unknown" and dg.verdict_of(RatioCI(point=1.2, low=1.1)) == "unknown"
+    assert dg.verdict_of(ratio(1.2, 1.1, 1.3)) == "faster" and dg.verdict_of(ratio(0.8, 0.7, 0.9)) == "slower"
+    assert dg._x(None) == "-" and dg._x(1.234) == "1.23x"
+    assert dg._ci(None) == "-" and dg._ci(RatioCI(point=None)) == "-" and dg._ci(RatioCI(point=1.5, low=1.2)) == \
+        "1.50x (no interval)"
+    assert dg._interval(None, 2.0) == "" and dg._interval(1.0, None) == "" and dg._interval(1.0, 2.0) == " [1.00, 2.00]"
+    assert dg._pct(0.456) == "46%"
+    # k from the per-position rates where the server did not say it
+    f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), None, None)
+    assert f.k == 4 and f.draft_cost_per_pass == 0.0 and f.draft_cost_source is None
+    src = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, dg.DraftCost(0.1, "here"))
+    assert src.draft_cost_source == "here" and src.draft_cost_per_pass == pytest.approx(0.4)
+
+
+def test_ttft_pairs_are_keyed_by_prompt_repeat_copy_and_turn():
+    def rec(side, ttft, **kw):
+        t = int(ttft * 1e6)
+        return RequestRecord(prompt_id=kw.pop("pid", "a"), category="x", api="chat", side=side, ok=kw.pop("ok", True),
+                             output_tokens=2, chunk_ns=[t, t + 1], chunk_tokens=[1, 1], e2e_ns=t + 2, **kw)
+    recs = [rec("off", 10), rec("on", 20),
+            rec("off", 10, repeat=1), rec("on", 40, repeat=1),
+            rec("off", 10, replica=1), rec("on", 80, replica=1),
+            rec("off", 10, turn=1), rec("on", 160, turn=1),
+            rec("off", 10, warmup=True, repeat=9), rec("on", 1000, warmup=True, repeat=9),
+            rec("off", 10, ok=False, repeat=8), rec("on", 1000, repeat=8)]
+    r = dg.ttft_ratio(recs)
+    assert r.n == 4 and r.point == pytest.approx((2 * 4 * 8 * 16) ** 0.25)
+
+
+def test_tune_diagnoses_the_chosen_variants_largest_measured_k_with_its_draft_cost():
+    from specadapt.records import CompareReport, CompareSettings, RequestSettings, ServerInfo
+    from specadapt.records.diagnosis import Diagnosis, LevelFigures
+    from specadapt.records.tune import Candidate, LevelFit, Recommendation, TuneReport, TuneSettings
+
+    def cand(k, variant="", status="measured"):
+        lv = level(ratio(1.2, 1.1, 1.3), accepted=100.0 * k * 0.5, per_pos=tuple([0.5] * k))
+        info = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=k)
+        cmp = CompareReport(settings=CompareSettings(), off_server=info, on_server=info, levels=[lv])
+        cmp.diagnosis = Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=k,
+                                                                     draft_cost_per_pass=0.2 * k,
+                                                                     draft_cost_source="cfg")])
+        return Candidate(label=f"k={k} {variant}".strip(), variant=variant, k=k, compare=cmp, status=status)
+
+    settings = TuneSettings(backend="vllm", base_spec={}, ks=[0, 2, 4, 6], concurrency=[1], repeat=2, warmup=0,
+                            request=RequestSettings())
+    report = TuneReport(settings=settings, candidates=[cand(2), cand(4), cand(6, "w=3"), cand(8, status="failed")],
+                        recommendation=Recommendation(form="fixed", variant=""),
+                        fits=[LevelFit(concurrency=1, variant="", form="v + c k", v=1.2, c=0.1),
+                              LevelFit(concurrency=1, variant="w=3", form="v + c k", v=9.0, c=9.0),
+                              LevelFit(concurrency=4, variant="", form="1 + c k", v=1.0, c=0.5)])
+    d = dg.diagnose_tune(report)
+    assert d.headline.startswith("k=4, the largest k measured: ")
+    (f,) = d.levels
+    assert (f.k, f.model, f.model_v, f.model_c) == (4, "v + c k", 1.2, 0.1)
+    assert f.draft_cost_per_pass == pytest.approx(0.8) and f.draft_cost_source == "cfg"
+    report.recommendation.variant = "w=3"
+    assert dg.diagnose_tune(report).headline.startswith("k=6 w=3, the largest k measured")
+    report.recommendation.variant = "other"
+    assert dg.diagnose_tune(report) is None
+    assert dg._draft_of(None) is None
+    assert dg._draft_of(Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=4)])) is None
