@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from specadapt.records.server import HardwareInfo
 from specadapt.records.reports import CompareReport, ReportEnvelope, read_model
+from specadapt.records.server import HardwareInfo
 
 
 class DemoRun(BaseModel):

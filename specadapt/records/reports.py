@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specadapt import __version__
 from specadapt.errors import UsageError
 from specadapt.records.client_load import ClientLoad
-from specadapt.records.identity import PromptIdentity
 from specadapt.records.diagnosis import Diagnosis
+from specadapt.records.identity import PromptIdentity
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
     AcceptanceSummary,

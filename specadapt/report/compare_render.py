@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table

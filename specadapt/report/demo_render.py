@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from specadapt.records.demo import DemoReport, DemoRun
-from specadapt.report.hardware import hardware_text
 from specadapt.records.reports import atomic_write_text
 from specadapt.report import compare_render
 from specadapt.report.compare_render import ci, junit_text, level_verdict
+from specadapt.report.hardware import hardware_text
 from specadapt.report.html import STYLE, compare_body_html
 
 MACHINE_NOTE = ("These figures belong to this machine: its CPU model, instruction set and the dtype decide what "

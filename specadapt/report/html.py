@@ -8,9 +8,8 @@ from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
 from specadapt.probes.latency import tpot_ns
-from specadapt.records import CompareReport
 from specadapt.probes.slo import slo_text
-from specadapt.report.diagnosis_render import diagnosis_html, machine_line
+from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
     all_levels,
@@ -21,6 +20,7 @@ from specadapt.report.compare_render import (
     level_name,
     level_verdict,
 )
+from specadapt.report.diagnosis_render import diagnosis_html, machine_line
 
 STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }

@@ -9,7 +9,6 @@ import pytest
 
 from specadapt.native_reference import theory
 from specadapt.probes import diagnosis as dg
-from specadapt.records.diagnosis import Advice
 from specadapt.records import (
     AcceptanceSummary,
     Distribution,
@@ -19,6 +18,7 @@ from specadapt.records import (
     RequestRecord,
     SpeedRatios,
 )
+from specadapt.records.diagnosis import Advice
 
 
 def lat(ttft_ms: float = 50.0) -> LatencySummary:
@@ -554,8 +554,15 @@ def test_the_crossover_and_the_overhead_word_for_word():
 def test_diagnose_compare_reads_each_level_from_its_own_records_and_counters(monkeypatch):
     """Closed-loop levels 1 and 4 and a rate level; warm-up, off-side and other levels' records
     must not count towards a level's decode tokens N."""
-    from specadapt.records import CompareReport, CompareSettings, CounterPair, CounterSnapshot, GpuInfo, HardwareInfo
-    from specadapt.records import ServerInfo
+    from specadapt.records import (
+        CompareReport,
+        CompareSettings,
+        CounterPair,
+        CounterSnapshot,
+        GpuInfo,
+        HardwareInfo,
+        ServerInfo,
+    )
 
     def rec(side, pid, rep, tokens, ttft_ms, conc=1, rate=None, warmup=False, cat="code"):
         t = int(ttft_ms * 1e6)
