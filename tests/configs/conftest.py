@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from specadapt.models import embedded_model_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
 # TensorRT-LLM's speculative_config JSON schema (origin: tests/fixtures/trtllm/README.md)
 SCHEMA = REPO_ROOT / "tests" / "fixtures" / "trtllm" / "trtllm-speculative.schema.json"
-SMOL = Path.home() / ".cache" / "specadapt" / "models" / "SmolLM2-135M-Instruct"
+SMOL = embedded_model_dir()  # the product's own path: honours SPECADAPT_CACHE_DIR and XDG_CACHE_HOME
 
 
 @pytest.fixture(scope="session")
