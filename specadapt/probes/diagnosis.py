@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from specadapt.native_reference import theory
 from specadapt.probes.stats import ratio_ci
 from specadapt.probes.tune_model import predict_ratio
-from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord
+from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
 from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
 
 COMPUTE_BOUND = 1.5
@@ -79,7 +79,6 @@ class Context:
     """Everything besides the levels: k, method, dtype, hardware, the draft's cost."""
 
     k: int | None = None
-    method: str | None = None
     dtype: str | None = None
     hardware: Hardware | None = None
     draft: DraftCost | None = None
@@ -98,7 +97,7 @@ def decode_tokens(records: Sequence[RequestRecord]) -> int:
 def plain_steps(n: int, acc: AcceptanceSummary) -> float | None:
     """P = N - A - D, or None where it cannot be known (no counters, or P < 0 beyond 5% of D:
     the counts disagree, e.g. output cut by max_tokens after acceptance); small negatives are 0."""
-    if not acc.drafts or acc.accepted_tokens is None or n <= 0:
+    if not acc.drafts or acc.accepted_tokens is None:
         return None
     p = n - acc.accepted_tokens - acc.drafts
     if p < -0.05 * acc.drafts:
@@ -126,11 +125,7 @@ def break_even_acceptance(cost: float, k: int) -> float | None:
 def ideal_speedup(n: int, plain: float, drafts: float, k: int, draft_per_token: float) -> float | None:
     """N / (P + D (1 + k c_d))."""
     cost = plain + drafts * (1.0 + k * draft_per_token)
-    return n / cost if cost > 0 else None
-
-
-def _ratio(r: RatioCI | None) -> float | None:
-    return None if r is None else r.point
+    return n / cost if cost else None
 
 
 def verdict_of(r: RatioCI | None) -> str:
@@ -183,7 +178,7 @@ def level_figures(lv: LevelResult, on_records: Sequence[RequestRecord], k: int |
     else:
         fig.plain_steps = plain
         fig.pass_cost_source = "(decode tokens / TPOT ratio - plain steps) / verify passes"
-    fig.tokens_per_step = n / (plain + acc.drafts) if plain + acc.drafts > 0 else None
+    fig.tokens_per_step = n / (plain + acc.drafts)  # acc.drafts > 0 here
     fig.pass_cost = pass_cost(n, plain, acc.drafts, s.point)
     fig.pass_cost_low = pass_cost(n, plain, acc.drafts, s.high)
     fig.pass_cost_high = pass_cost(n, plain, acc.drafts, s.low)
@@ -225,7 +220,7 @@ def _model(fig: LevelFigures, fit_v: float | None, fit_c: float | None) -> None:
         return
     fig.model_v, fig.model_c = v, c
     rates = fig.per_position_rate
-    rho = (fig.plain_steps or 0.0) / fig.verify_passes if fig.verify_passes else 0.0
+    rho = (fig.plain_steps or 0.0) / fig.verify_passes  # verify_passes > 0 wherever there is a k
     predicted = {kk: p for kk in range(k + 1) if (p := model_ratio(rates, v, c, kk, rho)) is not None}
     fig.model_speedup = predicted.get(k)
     if fig.model == "v + c k" and fig.model_speedup and fig.tpot_ratio and fig.tpot_ratio.point:
@@ -265,6 +260,11 @@ def verify_cost(f: LevelFigures) -> tuple[float, float | None, float | None] | N
             None if f.pass_cost_high is None else f.pass_cost_high - d)
 
 
+def pass_tokens(k: int | None) -> str:
+    """The tokens a verify pass checks: '5' for k = 4, 'k + 1' where k is not known."""
+    return f"{k + 1}" if k else "k + 1"
+
+
 UNKNOWN_HARDWARE = ("the hardware is not known (the server was given by URL on another host), so the reason "
                     "cannot be told")
 
@@ -274,11 +274,12 @@ def compute_bound_reason(ctx: Context, f: LevelFigures) -> tuple[str, list[Advic
     hw, dtype = ctx.hardware, ctx.dtype
     if hw is None:
         return UNKNOWN_HARDWARE, []
+    tokens = pass_tokens(f.k)
     if hw.gpus:
         gpu = hw.gpus[0]
         if f.concurrency >= GPU_SATURATED_AT or f.request_rate is not None:
-            return (f"the GPU ({gpu}) is saturated at {f.level}: every request's {f.k + 1 if f.k else 'k + 1'} "
-                    "tokens per step keep it computing"), [
+            return (f"the GPU ({gpu}) is saturated at {f.level}: every request's {tokens} tokens per step keep it "
+                    "computing"), [
                 Advice(code="batch-size", text="speculate at lower batch sizes only: `specadapt tune` writes a "
                                                "per-batch-size schedule")]
         return f"on the GPU ({gpu}) a pass costs more than a step even at {f.level} (a large k or model)", []
@@ -317,7 +318,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     if f.pass_cost_low is None:
         gaps.append(f"{f.level}: the TPOT ratio has no interval (too few pairs or blocks), so the pass cost "
                     f"{f.pass_cost:.2f} decode steps is a point estimate only; add --repeat")
-    k = f.k or 0
+    k = f.k or 0  # k is known wherever a model or a break-even exists
     vc = verify_cost(f)
     if f.verdict == "faster":
         causes.append(Cause(code="pays", level=f.level, text=(
@@ -328,7 +329,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     if vc is not None and vc[1] is not None and vc[1] > COMPUTE_BOUND:
         reason, adv = compute_bound_reason(ctx, f)
         causes.append(Cause(code="verify-compute-bound", level=f.level, text=(
-            f"the verify pass is compute-bound: checking {k + 1} tokens costs {vc[0]:.2f}{_interval(vc[1], vc[2])} "
+            f"the verify pass is compute-bound: checking {pass_tokens(f.k)} tokens costs {vc[0]:.2f}{_interval(vc[1], vc[2])} "
             f"decode steps (memory-bound ideal: 1); {reason}"), figures={"verify_cost": vc[0], "low": vc[1]}))
         advice += adv
     if f.acceptance_rate is not None and f.acceptance_rate < LOW_ACCEPTANCE:
@@ -340,24 +341,23 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
         advice.append(Advice(code="draft", text="a better-matched draft: EAGLE/MTP heads trained for this target, "
                                                 "or n-gram only where the answer copies the input"
                                                 + _categories(ctx.categories, short=True)))
-    elif (f.verdict != "faster" and f.break_even_possible and f.break_even_tokens_per_pass is not None
-          and f.tokens_per_pass < f.break_even_tokens_per_pass and f.break_even_acceptance is not None
-          and f.acceptance_rate is not None):
+    elif (f.break_even_possible and f.tokens_per_pass < f.break_even_tokens_per_pass  # never when faster
+          and f.break_even_acceptance is not None and f.acceptance_rate is not None):
         causes.append(Cause(code="low-acceptance", level=f.level, text=(
             f"acceptance below break-even: at {f.pass_cost:.2f} decode steps per pass it takes "
             f"{f.break_even_tokens_per_pass:.2f} tokens per pass (acceptance {_pct(f.break_even_acceptance)} per "
             f"token) to break even; the draft gives {f.tokens_per_pass:.2f} ({_pct(f.acceptance_rate)})"),
             figures={"break_even_acceptance": f.break_even_acceptance, "acceptance_rate": f.acceptance_rate}))
     if f.draft_cost_per_pass and f.draft_cost_per_pass >= DRAFT_SHARE * f.pass_cost:
-        per = f.draft_cost_per_pass / k if k else f.draft_cost_per_pass
+        per = f.draft_cost_per_pass / k  # a draft cost per pass is set only with k
         causes.append(Cause(code="draft-expensive", level=f.level, text=(
             f"the draft model is expensive: {per:.2f} decode steps per draft token, {f.draft_cost_per_pass:.2f} of "
             f"the {f.pass_cost:.2f} a pass costs ({f.draft_cost_source})"),
             figures={"draft_cost_per_pass": f.draft_cost_per_pass}))
         advice.append(Advice(code="draft", text="a smaller draft (or fewer draft tokens): each draft token costs "
                                                 f"{per:.2f} decode steps here"))
-    if f.model_best_k is not None and f.model_best_speedup and f.model_speedup:
-        if f.model_best_k < k and f.model_best_speedup > MODEL_GAIN * f.model_speedup:
+    if f.model_best_k is not None and f.model_speedup:  # the best k is the argmax over 0..k
+        if f.model_best_speedup > MODEL_GAIN * f.model_speedup:
             if f.model_best_k == 0:
                 advice.append(Advice(code="off", text=(
                     f"turn speculation off at {f.level}: the cost model ({f.model}, c = {f.model_c:.2f}) "
@@ -435,7 +435,7 @@ def _merge(causes: list[Cause]) -> list[Cause]:
             first = out[c.code]
             first.level = f"{first.level}, {c.level}"
         else:
-            out[c.code] = c.model_copy(deep=True)
+            out[c.code] = c
     return list(out.values())
 
 
@@ -453,24 +453,24 @@ _PRIORITY = ("speculation-off", "verify-compute-bound", "draft-expensive", "low-
              "k-too-long", "overhead", "pays")
 
 
+VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no clear difference": "neither clearly faster nor slower",
+                 "unknown": "of unknown speed"}
+
+
 def headline(figs: Sequence[LevelFigures], causes: Sequence[Cause]) -> str:
-    """The verdict at the first level and the cause that weighs most."""
+    """The verdict at the first level and its main cause: where it is faster, why it pays; else the
+    cause that weighs most (_PRIORITY), "it pays" left out (it may hold at another level)."""
     if not figs:
         return "nothing was measured"
     f = figs[0]
-    verdict = {"faster": "faster", "slower": "slower", "no clear difference": "no clearly faster or slower",
-               "unknown": "of unknown speed"}[f.verdict]
-    head = f"Spec on is {verdict} at {f.level} (TPOT {_ci(f.tpot_ratio)})"
-    if f.verdict == "no clear difference":
-        head = f"Spec on is neither clearly faster nor slower at {f.level} (TPOT {_ci(f.tpot_ratio)})"
-    ranked = sorted(causes, key=lambda c: _PRIORITY.index(c.code))
+    head = f"Spec on is {VERDICT_WORDS[f.verdict]} at {f.level} (TPOT {_ci(f.tpot_ratio)})"
     if f.verdict == "faster":
-        ranked = [c for c in ranked if c.code == "pays"] + [c for c in ranked if c.code != "pays"]
+        main = next((c for c in causes if c.code == "pays"), None)
     else:
-        ranked = [c for c in ranked if c.code != "pays"]
-    if not ranked:
+        main = min((c for c in causes if c.code != "pays"), key=lambda c: _PRIORITY.index(c.code), default=None)
+    if main is None:
         return head + "; the figures point to no single cause."
-    return f"{head}: {ranked[0].text}."
+    return f"{head}: {main.text}."
 
 
 def diagnose(figs: Sequence[LevelFigures], ctx: Context) -> Diagnosis:
@@ -487,7 +487,7 @@ def diagnose(figs: Sequence[LevelFigures], ctx: Context) -> Diagnosis:
     if cross is not None:
         causes.append(cross)
         advice.append(cross_advice)
-    if gaps and not any(a.code == "evidence" for a in advice):
+    if gaps:
         advice.append(Advice(code="evidence", text="more evidence: --repeat or --max-tokens higher, or more prompts"))
     merged = _merge(causes)
     return Diagnosis(headline=headline(figs, merged), levels=list(figs), causes=merged, advice=_dedupe(advice),
@@ -509,11 +509,10 @@ def param_count(config: Mapping[str, object]) -> float | None:
     heads = int(config.get("num_attention_heads") or 1)  # type: ignore[arg-type]
     kv = int(config.get("num_key_value_heads") or heads)  # type: ignore[arg-type]
     kv_width = h * kv // heads
-    gated = str(config.get("hidden_act", "silu")) in ("silu", "swiglu", "gelu_pytorch_tanh") or \
-        str(config.get("model_type", "")) in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2")
+    gated = config.get("hidden_act", "silu") in ("silu", "swiglu", "gelu_pytorch_tanh")  # gate, up and down
     mlp = (3 if gated else 2) * h * inter
     attn = 2 * h * h + 2 * h * kv_width
-    embed = vocab * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    embed = vocab * h * (1 if config.get("tie_word_embeddings") is True else 2)
     return float(embed + layers * (attn + mlp))
 
 
@@ -527,9 +526,9 @@ def draft_cost_from_configs(draft: Mapping[str, object], target: Mapping[str, ob
 
 
 # --- a compare report ------------------------------------------------------------------------------
-def hardware_of(info: object) -> Hardware | None:
+def hardware_of(info: ServerInfo) -> Hardware | None:
     """The diagnosis's view of a ServerInfo's hardware facts (None: not known)."""
-    hw = getattr(info, "hardware", None)
+    hw = info.hardware
     if hw is None:
         return None
     return Hardware(cpu_model=hw.cpu_model, cores=hw.cores, native_dtypes=tuple(hw.native_dtypes),
@@ -547,14 +546,14 @@ def diagnose_compare(report, draft: DraftCost | None = None,
     for lv in [*report.levels, *report.rate_levels]:
         on_recs = [r for r in report.requests if r.side == "on" and not r.warmup and r.concurrency == lv.concurrency
                    and r.request_rate == lv.request_rate]
-        v, c = fits.get(lv.concurrency, (None, None)) if lv.request_rate is None else (None, None)
+        v, c = fits.get(lv.concurrency, (None, None))  # rate levels (concurrency 0) have no fit
         ttft = None
         if lv.concurrency == 1 and lv.request_rate is None:
             ttft = ttft_ratio([r for r in report.requests if r.concurrency == 1 and r.request_rate is None])
         figs.append(level_figures(lv, on_recs, k, draft, v, c, ttft))
     first = report.levels[0] if report.levels else (report.rate_levels[0] if report.rate_levels else None)
     cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}
-    ctx = Context(k=k, method=on.spec_method, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
+    ctx = Context(k=k, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
                   draft=draft, spec_enabled=on.spec_enabled, categories=cats)
     return diagnose(figs, ctx)
 

@@ -641,19 +641,30 @@ def test_param_count_reads_the_defaults_of_a_config():
     # no intermediate size: 4 h; no head counts: one head, so the KV width is h; not tied by default
     cfg = {"hidden_size": 10, "num_hidden_layers": 2, "vocab_size": 100, "hidden_act": "relu"}
     assert dg.param_count(cfg) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 100 + 2 * 10 * 40)
-    gated = dict(cfg, hidden_act="relu", model_type="qwen2")  # the model type makes the MLP gated
+    gated = dict(cfg, hidden_act="silu")  # a gated MLP: gate, up and down
     assert dg.param_count(gated) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 100 + 3 * 10 * 40)
+    assert dg.param_count(dict(cfg, hidden_act="relu", model_type="llama")) == dg.param_count(cfg)
     for act in ("silu", "swiglu", "gelu_pytorch_tanh"):
         assert dg.param_count(dict(cfg, hidden_act=act)) == dg.param_count(gated)
     assert dg.param_count({k: v for k, v in cfg.items() if k != "hidden_act"}) == dg.param_count(gated)  # silu
     gqa = dict(cfg, num_attention_heads=10, num_key_value_heads=5)
     assert dg.param_count(gqa) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 10 * 5 + 2 * 10 * 40)
+    # KV width h * kv / heads in whole units (10 * 1 // 3 = 3); a KV head count alone: one attention head
+    assert dg.param_count(dict(cfg, num_attention_heads=3, num_key_value_heads=1)) == \
+        2 * 100 * 10 + 2 * (2 * 100 + 2 * 10 * 3 + 2 * 10 * 40)
+    assert dg.param_count(dict(cfg, num_key_value_heads=2)) == 2 * 100 * 10 + 2 * (2 * 100 + 2 * 10 * 20 + 2 * 10 * 40)
+    tied = dict(cfg, tie_word_embeddings=True)
+    assert dg.param_count(tied) == dg.param_count(cfg) - 100 * 10
     for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
         assert dg.param_count({k: v for k, v in cfg.items() if k != key}) is None
     assert dg.param_count(dict(cfg, hidden_size="wide")) is None
     assert dg.draft_cost_from_configs(cfg, {}) is None
-    cost = dg.draft_cost_from_configs(cfg, dict(cfg, num_hidden_layers=4))
-    assert cost.source == "the draft's parameters over the target's (0M / 0M, from their config.json)"
+    # 1.5M and 3.5M parameters exactly (embeddings only, untied): rounded to whole millions
+    draft, target = {"hidden_size": 100, "num_hidden_layers": 0, "vocab_size": 7500}, \
+        {"hidden_size": 100, "num_hidden_layers": 0, "vocab_size": 17500}
+    cost = dg.draft_cost_from_configs(draft, target)
+    assert cost == dg.DraftCost(per_token=1.5 / 3.5, source="the draft's parameters over the target's (2M / 4M, "
+                                                           "from their config.json)")
 
 
 def test_small_figures_at_their_edges():
@@ -735,3 +746,186 @@ def test_tune_diagnoses_the_chosen_variants_largest_measured_k_with_its_draft_co
     assert dg.diagnose_tune(report) is None
     assert dg._draft_of(None) is None
     assert dg._draft_of(Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=4)])) is None
+
+
+
+# --- edges that decide a figure or a verdict (pinned for mutation testing) ------------------------
+def acceptance_without_positions(drafts=100.0, accepted=200.0) -> AcceptanceSummary:
+    return AcceptanceSummary(known=True, drafts=drafts, draft_tokens=4 * drafts, accepted_tokens=accepted,
+                             acceptance_rate=accepted / (4 * drafts), mean_acceptance_length=1 + accepted / drafts)
+
+
+def test_thresholds_are_strict_where_the_docs_say_above_or_below():
+    # 30 verify passes are enough to read acceptance (fewer than 30 are not)
+    assert not diagnose([level(ratio(1.3, 1.2, 1.4), drafts=30.0, accepted=60.0)], records=on_records(90)).evidence_gaps
+    # acceptance of exactly 30% is not low: 120 of 400 draft tokens
+    d = diagnose([level(ratio(1.3, 1.2, 1.4), accepted=120.0, per_pos=(0.5, 0.4, 0.2, 0.1))], records=on_records(220))
+    assert "low-acceptance" not in codes(d)
+    # a verify pass whose low end is exactly 1.5 decode steps is not compute-bound: 3 / 2.0
+    assert "verify-compute-bound" not in codes(diagnose([level(ratio(1.8, 1.6, 2.0))]))
+    # a first token exactly 25% later is no overhead
+    f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None, ttft=ratio(1.25, 1.1, 1.4))
+    assert "overhead" not in codes(dg.diagnose([f], dg.Context(k=4)))
+    # TTFT low end exactly 1: no overhead either
+    f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None, ttft=ratio(1.5, 1.0, 2.0))
+    assert "overhead" not in codes(dg.diagnose([f], dg.Context(k=4)))
+    # a pass costing exactly k + 1 steps can still be paid for (by a draft that is always right)
+    f = dg.level_figures(level(ratio(0.5, 0.45, 0.55), accepted=150.0), on_records(250, 5), 4, None)  # 2.5 / 0.5
+    assert f.pass_cost == 5.0 and f.break_even_possible is True
+    # the category that just reaches 1 neither pays nor loses
+    assert dg._categories({"a": ratio(0.9, 0.8, 1.0), "b": ratio(1.1, 1.0, 1.2)}) == ""
+    assert dg._categories({"a": ratio(0.8, 0.7, 0.9), "b": ratio(0.7, 0.6, 0.8)}) == (
+        "; by prompt category it loses on a (0.80x [0.70, 0.90]), b (0.70x [0.60, 0.80])")
+
+
+def test_a_small_gain_from_a_shorter_k_is_not_advised():
+    # tune's model v = 1, c = 0.09 over rates 0.5, 0.1: S(1) = 1.5 / 1.09 = 1.376, S(2) = 1.6 / 1.18 = 1.356,
+    # 1.5% better at k=1: under the 2% the advice needs
+    lv = level(ratio(1.35, 1.3, 1.4), accepted=60.0, per_pos=(0.5, 0.1))
+    f = dg.level_figures(lv, on_records(160), 2, None, fit_v=1.0, fit_c=0.09)
+    assert f.model_best_k == 1 and f.model_best_speedup / f.model_speedup == pytest.approx(1.0149, abs=1e-4)
+    d = dg.diagnose([f], dg.Context(k=2))
+    assert "k-too-long" not in codes(d) and not any(a.code == "k" for a in d.advice)
+    # c = 0.1: S(1) = 1.364, S(2) = 1.333, 2.3% better: advised
+    f = dg.level_figures(lv, on_records(160), 2, None, fit_v=1.0, fit_c=0.1)
+    assert "k-too-long" in codes(dg.diagnose([f], dg.Context(k=2)))
+
+
+def test_the_model_needs_both_fitted_numbers_and_the_rates():
+    lv = level(ratio(1.2, 1.1, 1.3))
+    f = dg.level_figures(lv, on_records(300), 4, None, fit_v=1.1, fit_c=None)
+    assert f.model == "1 + c k" and f.model_v == 1.0
+    no_rates = lv.model_copy(update={"acceptance": acceptance_without_positions()})
+    f = dg.level_figures(no_rates, on_records(300), 4, None)
+    assert f.k == 4 and f.pass_cost is not None and f.model is None and f.model_best_k is None
+    # no k from the server and no per-position counters: k unknown, and the sentences say k + 1
+    f = dg.level_figures(no_rates.model_copy(update={"speed": level(ratio(0.5, 0.45, 0.55)).speed}),
+                         on_records(300), None, None)
+    assert f.k is None and f.break_even_possible is None and f.ideal_speedup is None
+    d = dg.diagnose([f], dg.Context())
+    assert next(c for c in d.causes if c.code == "verify-compute-bound").text.startswith(
+        "the verify pass is compute-bound: checking k + 1 tokens costs 6.00")
+    gpu = dg.compute_bound_reason(dg.Context(hardware=GPU), f.model_copy(update={"concurrency": 8,
+                                                                                "level": "concurrency 8"}))
+    assert gpu[0] == "the GPU (NVIDIA H200) is saturated at concurrency 8: every request's k + 1 tokens per step " \
+                     "keep it computing"
+    # rates for more positions than k: the model looks at k' <= k only
+    f = dg.level_figures(level(ratio(1.2, 1.1, 1.3), accepted=200.0), on_records(300), 2, None)
+    assert f.model_best_k <= 2 and f.k == 2
+
+
+def test_model_ratio_counts_the_plain_steps_from_k_1_on():
+    assert dg.model_ratio([0.5], 1.0, 0.2, 1, rho=2.0) == pytest.approx((2 + 1.5) / (2 + 1.2))
+    assert dg.model_ratio([0.5], 1.0, 0.2, 1, rho=0.0) == pytest.approx(1.5 / 1.2)
+
+
+def test_every_level_adds_its_advice_and_gaps():
+    lvs = [level(ratio(0.4, 0.35, 0.45), accepted=40.0, per_pos=(0.2, 0.1, 0.05, 0.05)),  # advice: off
+           level(ratio(0.5, 0.4, 0.6), concurrency=2, drafts=20.0, accepted=40.0)]          # a gap
+    figs = [dg.level_figures(lvs[0], on_records(140), 4, None), dg.level_figures(lvs[1], on_records(60), 4, None)]
+    d = dg.diagnose(figs, dg.Context(k=4))
+    assert any(a.code == "off" for a in d.advice) and d.advice[-1].code == "evidence"
+    assert len(d.evidence_gaps) == 1 and d.evidence_gaps[0].startswith("concurrency 2: only 20")
+    figs = [dg.level_figures(level(ratio(0.5), concurrency=c), on_records(300), 4, None) for c in (1, 2)]
+    assert len(dg.diagnose(figs, dg.Context(k=4)).evidence_gaps) == 2
+
+
+def test_the_headline_of_a_slower_first_level_never_says_it_pays():
+    lvs = [level(ratio(0.8, 0.75, 0.85), accepted=300.0, per_pos=(0.9, 0.8, 0.7, 0.6)),
+           level(ratio(1.5, 1.4, 1.6), concurrency=2, accepted=300.0, per_pos=(0.9, 0.8, 0.7, 0.6))]
+    d = diagnose(lvs, records=on_records(400))
+    assert "pays" in codes(d)
+    assert d.headline == ("Spec on is slower at concurrency 1 (TPOT 0.80x [0.75, 0.85]): "
+                          + next(c for c in d.causes if c.code == "verify-compute-bound").text + ".")
+    d = diagnose([level(ratio(1.0, 0.95, 1.05), accepted=40.0, per_pos=(0.4,))], dg.Context(k=1),
+                 records=on_records(140))
+    assert d.headline == ("Spec on is neither clearly faster nor slower at concurrency 1 (TPOT 1.00x [0.95, 1.05]); "
+                          "the figures point to no single cause.")
+
+
+def test_the_crossover_with_one_pass_cost_unknown_says_no_rise():
+    figs = [dg.level_figures(level(ratio(1.5, 1.4, 1.6)), on_records(300), 4, None),
+            dg.level_figures(level(ratio(0.6, 0.5, 0.7), known=False, concurrency=4), [], 4, None)]
+    assert dg.crossover_cause(figs)[0].text.endswith("slower from 4 (0.60x [0.50, 0.70])")
+
+
+def test_small_edges_of_the_counts():
+    one = AcceptanceSummary(known=True, drafts=1.0, draft_tokens=4.0, accepted_tokens=0.0)
+    assert dg.plain_steps(1, one) == 0.0 and dg.pass_cost(10, 0.0, 1.0, 1.0) == 10.0
+    two = RequestRecord(prompt_id="t", category="x", api="chat", side="on", ok=True, output_tokens=2,
+                        chunk_ns=[1, 2], chunk_tokens=[1, 1], e2e_ns=3)
+    assert dg.decode_tokens([two]) == 1
+    assert dg.verdict_of(RatioCI(point=1.2, low=None, high=1.3)) == "unknown"
+    lv = level(ratio(1.2, 1.1, 1.3))
+    f = dg.level_figures(lv, on_records(300), 4, None)
+    assert f.e2e_ratio == lv.speed.e2e and f.pass_cost_source == ("(decode tokens / TPOT ratio - plain steps) / "
+                                                                    "verify passes")
+    assert dg.level_figures(lv, on_records(200), 4, None).pass_cost_source == (
+        "tokens per pass / TPOT ratio (decode steps without a draft unknown)")
+    unknown = lv.model_copy(update={"acceptance": lv.acceptance.model_copy(update={"known": False})})
+    assert dg.level_figures(unknown, on_records(300), 4, None).pass_cost is None
+    assert dg.compute_bound_reason(dg.Context(k=4, dtype="bfloat16", hardware=dg.Hardware(
+        cpu_model="C", missing_flags=("amx_tile",))), f)[0] == (
+        "bfloat16 has no native support on C (no amx_tile): its matrix products are emulated")
+
+
+def test_every_cause_carries_its_figures():
+    d = diagnose([level(ratio(0.8, 0.75, 0.85))], dg.Context(k=4, dtype="bfloat16", hardware=CPU_AVX2))
+    figs = {c.code: c.figures for c in d.causes}
+    a = theory.acceptance_from_mean_length(3.75, 4)
+    assert figs["verify-compute-bound"] == {"verify_cost": pytest.approx(3.75), "low": pytest.approx(3 / 0.85)}
+    assert figs["low-acceptance"] == {"break_even_acceptance": pytest.approx(a), "acceptance_rate": 0.5}
+    assert figs["k-too-long"] == {"model_best_k": 1, "model_best_speedup": pytest.approx(1.8 / 1.6875)}
+    d = diagnose([level(ratio(1.5, 1.4, 1.6))])
+    assert {c.code: c.figures for c in d.causes}["pays"] == {"tokens_per_pass": 3.0, "pass_cost": pytest.approx(2.0)}
+    draft = dg.DraftCost(per_token=0.4, source="s")
+    lv = level(ratio(0.45, 0.4, 0.5), accepted=8.0, per_pos=(0.05, 0.02, 0.01, 0.0))
+    figs = {c.code: c.figures for c in dg.diagnose([dg.level_figures(lv, on_records(108), 4, draft)],
+                                                   dg.Context(k=4)).causes}
+    assert figs["low-acceptance"] == {"acceptance_rate": 0.02}
+    assert figs["draft-expensive"] == {"draft_cost_per_pass": pytest.approx(1.6)}
+    f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), 4, None, ttft=ratio(1.3, 1.1, 1.5))
+    assert {c.code: c.figures for c in dg.diagnose([f], dg.Context(k=4)).causes}["overhead"] == {"ttft_ratio": 1.3}
+    # the off advice word for word
+    d = diagnose([level(ratio(0.5, 0.45, 0.55))])
+    assert any(x.text == "at 6.00 decode steps per pass no acceptance can pay at concurrency 1: even a draft that is "
+                         "always right gives 5 tokens per pass" for x in d.advice)
+
+
+def test_a_low_acceptance_advice_names_the_categories_that_pay():
+    cats = {"code": ratio(1.4, 1.2, 1.6), "qa": ratio(0.8, 0.7, 0.9)}
+    lv = level(ratio(0.95, 0.9, 1.0), accepted=80.0, per_pos=(0.4, 0.2, 0.1, 0.1))
+    d = dg.diagnose([dg.level_figures(lv, on_records(180), 4, None)], dg.Context(k=4, categories=cats))
+    assert [a.text for a in d.advice if a.code == "draft"] == [
+        "a better-matched draft: EAGLE/MTP heads trained for this target, or n-gram only where the answer copies "
+        "the input (it pays on code)"]
+
+
+def test_compare_with_rate_levels_only_and_k_from_the_server(monkeypatch):
+    from specadapt.records import CompareReport, CompareSettings, ServerInfo
+
+    on = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=4, spec_enabled=True)
+    rate = level(ratio(0.5, 0.45, 0.55), concurrency=0, rate=1.0, cats={"a": ratio(1.3, 1.2, 1.4),
+                                                                        "b": ratio(0.7, 0.6, 0.8)})
+    rate.acceptance = acceptance_without_positions()
+    report = CompareReport(settings=CompareSettings(concurrency=[]), off_server=on, on_server=on,
+                           requests=[r.model_copy(update={"concurrency": 0, "request_rate": 1.0})
+                                     for r in on_records(300)], rate_levels=[rate])
+    seen = {}
+    real = dg.diagnose
+    monkeypatch.setattr(dg, "diagnose", lambda figs, ctx: seen.update(ctx=ctx) or real(figs, ctx))
+    d = dg.diagnose_compare(report)
+    assert set(seen["ctx"].categories) == {"a", "b"}
+    (f,) = d.levels
+    assert f.k == 4 and f.level == "1 req/s"  # k from the server: there are no per-position rates
+
+
+def test_tune_takes_a_k_of_1_and_leaves_a_zero_draft_cost_out():
+    from specadapt.records.diagnosis import Diagnosis, LevelFigures
+
+    assert dg._draft_of(Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=4,
+                                                                     draft_cost_per_pass=0.0,
+                                                                     draft_cost_source="s")])) is None
+    assert dg._draft_of(Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=None,
+                                                                     draft_cost_per_pass=0.4,
+                                                                     draft_cost_source="s")])) is None
