@@ -197,7 +197,7 @@ def level_figures(lv: LevelResult, on_records: Sequence[RequestRecord], k: int |
     return fig
 
 
-def model_ratio(rates: Sequence[float], v: float, c: float, k: int, rho: float = 0.0) -> float | None:
+def model_ratio(rates: Sequence[float], v: float, c: float, k: int, rho: float) -> float | None:
     """The model's TPOT ratio at k with rho plain steps per verify pass (steps that draft nothing
     cost one step and yield one token): (rho + 1 + sum_{i<k} p_i) / (rho + v + c k); 1 at k = 0;
     with rho = 0 tune's predict_ratio."""
@@ -251,13 +251,13 @@ def _interval(lo: float | None, hi: float | None) -> str:
     return "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
 
 
-def verify_cost(f: LevelFigures) -> tuple[float, float | None, float | None] | None:
-    """(point, low, high) of the pass cost with the draft's own cost taken out."""
-    if f.pass_cost is None:
+def verify_cost(f: LevelFigures) -> tuple[float, float, float] | None:
+    """(point, low, high) of the pass cost with the draft's own cost taken out; None without an
+    interval (low and high are set together)."""
+    if f.pass_cost is None or f.pass_cost_low is None or f.pass_cost_high is None:
         return None
     d = f.draft_cost_per_pass or 0.0
-    return (f.pass_cost - d, None if f.pass_cost_low is None else f.pass_cost_low - d,
-            None if f.pass_cost_high is None else f.pass_cost_high - d)
+    return f.pass_cost - d, f.pass_cost_low - d, f.pass_cost_high - d
 
 
 def pass_tokens(k: int | None) -> str:
@@ -299,7 +299,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     causes: list[Cause] = []
     advice: list[Advice] = []
     gaps: list[str] = []
-    if f.tokens_per_pass is None or f.verify_passes is None:
+    if f.verify_passes is None:  # set together with tokens_per_pass, where the counters were read
         if ctx.spec_enabled is False:
             causes.append(Cause(code="speculation-off", level=f.level,
                                 text="the spec-on server shows no speculation counters: speculation is off there, "
@@ -318,7 +318,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     if f.pass_cost_low is None:
         gaps.append(f"{f.level}: the TPOT ratio has no interval (too few pairs or blocks), so the pass cost "
                     f"{f.pass_cost:.2f} decode steps is a point estimate only; add --repeat")
-    k = f.k or 0  # k is known wherever a model or a break-even exists
+    k = f.k  # known wherever a draft cost, a model or a break-even exists
     vc = verify_cost(f)
     if f.verdict == "faster":
         causes.append(Cause(code="pays", level=f.level, text=(
@@ -326,12 +326,12 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
             f"{_interval(f.pass_cost_low, f.pass_cost_high)} decode steps"
             + (f" (ideal {_x(f.ideal_speedup)} if a pass cost one step)" if f.ideal_speedup else "")),
             figures={"tokens_per_pass": f.tokens_per_pass, "pass_cost": f.pass_cost}))
-    if vc is not None and vc[1] is not None and vc[1] > COMPUTE_BOUND:
+    if vc is not None and vc[1] > COMPUTE_BOUND:
         reason, adv = compute_bound_reason(ctx, f)
         causes.append(Cause(code="verify-compute-bound", level=f.level, text=(
             f"the verify pass is compute-bound: checking {pass_tokens(f.k)} tokens costs {vc[0]:.2f}{_interval(vc[1], vc[2])} "
             f"decode steps (memory-bound ideal: 1); {reason}"), figures={"verify_cost": vc[0], "low": vc[1]}))
-        advice += adv
+        advice = list(adv)  # the level's first advice
     if f.acceptance_rate is not None and f.acceptance_rate < LOW_ACCEPTANCE:
         rates = " / ".join(_pct(r) for r in f.per_position_rate)
         causes.append(Cause(code="low-acceptance", level=f.level, text=(

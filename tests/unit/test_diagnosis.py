@@ -19,6 +19,7 @@ from specadapt.records import (
     SpeedRatios,
 )
 from specadapt.records.diagnosis import Advice
+from specadapt.records.requests import RequestSettings
 
 
 def lat(ttft_ms: float = 50.0) -> LatencySummary:
@@ -929,3 +930,52 @@ def test_tune_takes_a_k_of_1_and_leaves_a_zero_draft_cost_out():
     assert dg._draft_of(Diagnosis(headline="x", levels=[LevelFigures(level="c", concurrency=1, k=None,
                                                                      draft_cost_per_pass=0.4,
                                                                      draft_cost_source="s")])) is None
+
+
+def test_the_model_never_looks_past_the_running_k():
+    # tune's fit v = 1, c = 0.05 over four rates of 0.9: k'=3 and 4 would beat k'=2, but k is 2
+    f = dg.level_figures(level(ratio(2.0, 1.9, 2.1), accepted=360.0, per_pos=(0.9, 0.9, 0.9, 0.9)), on_records(460),
+                         2, None, fit_v=1.0, fit_c=0.05)
+    assert f.model_best_k == 2 and f.model_best_speedup == pytest.approx(2.8 / 1.1)
+
+
+def test_without_k_a_paying_level_names_no_ideal():
+    lv = level(ratio(1.5, 1.4, 1.6)).model_copy(update={"acceptance": acceptance_without_positions()})
+    d = dg.diagnose([dg.level_figures(lv, on_records(300), None, None)], dg.Context())
+    assert [c.text for c in d.causes if c.code == "pays"] == [
+        "speculation pays: 3.00 tokens per verify pass at a cost of 2.00 [1.88, 2.14] decode steps"]
+
+
+def test_a_first_level_without_causes_does_not_borrow_another_levels_pays():
+    quiet = level(ratio(1.0, 0.95, 1.05), accepted=40.0, per_pos=(0.4,))  # k = 1: even, no cause
+    fast = level(ratio(1.5, 1.4, 1.6), concurrency=2, accepted=40.0, per_pos=(0.4,))  # v = 1.4 / 1.5 < 1
+    figs = [dg.level_figures(quiet, on_records(140), 1, None), dg.level_figures(fast, on_records(140), 1, None)]
+    d = dg.diagnose(figs, dg.Context(k=1))
+    assert codes(d) == {"pays"} and d.headline.endswith("; the figures point to no single cause.")
+
+
+def test_a_compare_without_levels_says_nothing_was_measured():
+    from specadapt.records import CompareReport, CompareSettings, ServerInfo
+
+    on = ServerInfo(backend="vllm", base_url="http://on")
+    d = dg.diagnose_compare(CompareReport(settings=CompareSettings(), off_server=on, on_server=on))
+    assert d.headline == "nothing was measured" and d.levels == []
+
+
+def test_tune_reads_a_measured_k_of_1_and_never_a_k_of_0():
+    from specadapt.records import CompareReport, CompareSettings, ServerInfo
+    from specadapt.records.tune import Candidate, Recommendation, TuneReport, TuneSettings
+
+    def cand(k):
+        info = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=k or None)
+        lv = level(ratio(1.2, 1.1, 1.3), accepted=50.0, per_pos=(0.5,))
+        return Candidate(label=f"k={k}", variant="", k=k, compare=CompareReport(
+            settings=CompareSettings(), off_server=info, on_server=info, levels=[lv]))
+
+    settings = TuneSettings(backend="vllm", base_spec={}, ks=[0, 1], concurrency=[1], repeat=2, warmup=0,
+                            request=RequestSettings())
+
+    def tune(*cands):
+        return TuneReport(settings=settings, candidates=list(cands), recommendation=Recommendation(form="fixed"))
+    assert dg.diagnose_tune(tune(cand(1))).headline.startswith("k=1, the largest k measured")
+    assert dg.diagnose_tune(tune(cand(0))) is None
