@@ -235,7 +235,8 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _ci(r: RatioCI | None) -> str:
+def ratio_text(r: RatioCI | None) -> str:
+    """"1.20x [1.10, 1.30]", "1.20x (no interval)" or "-"."""
     if r is None or r.point is None:
         return "-"
     if r.low is None or r.high is None:
@@ -379,7 +380,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     t = f.ttft_ratio
     if t is not None and t.point is not None and t.low is not None and t.low > 1.0 and t.point > TTFT_OVERHEAD:
         causes.append(Cause(code="overhead", level=f.level, text=(
-            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {_ci(t)}): work "
+            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {ratio_text(t)}): work "
             "outside the decode steps (prefill, scheduling, the proposer"
             + (", the draft model's own prefill)" if ctx.draft is not None else ")")),
             figures={"ttft_ratio": t.point}))
@@ -396,9 +397,9 @@ def _categories(cats: Mapping[str, RatioCI], short: bool = False) -> str:
         return f" (it pays on {', '.join(pays)})" if pays else ""
     parts = []
     if pays:
-        parts.append("pays on " + ", ".join(f"{c} ({_ci(cats[c])})" for c in pays))
+        parts.append("pays on " + ", ".join(f"{c} ({ratio_text(cats[c])})" for c in pays))
     if loses:
-        parts.append("loses on " + ", ".join(f"{c} ({_ci(cats[c])})" for c in loses))
+        parts.append("loses on " + ", ".join(f"{c} ({ratio_text(cats[c])})" for c in loses))
     return "; by prompt category it " + " and ".join(parts)
 
 
@@ -419,7 +420,7 @@ def crossover_cause(figs: Sequence[LevelFigures]) -> tuple[Cause | None, Advice 
                 f"{first.pass_cost:.2f} at {first.concurrency}, as the batch fills the hardware")
     cause = Cause(code="past-crossover", level=f"concurrency {first.concurrency} and above", text=(
         f"the load is past the crossover: faster up to concurrency {last.concurrency} "
-        f"({_ci(last.tpot_ratio)}), slower from {first.concurrency} ({_ci(first.tpot_ratio)}){rise}"),
+        f"({ratio_text(last.tpot_ratio)}), slower from {first.concurrency} ({ratio_text(first.tpot_ratio)}){rise}"),
         figures={"last_faster": last.concurrency, "first_slower": first.concurrency})
     advice = Advice(code="batch-size", text=(
         f"speculate up to concurrency {last.concurrency} only: `specadapt tune` writes the per-batch-size "
@@ -463,7 +464,7 @@ def headline(figs: Sequence[LevelFigures], causes: Sequence[Cause]) -> str:
     if not figs:
         return "nothing was measured"
     f = figs[0]
-    head = f"Spec on is {VERDICT_WORDS[f.verdict]} at {f.level} (TPOT {_ci(f.tpot_ratio)})"
+    head = f"Spec on is {VERDICT_WORDS[f.verdict]} at {f.level} (TPOT {ratio_text(f.tpot_ratio)})"
     if f.verdict == "faster":
         main = next((c for c in causes if c.code == "pays"), None)
     else:

@@ -7,6 +7,7 @@ from markupsafe import escape as _escape
 from rich.console import Console
 from rich.text import Text
 
+from specadapt.probes.diagnosis import ratio_text
 from specadapt.records import ServerInfo
 from specadapt.records.diagnosis import Diagnosis, LevelFigures
 from specadapt.report.hardware import hardware_text
@@ -22,12 +23,9 @@ def _num(v: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def _tpot(f: LevelFigures) -> str:
-    r = f.tpot_ratio
-    if r is None or r.point is None:
+    if f.tpot_ratio is None or f.tpot_ratio.point is None:
         return "-"
-    if r.low is None or r.high is None:
-        return f"{r.point:.2f}x"
-    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}] {f.verdict}"
+    return ratio_text(f.tpot_ratio) + ("" if f.verdict == "unknown" else f" {f.verdict}")
 
 
 def _cost(f: LevelFigures) -> str:

@@ -689,7 +689,7 @@ def test_small_figures_at_their_edges():
     assert dg.verdict_of(None) == "unknown" and dg.verdict_of(RatioCI(point=1.2, low=1.1)) == "unknown"
     assert dg.verdict_of(ratio(1.2, 1.1, 1.3)) == "faster" and dg.verdict_of(ratio(0.8, 0.7, 0.9)) == "slower"
     assert dg._x(None) == "-" and dg._x(1.234) == "1.23x"
-    assert dg._ci(None) == "-" and dg._ci(RatioCI(point=None)) == "-" and dg._ci(RatioCI(point=1.5, low=1.2)) == \
+    assert dg.ratio_text(None) == "-" and dg.ratio_text(RatioCI(point=None)) == "-" and dg.ratio_text(RatioCI(point=1.5, low=1.2)) == \
         "1.50x (no interval)"
     assert dg._interval(None, 2.0) == "" and dg._interval(1.0, None) == "" and dg._interval(1.0, 2.0) == " [1.00, 2.00]"
     assert dg._pct(0.456) == "46%"
