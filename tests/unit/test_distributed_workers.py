@@ -88,7 +88,10 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_finished_requests(scripted, tmp
     proc = subprocess.Popen(
         [sys.executable, "-m", "specadapt", "probe", "--url", scripted, "--prompts", str(tmp_path / "p.jsonl"),
          "--workers", "2", "--concurrency", "8", "--warmup", "0", "--max-tokens", "30", "--json", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # a terminal's Ctrl-C reaches a foreground command with SIGINT at its default; a suite started
+        # as a background job (`make test &`) hands its children SIGINT ignored, which Python keeps
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # until the 4 short requests are done
