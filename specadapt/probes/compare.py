@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
-from pathlib import Path
 from typing import Callable
 
 from specadapt.adapters.base import Server
+from specadapt.configs.checks import load_model_config
+from specadapt.errors import UsageError
 from specadapt.native_reference import theory
 from specadapt.probes.acceptance import acceptance_summary
 from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag_blocks
@@ -35,6 +35,7 @@ from specadapt.probes.diagnosis import DraftCost, diagnose_compare, draft_cost_f
 from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
 from specadapt.probes.latency import latency_summary, tpot_ns
 from specadapt.probes.load import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
+from specadapt.probes.pairs import Pair, level_records, pair_records
 from specadapt.probes.reference_check import ReferenceScorer
 from specadapt.probes.runner import counting, server_client, settle_counters
 from specadapt.probes.sides import side_differences
@@ -192,25 +193,6 @@ class ABRunner:
                     jobs = (Job(prompt=j.prompt, repeat=r, copy_index=j.repeat) for j in cycle_jobs(self.prompts))
                     out += await engines[side].closed_loop(jobs, time.perf_counter_ns(), level, duration)
         return out
-
-
-Pair = tuple[RequestRecord, RequestRecord]
-
-
-def pair_records(records: list[RequestRecord], level: int, rate: float | None = None) -> list[Pair]:
-    """(off, on) pairs of the same prompt, repeat, copy and turn at one level (a concurrency, or
-    with ``rate`` an arrival rate, whose records have concurrency 0); both must have succeeded."""
-    keyed: dict[tuple, dict[str, RequestRecord]] = {}
-    for r in level_records(records, level, rate):
-        keyed.setdefault((r.prompt_id, r.repeat, r.replica, r.turn), {})[r.side] = r
-    return [(v["off"], v["on"]) for v in keyed.values() if "off" in v and "on" in v and v["off"].ok and v["on"].ok]
-
-
-def level_records(records: list[RequestRecord], level: int, rate: float | None = None) -> list[RequestRecord]:
-    """The measured (not warm-up) records of one level."""
-    if rate is not None:
-        level = 0
-    return [r for r in records if r.concurrency == level and r.request_rate == rate and not r.warmup]
 
 
 def _latency_logs(units: list[list[Pair]]) -> tuple[list[float | None], list[float | None]]:
@@ -451,13 +433,13 @@ def draft_cost_of(report: CompareReport) -> DraftCost | None:
     target = on.model_root or on.model_id
     if not on.spec_draft or not target:
         return None
-    configs = []
-    for path in (on.spec_draft, target):
-        try:
-            configs.append(json.loads((Path(path) / "config.json").read_text()))
-        except (OSError, ValueError):
-            return None
-    return draft_cost_from_configs(configs[0], configs[1])
+    try:  # the run is done: a config that cannot be read leaves the cost unknown, it fails nothing
+        draft, target_cfg = load_model_config(on.spec_draft), load_model_config(target)
+    except UsageError:
+        return None
+    if draft is None or target_cfg is None:
+        return None
+    return draft_cost_from_configs(draft, target_cfg)
 
 
 def turn_request(records: list[RequestRecord], prompt: Prompt, rec: RequestRecord) -> Prompt:

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from specadapt.native_reference import theory
+from specadapt.probes.pairs import Pair, level_records, pair_records
 from specadapt.probes.stats import ratio_ci
 from specadapt.probes.tune_model import predict_ratio
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
@@ -142,14 +143,10 @@ def level_name(lv: LevelResult) -> str:
     return f"concurrency {lv.concurrency}"
 
 
-def ttft_ratio(records: Sequence[RequestRecord]) -> RatioCI:
-    """TTFT on / off over the (off, on) pairs of one concurrency-1 level (same prompt, repeat, copy
-    and turn), each pair one unit: exp(mean log(ttft_on / ttft_off)) with its t interval."""
-    keyed: dict[tuple, dict[str, RequestRecord]] = {}
-    for r in records:
-        if r.ok and not r.warmup and r.ttft_ns:
-            keyed.setdefault((r.prompt_id, r.repeat, r.replica, r.turn), {})[r.side] = r
-    logs = [math.log(p["on"].ttft_ns / p["off"].ttft_ns) for p in keyed.values() if "on" in p and "off" in p]
+def ttft_ratio(pairs: Sequence[Pair]) -> RatioCI:
+    """TTFT on / off over the (off, on) pairs of one concurrency-1 level (probes/pairs), each pair
+    with a first token on both sides one unit: exp(mean log(ttft_on / ttft_off)) with its t interval."""
+    logs = [math.log(on.ttft_ns / off.ttft_ns) for off, on in pairs if off.ttft_ns and on.ttft_ns]
     return ratio_ci(logs, "pairs")
 
 
@@ -545,12 +542,11 @@ def diagnose_compare(report, draft: DraftCost | None = None,
     fits = fits or {}
     figs = []
     for lv in [*report.levels, *report.rate_levels]:
-        on_recs = [r for r in report.requests if r.side == "on" and not r.warmup and r.concurrency == lv.concurrency
-                   and r.request_rate == lv.request_rate]
+        on_recs = [r for r in level_records(report.requests, lv.concurrency, lv.request_rate) if r.side == "on"]
         v, c = fits.get(lv.concurrency, (None, None))  # rate levels (concurrency 0) have no fit
         ttft = None
         if lv.concurrency == 1 and lv.request_rate is None:
-            ttft = ttft_ratio([r for r in report.requests if r.concurrency == 1 and r.request_rate is None])
+            ttft = ttft_ratio(pair_records(report.requests, 1))
         figs.append(level_figures(lv, on_recs, k, draft, v, c, ttft))
     first = report.levels[0] if report.levels else (report.rate_levels[0] if report.rate_levels else None)
     cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}

@@ -9,6 +9,7 @@ import pytest
 
 from specadapt.native_reference import theory
 from specadapt.probes import diagnosis as dg
+from specadapt.probes.pairs import pair_records
 from specadapt.records import (
     AcceptanceSummary,
     Distribution,
@@ -146,7 +147,7 @@ def test_ttft_ratio_over_pairs_and_verdict():
                              e2e_ns=int(ttft_ms * 1e6) + 2)
     recs = [rec("off", "a", 0, 40), rec("on", "a", 0, 80), rec("off", "b", 0, 50), rec("on", "b", 0, 50),
             rec("on", "c", 0, 10)]  # c has no off side: no pair
-    r = dg.ttft_ratio(recs)
+    r = dg.ttft_ratio(pair_records(recs, 1))
     assert r.n == 2 and r.point == pytest.approx(math.sqrt(2.0))
     f = dg.level_figures(level(ratio(0.8, 0.7, 0.9)), on_records(300), 4, None)
     assert f.verdict == "slower"
@@ -369,6 +370,9 @@ def test_the_compare_reads_the_draft_cost_from_the_two_config_files(tmp_path):
     assert draft_cost_of(report(info, CompareSettings(draft_cost=0.3))) == dg.DraftCost(0.3, "--draft-cost")
     assert draft_cost_of(report(info.model_copy(update={"spec_draft": None}))) is None  # n-gram: no model
     assert draft_cost_of(report(info.model_copy(update={"spec_draft": str(tmp_path / "none")}))) is None
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert draft_cost_of(report(info.model_copy(update={"spec_draft": str(tmp_path / "broken")}))) is None
 
 
 def test_tune_reads_its_largest_k_through_the_fit_over_every_k():
@@ -711,7 +715,7 @@ def test_ttft_pairs_are_keyed_by_prompt_repeat_copy_and_turn():
             rec("off", 10, turn=1), rec("on", 160, turn=1),
             rec("off", 10, warmup=True, repeat=9), rec("on", 1000, warmup=True, repeat=9),
             rec("off", 10, ok=False, repeat=8), rec("on", 1000, repeat=8)]
-    r = dg.ttft_ratio(recs)
+    r = dg.ttft_ratio(pair_records(recs, 1))
     assert r.n == 4 and r.point == pytest.approx((2 * 4 * 8 * 16) ** 0.25)
 
 
