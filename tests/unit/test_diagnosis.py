@@ -715,6 +715,8 @@ def test_ttft_pairs_are_keyed_by_prompt_repeat_copy_and_turn():
             rec("off", 10, turn=1), rec("on", 160, turn=1),
             rec("off", 10, warmup=True, repeat=9), rec("on", 1000, warmup=True, repeat=9),
             rec("off", 10, ok=False, repeat=8), rec("on", 1000, repeat=8)]
+    empty = RequestRecord(prompt_id="e", category="x", api="chat", side="on", ok=True, output_tokens=0, e2e_ns=5)
+    recs += [rec("off", 10, pid="e"), empty]  # an answer without a first token: no TTFT to pair
     r = dg.ttft_ratio(pair_records(recs, 1))
     assert r.n == 4 and r.point == pytest.approx((2 * 4 * 8 * 16) ** 0.25)
 
