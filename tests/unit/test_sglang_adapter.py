@@ -1,5 +1,5 @@
-"""SGLang adapter and flag checks on payloads in upstream's shapes (origins:
-tests/fixtures/sglang/README.md)."""
+"""SGLang adapter and flag checks on real upstream payloads where upstream publishes one, and on
+payloads constructed in upstream's shapes where it does not (origins: tests/fixtures/sglang/README.md)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,42 @@ def test_describe_eagle3_with_gauges_said_to_be_gauges():
     assert "per-run acceptance stays unknown" in note
 
 
-def test_older_route_and_spec_off():
-    info = server({"/v1/models": load("models.json"), "/get_server_info": load("server-info-off.json")}).describe()
-    assert info.spec_enabled is False and info.spec_method is None and info.metrics_available is False
+# A real answer: /get_server_info of SGLang 0.5.2rc1 serving qwen/qwen2.5-0.5b-instruct, spec off
+# (tests/fixtures/sglang/README.md). Expected values below are read off that file by hand.
+REAL_OFF = "get-server-info-docs-native-api-off.json"
+
+
+def test_older_route_and_spec_off_on_a_real_answer():
+    info = server({"/v1/models": load("models.json"), "/get_server_info": load(REAL_OFF)}).describe()
+    assert info.spec_enabled is False and info.spec_method is None and info.num_speculative_tokens is None
+    assert info.spec_signal == "speculative_algorithm on /server_info"
+    assert (info.version, info.model_root, info.dtype) == ("0.5.2rc1", "qwen/qwen2.5-0.5b-instruct", "auto")
+    assert info.max_model_len is None  # "context_length": null: the server was left to the model's own length
+    assert info.metrics_available is False and info.spec_counters == []
+    assert not any("gauges" in n for n in info.notes)
+
+
+def test_real_server_info_flags_and_its_integer_algorithm_in_internal_states():
+    si = load(REAL_OFF)
+    assert S.server_flags(si) == {
+        "dtype": "auto", "kv_cache_dtype": "auto", "quantization": None, "tp_size": 1, "dp_size": 1, "pp_size": 1,
+        "mem_fraction_static": 0.874, "chunked_prefill_size": 8192, "max_prefill_tokens": 16384,
+        "schedule_policy": "fcfs", "attention_backend": None, "sampling_backend": "flashinfer",
+        "disable_radix_cache": False, "disable_cuda_graph": False, "enable_torch_compile": False,
+        "random_seed": 843178346}
+    # the scheduler's own copy is an enum number, not a name; only the top-level field is read
+    assert si["speculative_algorithm"] is None and si["internal_states"][0]["speculative_algorithm"] == 1
+    assert S.accept_lengths(si) == []  # spec off: no avg_spec_accept_length in internal_states
+
+
+def test_real_production_metrics_give_token_counters_and_no_spec_gauges():
+    text = load("metrics-docs-production-metrics.txt")
+    snap = server({"/metrics": text}).read_counters()
+    assert (snap.prompt_tokens, snap.generation_tokens) == (8128902.0, 7557572.0)
+    assert not snap.has_spec_counters
+    info = server({"/v1/models": load("models.json"), "/get_server_info": load(REAL_OFF),
+                   "/metrics": text}).describe()
+    assert info.metrics_available is True and info.spec_counters == []
 
 
 def test_not_sglang():
