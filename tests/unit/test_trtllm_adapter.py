@@ -1,6 +1,7 @@
-"""TensorRT-LLM adapter on payloads in upstream's documented shapes (origins:
-tests/fixtures/trtllm/README.md): describe() signals, drained /metrics accumulated,
-the background poller, launch plans and their YAML against the config validators."""
+"""TensorRT-LLM adapter on real published payloads where there are any, and on payloads constructed
+in upstream's documented shapes where there are not (origins: tests/fixtures/trtllm/README.md):
+describe() signals, drained /metrics accumulated, the background poller, launch plans and their
+YAML against the config validators."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from specadapt.adapters import trtllm as T
+from specadapt.adapters.metrics import parse_samples
 from specadapt.configs import trtllm as cfg
 from specadapt.configs.files import validate_file
 from specadapt.configs.spec import SpecConfig
@@ -115,12 +117,36 @@ def test_idle_server_falls_back_to_avg_decoded_tokens_per_iter():
     assert any("2.67" in n and "method and k are not exposed" in n for n in info.notes)
 
 
-def test_avg_decoded_one_cannot_tell():
-    body = fx("completion-avg-decoded.json")
-    body["choices"][0]["avg_decoded_tokens_per_iter"] = 1.0
+def test_real_completion_with_avg_one_cannot_tell():
+    """A real /v1/completions answer (TensorRT-LLM docs, spec off): avg_decoded_tokens_per_iter is 1.0."""
+    body = fx("completion-docs-mistral-large-3.json")
+    assert T.avg_decoded_tokens_per_iter(body) == 1.0
     info = FakeTrtllm(completion=body).server().describe()
     assert info.spec_enabled is None
-    assert any("cannot tell speculation off from nothing accepted" in n for n in info.notes)
+    assert info.spec_signal == "avg_decoded_tokens_per_iter in a completion response"
+    assert any("= 1.00" in n and "cannot tell speculation off from nothing accepted" in n for n in info.notes)
+
+
+def test_real_1_1_server_with_empty_metrics_and_unprefixed_prometheus_names():
+    """Real answers of a TensorRT-LLM 1.1.0 server started with enable_iter_perf_stats and
+    return_perf_metrics: GET /metrics gave [] and /prometheus/metrics names carry no trtllm_
+    prefix (and model_name/engine_type "undefined"). None of them is a speculation signal."""
+    assert fx("metrics-iter-empty-issue-aibrix-2004.json") == []  # what the empty fake queue answers too
+    text = fx("prometheus-1.1-issue-aibrix-2004.txt")
+    samples = parse_samples(text)
+    assert sorted(samples) == ["e2e_request_latency_seconds_bucket", "e2e_request_latency_seconds_sum"]
+    assert samples["e2e_request_latency_seconds_sum"] == [
+        ({"engine_type": "undefined", "model_name": "undefined"}, 3.4878239994868636)]
+    assert [labels["le"] for labels, _ in samples["e2e_request_latency_seconds_bucket"]] == ["0.3", "0.5", "0.8"]
+    assert T.spec_info_from_prometheus(text) is None
+    fake = FakeTrtllm(prometheus=text)
+    fake.push(fx("metrics-iter-empty-issue-aibrix-2004.json"))
+    server = fake.server()
+    info = server.describe()
+    assert info.metrics_available is True and info.spec_counters == [] and info.spec_enabled is None
+    assert any("cannot tell whether speculative decoding is on" in n for n in info.notes)
+    snap = server.read_counters()
+    assert server.totals.iterations == 0 and snap.generation_tokens is None and snap.prompt_tokens is None
 
 
 def test_probe_request_that_produces_stats_uses_them():
