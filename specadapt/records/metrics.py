@@ -53,6 +53,26 @@ class AcceptanceSummary(BaseModel):
 Verdict = Literal["faster", "slower", "no clear difference"]
 
 
+def above_one(low: float | None) -> bool:
+    """Whether an interval with this low end lies wholly above 1 (spec on significantly faster)."""
+    return low is not None and low > 1.0
+
+
+def below_one(high: float | None) -> bool:
+    """Whether an interval with this high end lies wholly below 1 (spec on significantly slower)."""
+    return high is not None and high < 1.0
+
+
+def interval_verdict(low: float | None, high: float | None) -> Verdict:
+    """faster: the interval lies above 1; slower: below 1; otherwise (also without an
+    interval) no clear difference."""
+    if above_one(low):
+        return "faster"
+    if below_one(high):
+        return "slower"
+    return "no clear difference"
+
+
 class RatioCI(BaseModel):
     """A ratio (> 1: spec on is faster) with its interval over ``n`` independent units.
 
@@ -73,22 +93,18 @@ class RatioCI(BaseModel):
 
     @property
     def significant_faster(self) -> bool:
-        return self.low is not None and self.low > 1.0
+        return above_one(self.low)
 
     @property
     def significant_slower(self) -> bool:
-        return self.high is not None and self.high < 1.0
+        return below_one(self.high)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> Verdict:
         """faster: the interval lies above 1; slower: below 1; otherwise (also without an
-        interval) no clear difference."""
-        if self.significant_faster:
-            return "faster"
-        if self.significant_slower:
-            return "slower"
-        return "no clear difference"
+        interval) no clear difference (interval_verdict)."""
+        return interval_verdict(self.low, self.high)
 
 
 class Crossover(BaseModel):

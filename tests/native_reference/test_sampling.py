@@ -375,6 +375,21 @@ def test_every_draw_comes_from_the_requests_generator(fault):
     assert run(1) == first
 
 
+def test_rejection_sampling_makes_its_tensors_on_the_distributions_device_not_the_default_one():
+    """On a CPU the default device is the distributions' device, so a tensor made without
+    ``device=p.device`` would go unnoticed there. Here the default device is "meta" (tensors
+    without data) while the distributions are on the CPU: any tensor the sampler makes on the
+    default device breaks it, as a CUDA run would (the gpu-marked test below)."""
+    p = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    with torch.device("meta"):
+        assert torch.empty(1).device.type == "meta"
+        assert rejection_verify(p, None, [1], gen) == (0, 2)
+        assert rejection_verify(p, None, [2], gen) == (1, 0)
+        assert rejection_verify(p, q, [1], gen) == (0, 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_rejection_sampling_stays_on_the_distributions_device():

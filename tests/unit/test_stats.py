@@ -158,6 +158,14 @@ def test_verdict_needs_the_whole_interval_beyond_1(low, high, verdict):
     r = RatioCI(point=1.2 if verdict != "slower" else 0.8, low=low, high=high, n=6)
     assert r.verdict == verdict
     assert r.model_dump()["verdict"] == verdict  # in the JSON report too
+    assert (r.significant_faster, r.significant_slower) == (verdict == "faster", verdict == "slower")
+
+
+@pytest.mark.parametrize("low, high, verdict", [(1.2, 0.8, "faster"), (None, 0.9, "slower"), (1.1, None, "faster"),
+                                                (0.9, 1.1, "no clear difference")])
+def test_verdict_of_each_end_alone(low, high, verdict):
+    """The low end decides "faster" before the high end decides "slower"; each end alone decides."""
+    assert RatioCI(point=1.0, low=low, high=high).verdict == verdict
 
 
 def ci(point: float, half: float = 0.05, n: int = 8, unit: str = "pairs") -> RatioCI:
