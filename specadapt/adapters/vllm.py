@@ -33,6 +33,9 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+# What vLLM writes as speculative_config "model" for a method that has no draft model
+# (vllm/config/speculative.py __post_init__, vLLM 0.32.0): a placeholder, not a draft.
+MODEL_FREE_DRAFTS = ("ngram", "[ngram]", "ngram_gpu", "suffix", "extract_hidden_states")
 
 
 def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> CounterSnapshot:
@@ -128,7 +131,7 @@ class VLLMServer(OpenAIServer):
             info.spec_method = spec.get("method")
             info.num_speculative_tokens = spec.get("num_speculative_tokens", info.num_speculative_tokens)
             draft = spec.get("model")
-            info.spec_draft = str(draft) if draft else None
+            info.spec_draft = str(draft) if draft and draft not in MODEL_FREE_DRAFTS else None
         elif info.spec_enabled:
             info.notes.append("the speculative method is not exposed (start vLLM with VLLM_SERVER_DEV_MODE=1 "
                               "to expose /server_info); k is read from the per-position counters")
