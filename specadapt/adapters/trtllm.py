@@ -395,9 +395,9 @@ class TRTLLMBackend(Backend):
         return model
 
     def version(self) -> str | None:
-        for dist in ("tensorrt_llm", "tensorrt-llm"):
-            try:
-                return metadata.version(dist)
-            except metadata.PackageNotFoundError:
-                continue
-        return None
+        # importlib.metadata normalises the name (PEP 503: case, runs of -_.), so this one lookup
+        # also finds a distribution published as tensorrt-llm
+        try:
+            return metadata.version("tensorrt_llm")
+        except metadata.PackageNotFoundError:
+            return None

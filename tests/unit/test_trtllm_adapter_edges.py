@@ -1,0 +1,535 @@
+"""TensorRT-LLM adapter edges: when speculation counts as on, off or unknown (the Prometheus info
+metric, specDecodingStats on /metrics, avg_decoded_tokens_per_iter) and what describe() says word
+for word; how drained /metrics entries add up into the counters; the background poller; the launch
+plan and its YAML; the backend's own entry points.
+
+Payloads are the fixtures in tests/fixtures/trtllm (origins in its README.md) or, where a test needs
+a shape no fixture has, small values built here and marked "constructed" with where their shape
+comes from. Expected figures are worked out by hand from the inputs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specadapt.adapters import trtllm as T
+from specadapt.adapters.hardware import NOT_KNOWN
+from specadapt.configs.spec import SpecConfig
+from specadapt.configs.trtllm import read_trtllm_form
+from specadapt.errors import NotAServer, UsageError
+from specadapt.records import CounterSnapshot
+from tests.unit.test_trtllm_adapter import FakeTrtllm, fx
+
+URL = "http://trt.test:8000"  # not loopback: describe() starts its notes with NOT_KNOWN
+MODEL = "TinyLlama-1.1B-Chat-v1.0"  # the id in models.json
+SPEC_K3 = fx("metrics-iter-spec-eagle3-k3.json")  # 1 prefill entry, then 2 entries of 6 drafts / 2 requests
+NO_SPEC = fx("metrics-iter-no-spec.json")  # 2 entries without specDecodingStats
+PROM = fx("prometheus-spec-eagle3.txt")
+SPEC_KEYS = ["numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens", "acceptanceLength"]
+
+# what describe() tells the user, word for word
+PROM_NOTE = ("speculation read from trtllm_speculative_config_info on /prometheus/metrics: the configured "
+             "method and k only; it cannot tell whether drafts are being accepted")
+ITER_NOTE = ("speculation read from specDecodingStats in /metrics iteration stats: drafts were proposed; the "
+             "method is not named there and k is estimated as draft tokens per drafting request")
+CANNOT_TELL = ("cannot tell whether speculative decoding is on: no trtllm_speculative_config_info, no iteration "
+               "stats on /metrics (start with enable_iter_perf_stats: true) and no avg_decoded_tokens_per_iter "
+               "in a completion")
+AVG_UNSURE = ("avg_decoded_tokens_per_iter in a completion response = 1.00 (one 16-token request sent to find "
+              "out): 1.0 cannot tell speculation off from nothing accepted")
+
+
+def off_note(n: int) -> str:
+    return (f"{n} iteration entries on /metrics carry no specDecodingStats with drafts: speculation looks off "
+            "(or only prefill ran since the last read)")
+
+
+def avg_on_note(shown: str) -> str:
+    return (f"avg_decoded_tokens_per_iter in a completion response = {shown} (one 16-token request sent to find "
+            "out): tokens were accepted, so speculation is on; method and k are not exposed")
+
+
+def spec_stats(drafted, accepted, requests, length, **more) -> dict:
+    """One iteration entry with specDecodingStats. Constructed: keys from SpecDecodingStats in
+    cpp/include/tensorrt_llm/executor/types.h (tests/fixtures/trtllm/README.md); the entry around it
+    as in metrics-iter-spec-eagle3-k3.json."""
+    stats = {"numDraftTokens": drafted, "numAcceptedTokens": accepted, "numRequestsWithDraftTokens": requests,
+             "acceptanceLength": length, "iterLatencyMS": 0.0, "draftOverhead": 0.0, **more}
+    return {"iter": 20, "iterLatencyMS": 9.0, "numActiveRequests": 1, "specDecodingStats": stats}
+
+
+# Constructed: the iteration entry PyExecutor writes when no scheduled request carried draft tokens
+# (a prefill-only step of a spec-on server): tensorrt_llm/_torch/pyexecutor/py_executor.py fills
+# specdec_stats with the zero sums and sets acceptance_length = 0.0 when num_requests_with_draft is 0.
+NO_DRAFTS = spec_stats(0, 0, 0, 0.0)
+
+
+class Recording(FakeTrtllm):
+    """FakeTrtllm that also keeps every request, and can answer a route differently."""
+
+    def __init__(self, *a, models=None, metrics_status=200, completion_status=200, **kw):
+        super().__init__(*a, **kw)
+        self.requests: list[httpx.Request] = []
+        self.models = models
+        self.metrics_status = metrics_status
+        self.completion_status = completion_status
+
+    def handler(self, request):
+        self.requests.append(request)
+        path = request.url.path
+        if path == "/v1/models" and self.models is not None:
+            return httpx.Response(200, json=self.models)
+        if path == "/metrics" and self.metrics_status != 200:
+            return httpx.Response(self.metrics_status, json={"detail": "Not Found"})
+        if path == "/v1/completions" and self.completion_status != 200:
+            return httpx.Response(self.completion_status, json=self.completion)
+        return super().handler(request)
+
+
+def prom_with(old: str, new: str) -> str:
+    """The constructed prometheus-spec-eagle3.txt with one label of trtllm_speculative_config_info changed."""
+    assert old in PROM
+    return PROM.replace(old, new)
+
+
+# ------------------------------------------------------------------ IterStatsTotals.add
+
+def test_totals_of_the_eagle3_entries_exactly():
+    totals = T.IterStatsTotals()
+    assert totals.add(SPEC_K3) == 3
+    # prefill entry: an iteration, not a spec iteration; then 2 x (6 drafted, 2 requests), accepted 3 + 5
+    assert totals.model_dump() == {"iterations": 3, "spec_iterations": 2, "drafts": 4, "draft_tokens": 12,
+                                   "accepted_tokens": 8, "max_draft_per_request": 3.0}
+    assert totals.add(SPEC_K3[1:]) == 2  # a second drain adds on
+    assert totals.model_dump() == {"iterations": 5, "spec_iterations": 4, "drafts": 8, "draft_tokens": 24,
+                                   "accepted_tokens": 16, "max_draft_per_request": 3.0}
+
+
+def test_entry_without_drafts_is_skipped_and_the_next_one_still_counts():
+    # k=1, one request, its one draft rejected: 1 drafted, 0 accepted, acceptance length 1.0
+    one_rejected = spec_stats(1, 0, 1, 1.0)
+    totals = T.IterStatsTotals()
+    assert totals.add([NO_DRAFTS, one_rejected]) == 2
+    assert totals.model_dump() == {"iterations": 2, "spec_iterations": 1, "drafts": 1, "draft_tokens": 1,
+                                   "accepted_tokens": 0, "max_draft_per_request": 1.0}
+
+
+def test_entry_without_a_request_count_adds_tokens_but_no_drafts():
+    # constructed: specDecodingStats without numRequestsWithDraftTokens: tokens add up, the number of
+    # drafts (and so the per-request figure) stays unknown rather than guessed
+    entry = spec_stats(3, 2, 0, 0.0)
+    del entry["specDecodingStats"]["numRequestsWithDraftTokens"]
+    totals = T.IterStatsTotals()
+    totals.add([entry])
+    assert totals.model_dump() == {"iterations": 1, "spec_iterations": 1, "drafts": 0, "draft_tokens": 3,
+                                   "accepted_tokens": 2, "max_draft_per_request": None}
+
+
+def test_draft_tokens_per_request_is_the_plain_ratio():
+    # 1 draft token over 2 requests: 0.5, with no floor at 1 (upstream never sends fewer tokens than
+    # requests, since it counts a request only when it drafted; the ratio is still the ratio)
+    totals = T.IterStatsTotals()
+    totals.add([spec_stats(1, 0, 2, 1.0)])
+    assert totals.max_draft_per_request == 0.5
+
+
+def test_something_that_is_not_an_entry_is_skipped_not_the_rest():
+    totals = T.IterStatsTotals()
+    assert totals.add(["not an entry", SPEC_K3[1]]) == 1
+    assert (totals.iterations, totals.spec_iterations, totals.draft_tokens) == (1, 1, 6)
+
+
+# ------------------------------------------------------------------ iteration_entries, avg_decoded_tokens_per_iter
+
+def test_iteration_entries_take_one_dict_a_list_and_json_strings():
+    entry = SPEC_K3[1]
+    assert T.iteration_entries(entry) == [entry]
+    # entries may come as JSON strings; what is not JSON or not an object is dropped, the rest kept
+    body = [json.dumps(SPEC_K3[0]), "{not json", entry, 3, None, json.dumps(NO_SPEC[0])]
+    assert T.iteration_entries(body) == [SPEC_K3[0], entry, NO_SPEC[0]]
+    assert T.iteration_entries("[]") == [] and T.iteration_entries(None) == []
+
+
+def test_avg_decoded_from_the_first_choice_that_has_it_else_the_body():
+    assert T.avg_decoded_tokens_per_iter({"choices": [None, {"avg_decoded_tokens_per_iter": 2}]}) == 2.0
+    assert T.avg_decoded_tokens_per_iter({"choices": [], "avg_decoded_tokens_per_iter": 1.5}) == 1.5
+    assert T.avg_decoded_tokens_per_iter({"avg_decoded_tokens_per_iter": 2}) == 2.0
+    assert T.avg_decoded_tokens_per_iter({"avg_decoded_tokens_per_iter": "2.5"}) is None
+    assert T.avg_decoded_tokens_per_iter("") is None
+
+
+# ------------------------------------------------------------------ describe(): the Prometheus info metric
+
+@pytest.mark.parametrize(("value", "enabled"), [
+    ("true", True), ("True", True), ("1", True), (" Yes ", True), ("YES", True),
+    ("false", False), ("0", False), ("no", False),
+])
+def test_spec_enabled_label_spellings(value, enabled):
+    text = prom_with('spec_enabled="true"', f'spec_enabled="{value}"')
+    info = FakeTrtllm(prometheus=text).server().describe()
+    assert info.spec_enabled is enabled and info.spec_signal == "trtllm_speculative_config_info on /prometheus/metrics"
+
+
+def test_prometheus_info_is_the_whole_answer_and_leaves_metrics_undrained():
+    fake = Recording(prometheus=PROM)
+    fake.push(SPEC_K3)
+    server = fake.server()
+    info = server.describe()
+    assert (info.spec_enabled, info.spec_method, info.num_speculative_tokens) == (True, "Eagle3", 3)
+    assert info.notes == [NOT_KNOWN, PROM_NOTE]
+    assert info.metrics_available is True
+    assert info.spec_counters == [T.PROM_DRAFT_TOKENS, T.PROM_ACCEPTED]
+    # /metrics was not read: its entries wait for read_counters()
+    assert fake.metrics_reads == 0 and server.totals.iterations == 0 and len(fake.queue) == 3
+
+
+def test_info_metric_without_k_or_method():
+    # upstream (openai_server.py) sets spec_num_tokens only when max_draft_len is not None and
+    # spec_method only when decoding_type is not None
+    text = prom_with(',spec_method="Eagle3",spec_num_tokens="3"', "")
+    info = FakeTrtllm(prometheus=text).server().describe()
+    assert (info.spec_enabled, info.spec_method, info.num_speculative_tokens) == (True, None, None)
+    assert info.notes == [NOT_KNOWN, PROM_NOTE]
+
+
+def test_info_metric_k_that_is_not_a_whole_number_is_unknown():
+    info = FakeTrtllm(prometheus=prom_with('spec_num_tokens="3"', 'spec_num_tokens="None"')).server().describe()
+    assert info.num_speculative_tokens is None and info.spec_method == "Eagle3"
+
+
+# ------------------------------------------------------------------ describe(): iteration stats
+
+def test_iteration_stats_say_on_with_k_and_the_counters_they_carry():
+    fake = FakeTrtllm()  # no /prometheus/metrics
+    fake.push(SPEC_K3)
+    info = fake.server().describe()
+    assert (info.spec_enabled, info.spec_method, info.num_speculative_tokens) == (True, None, 3)
+    assert info.metrics_available is True and info.spec_counters == SPEC_KEYS
+    assert info.notes == [NOT_KNOWN, ITER_NOTE]
+
+
+def test_iteration_stats_without_drafts_say_off_in_words():
+    fake = FakeTrtllm()
+    fake.push(NO_SPEC)
+    info = fake.server().describe()
+    assert info.spec_enabled is False and info.spec_counters == [] and info.metrics_available is True
+    assert info.notes == [NOT_KNOWN, off_note(2)]
+
+
+def test_zero_draft_spec_stats_count_as_no_drafts():
+    fake = FakeTrtllm()
+    fake.push([NO_DRAFTS])
+    info = fake.server().describe()
+    assert info.spec_enabled is False and info.notes == [NOT_KNOWN, off_note(1)]
+
+
+def test_only_entries_since_the_last_read_decide():
+    """describe() after read_counters() looks at what is new on /metrics, not at the totals so far."""
+    fake = FakeTrtllm()
+    server = fake.server()
+    fake.push(SPEC_K3)
+    server.read_counters()  # 2 spec iterations already in the totals
+    fake.push(NO_SPEC)
+    assert server.describe().spec_enabled is False
+    fake.push(SPEC_K3)
+    info = server.describe()
+    assert info.spec_enabled is True and info.spec_counters == SPEC_KEYS
+
+
+def test_spec_stats_without_a_request_count_say_on_but_k_unknown():
+    entry = spec_stats(3, 2, 0, 0.0)
+    del entry["specDecodingStats"]["numRequestsWithDraftTokens"]
+    fake = FakeTrtllm()
+    fake.push([entry])
+    info = fake.server().describe()
+    assert info.spec_enabled is True and info.num_speculative_tokens is None
+
+
+# ------------------------------------------------------------------ describe(): the completion probe
+
+def test_the_probe_request_is_one_greedy_16_token_completion():
+    fake = Recording(completion=fx("completion-docs-mistral-large-3.json"))
+    fake.server().describe()
+    posts = [r for r in fake.requests if r.method == "POST"]
+    assert [r.url.path for r in posts] == ["/v1/completions"]
+    assert json.loads(posts[0].content) == {"model": MODEL, "prompt": "The capital of France is",
+                                            "max_tokens": 16, "temperature": 0.0}
+
+
+def test_avg_just_above_one_means_accepted():
+    # constructed: completion-avg-decoded.json with 16 tokens in 13 steps (16 / 13 = 1.23)
+    body = fx("completion-avg-decoded.json")
+    body["choices"][0]["avg_decoded_tokens_per_iter"] = 16 / 13
+    info = FakeTrtllm(completion=body).server().describe()
+    assert info.spec_enabled is True
+    assert info.notes == [NOT_KNOWN, avg_on_note("1.23")]
+
+
+def test_avg_of_one_is_stated_as_undecided_and_nothing_else():
+    info = FakeTrtllm(completion=fx("completion-docs-mistral-large-3.json")).server().describe()
+    assert info.spec_enabled is None and info.notes == [NOT_KNOWN, AVG_UNSURE]
+
+
+def test_stats_the_probe_produced_are_the_whole_answer():
+    fake = FakeTrtllm(completion=fx("completion-avg-decoded.json"))
+    fake.on_completion.append(SPEC_K3)
+    info = fake.server().describe()
+    assert info.notes == [NOT_KNOWN, ITER_NOTE] and info.num_speculative_tokens == 3
+
+
+def test_an_error_answer_is_not_read_as_a_completion():
+    fake = Recording(completion=fx("completion-avg-decoded.json"), completion_status=500)
+    info = fake.server().describe()
+    assert info.spec_enabled is None and info.spec_signal is None
+    assert info.notes == [NOT_KNOWN, CANNOT_TELL]
+
+
+def test_no_signal_at_all_in_words():
+    info = FakeTrtllm().server().describe()
+    assert info.notes == [NOT_KNOWN, CANNOT_TELL] and info.metrics_available is False
+
+
+# ------------------------------------------------------------------ describe(): identity and launch config
+
+def test_not_trtllm_serve_in_words():
+    def handler(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json=fx("models.json"))
+        return httpx.Response(404)
+    with pytest.raises(NotAServer) as exc:
+        T.TRTLLMServer("http://x.test", transport=httpx.MockTransport(handler)).describe()
+    assert str(exc.value) == ("http://x.test is an OpenAI-compatible server but not trtllm-serve (no GET /version); "
+                              "pick the matching --backend")
+
+
+def test_model_root_is_kept_when_the_models_answer_has_one():
+    # constructed: trtllm-serve's own ModelCard (tensorrt_llm/serve/openai_protocol.py) has no root;
+    # this is models.json with the root field of vLLM's ModelCard, as a router in front may answer
+    models = fx("models.json")
+    models["data"][0]["root"] = "/models/tinyllama"
+    info = Recording(models=models).server().describe()
+    assert (info.model_id, info.model_root) == (MODEL, "/models/tinyllama")
+    assert FakeTrtllm().server().describe().model_root is None  # models.json as trtllm-serve gives it
+
+
+EAGLE3_SC = {"decoding_type": "Eagle3", "max_draft_len": 4, "speculative_model": "/d"}
+
+
+def test_launched_config_fills_method_and_k_when_no_signal_gives_them():
+    info = FakeTrtllm().server(spec_config=EAGLE3_SC).describe()
+    assert (info.spec_method, info.num_speculative_tokens, info.spec_enabled) == ("Eagle3", 4, None)
+
+
+def test_launched_config_does_not_override_what_the_server_says():
+    fake = FakeTrtllm()
+    fake.push(SPEC_K3)
+    info = fake.server(spec_config=EAGLE3_SC).describe()
+    assert (info.spec_method, info.num_speculative_tokens) == ("Eagle3", 3)  # k measured 3, launched 4
+    ngram = {"decoding_type": "NGram", "max_draft_len": 5}
+    info = FakeTrtllm(prometheus=PROM).server(spec_config=ngram).describe()
+    assert (info.spec_method, info.num_speculative_tokens) == ("Eagle3", 3)
+
+
+# ------------------------------------------------------------------ read_counters()
+
+def test_counters_from_iteration_stats_with_token_totals_from_prometheus():
+    fake = FakeTrtllm(prometheus=PROM)
+    fake.push(SPEC_K3)
+    snap = fake.server().read_counters()
+    assert snap == CounterSnapshot(drafts=4.0, draft_tokens=12.0, accepted_tokens=8.0, generation_tokens=80.0,
+                                   prompt_tokens=48.0,
+                                   source="GET /metrics iteration stats (specDecodingStats), 3 entries accumulated")
+
+
+def test_counters_from_prometheus_only_exactly():
+    snap = FakeTrtllm(prometheus=PROM).server().read_counters()
+    assert snap == CounterSnapshot(draft_tokens=60.0, accepted_tokens=36.0, generation_tokens=80.0,
+                                   prompt_tokens=48.0,
+                                   source="GET /prometheus/metrics (no per-step draft count: acceptance length unknown)")
+
+
+def test_no_iteration_stats_list_keeps_the_token_totals():
+    # constructed: prometheus-spec-eagle3.txt cut to its prompt and generation token families, as a
+    # spec-off server with return_perf_metrics answers; /metrics answers 404
+    tokens_only = "\n".join(line for line in PROM.splitlines()
+                            if "prompt_tokens_total" in line or "generation_tokens_total" in line) + "\n"
+    fake = Recording(prometheus=tokens_only, metrics_status=404)
+    snap = fake.server().read_counters()
+    assert snap == CounterSnapshot(generation_tokens=80.0, prompt_tokens=48.0,
+                                   source="GET /metrics gave no iteration stats list")
+
+
+# ------------------------------------------------------------------ the server object and its poller
+
+def test_a_new_server_and_its_defaults():
+    server = T.TRTLLMServer(URL)
+    assert server.verify is True and server.launched is False and server.spec_config is None
+    assert server.poll_errors == 0 and server.metrics_answered is False
+    assert server.headers() == {}
+    keyed = T.TRTLLMServer(URL, api_key="sk-test", verify=False, launched=True)
+    assert keyed.headers() == {"Authorization": "Bearer sk-test"}
+    assert keyed.verify is False and keyed.launched is True
+
+
+def test_api_key_is_sent_on_every_request():
+    fake = Recording(prometheus=PROM)
+    fake.server(api_key="sk-test").describe()
+    assert fake.requests and all(r.headers.get("authorization") == "Bearer sk-test" for r in fake.requests)
+
+
+def test_poller_is_one_daemon_thread_named_for_what_it_does():
+    server = FakeTrtllm().server(poll_interval_s=0.01)
+    before = set(threading.enumerate())
+    server.start_run()
+    server.start_run()  # a second start is a no-op
+    try:
+        new = [t for t in threading.enumerate() if t not in before]
+        assert [(t.name, t.daemon) for t in new] == [("trtllm-metrics-poller", True)]
+    finally:
+        server.end_run()
+    assert not new[0].is_alive()
+
+
+def test_poller_counts_each_failed_read_and_keeps_polling():
+    failures = {"n": 0}
+    fake = FakeTrtllm()
+
+    def handler(request):
+        if request.url.path == "/metrics" and failures["n"] < 3:
+            failures["n"] += 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return fake.handler(request)
+
+    server = T.TRTLLMServer(URL, transport=httpx.MockTransport(handler), poll_interval_s=0.005)
+    server.start_run()
+    deadline = time.monotonic() + 5
+    while failures["n"] < 3 and time.monotonic() < deadline:  # waiting, not timing
+        time.sleep(0.005)
+    fake.push(SPEC_K3)
+    server.end_run()  # its last drain reads whatever the poller left
+    assert failures["n"] == 3 and server.poll_errors == 3
+    assert server.totals.draft_tokens == 12
+
+
+# ------------------------------------------------------------------ launch plans
+
+def _opts(tmp_path, **kw):
+    kw.setdefault("config_dir", str(tmp_path))
+    return T.TRTLLMLaunch(model="/models/llama", port=8301, **kw)
+
+
+def test_off_plan_exactly(tmp_path):
+    plan = T.launch_plan(_opts(tmp_path, dtype="bfloat16", host="0.0.0.0"))
+    path = tmp_path / "trtllm-off-8301.yaml"
+    assert plan.argv == ["trtllm-serve", "/models/llama", "--host", "0.0.0.0", "--port", "8301", "--backend",
+                         "pytorch", "--config", str(path)]
+    assert (plan.backend, plan.host, plan.port, plan.spec_enabled, plan.model) == (
+        "trtllm", "0.0.0.0", 8301, False, "/models/llama")
+    assert plan.notes == [T.ITER_STATS_NOTE, f"trtllm-serve config written to {path}"]
+    assert plan.config == {"dtype": "bfloat16", "enable_iter_perf_stats": True} and plan.spec_settings == {}
+    assert plan.per_server_flags == ["--host", "--port", "--config"]
+    assert path.read_text() == "dtype: bfloat16\nenable_iter_perf_stats: true\n"
+
+
+def test_ngram_plan_says_why_the_overlap_scheduler_goes(tmp_path):
+    plan = T.launch_plan(_opts(tmp_path, spec_config=SpecConfig(method="ngram", k=4, ngram_max=3)))
+    path = tmp_path / "trtllm-spec-8301.yaml"
+    assert plan.argv[-2:] == ["--config", str(path)] and path.is_file()
+    assert plan.notes == [
+        T.ITER_STATS_NOTE, f"trtllm-serve config written to {path}",
+        "disable_overlap_scheduler: true goes with this speculative_config (as in TensorRT-LLM's examples for "
+        "it): it is recorded as part of the speculation, so the spec-off server keeps the overlap scheduler"]
+    assert plan.spec_settings == {"speculative_config": {"decoding_type": "NGram", "max_draft_len": 4,
+                                                         "max_matching_ngram_size": 3},
+                                  "disable_overlap_scheduler": True}
+    assert plan.config == {"enable_iter_perf_stats": True}
+
+
+def test_eagle3_plan_has_no_overlap_note(tmp_path):
+    spec = read_trtllm_form({"decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "/d"})
+    plan = T.launch_plan(_opts(tmp_path, spec_config=spec))
+    path = tmp_path / "trtllm-spec-8301.yaml"
+    assert plan.notes == [T.ITER_STATS_NOTE, f"trtllm-serve config written to {path}"]
+
+
+def test_medusa_on_the_tensorrt_engine(tmp_path):
+    """Medusa runs only on the TensorRT engine: both the config check and the command use that engine."""
+    plan = T.launch_plan(_opts(tmp_path, engine="tensorrt",
+                               spec_config=SpecConfig(method="medusa", k=3, draft="/heads")))
+    assert plan.argv[plan.argv.index("--backend") + 1] == "tensorrt"
+    assert plan.spec_settings == {"speculative_config": {"decoding_type": "Medusa", "max_draft_len": 3,
+                                                         "speculative_model": "/heads"}}
+
+
+def test_old_version_names_the_old_config_flag_as_per_server(tmp_path):
+    plan = T.launch_plan(_opts(tmp_path, version="1.1.0"))
+    assert plan.per_server_flags == ["--host", "--port", "--extra_llm_api_options"]
+
+
+def test_yaml_goes_to_a_new_nested_folder(tmp_path):
+    folder = tmp_path / "a" / "b"
+    plan = T.launch_plan(_opts(tmp_path, config_dir=str(folder)))
+    assert plan.argv[-1] == str(folder / "trtllm-off-8301.yaml") and Path(plan.argv[-1]).is_file()
+
+
+def test_yaml_goes_to_the_runs_dir_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECADAPT_CACHE_DIR", str(tmp_path / "cache"))
+    plan = T.launch_plan(_opts(tmp_path, config_dir=None))
+    assert plan.argv[-1] == str(tmp_path / "cache" / "runs" / "trtllm-off-8301.yaml")
+
+
+def test_config_errors_in_one_line_without_the_final_period():
+    with pytest.raises(UsageError) as exc:
+        T.trtllm_config_doc(T.TRTLLMLaunch(model="m", version="latest"))
+    assert str(exc.value) == "--spec-config: 'latest' is not a version number: write it like 0.8.5 or 1.2.1"
+    with pytest.raises(UsageError) as exc:
+        T.trtllm_config_doc(T.TRTLLMLaunch(model="m", spec_config=SpecConfig(method="eagle3", k=3)))
+    assert str(exc.value) == ("--spec-config: Method 'eagle3' needs a draft (a draft model, EAGLE head or "
+                              "Medusa heads): add --draft PATH_OR_HF_ID")
+
+
+# ------------------------------------------------------------------ the backend
+
+def test_backend_launch_plan_is_the_module_plan(tmp_path):
+    opts = _opts(tmp_path, spec_config=SpecConfig(method="ngram", k=4))
+    assert T.TRTLLMBackend().launch_plan(opts) == T.launch_plan(opts)
+
+
+def test_connect_launched_knows_the_speculative_config(tmp_path):
+    opts = _opts(tmp_path, spec_config=SpecConfig(method="ngram", k=4, ngram_max=3))
+    server = T.TRTLLMBackend().connect_launched(opts, "http://127.0.0.1:8301")
+    assert server.base_url == "http://127.0.0.1:8301" and server.launched is True
+    assert server.spec_config == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3}
+    assert list(tmp_path.iterdir()) == []  # nothing written: the launch plan did that
+    with pytest.raises(UsageError, match="^--spec-config: 'latest' is not a version number"):
+        T.TRTLLMBackend().connect_launched(_opts(tmp_path, version="latest"), "http://127.0.0.1:8301")
+
+
+def test_connect_passes_key_and_verification():
+    server = T.TRTLLMBackend().connect("http://trt.test:8000/v1", api_key="sk-test")
+    assert isinstance(server, T.TRTLLMServer) and server.base_url == URL
+    assert server.headers() == {"Authorization": "Bearer sk-test"} and server.verify is True
+    assert T.TRTLLMBackend().connect(URL, verify=False).verify is False
+    assert T.TRTLLMBackend().connect(URL).headers() == {}
+
+
+def test_resolve_model_in_words():
+    assert T.TRTLLMBackend().resolve_model("/models/llama") == "/models/llama"
+    with pytest.raises(UsageError) as exc:
+        T.TRTLLMBackend().resolve_model("")
+    assert str(exc.value) == ("--backend trtllm needs --model (an HF model directory or id): the embedded GGUF "
+                              "model cannot be served by TensorRT-LLM")
+
+
+def test_version_of_an_installed_tensorrt_llm(tmp_path, monkeypatch):
+    # constructed: the dist-info folder pip writes for the tensorrt_llm wheel (name normalised with _)
+    info = tmp_path / "tensorrt_llm-1.2.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: 1.2.1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert T.TRTLLMBackend().version() == "1.2.1"
