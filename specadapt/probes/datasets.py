@@ -103,8 +103,11 @@ def detect_format(path: Path) -> str:
         fmt = _record_format(first)
         return "sharegpt" if fmt == "jsonl" else fmt  # a JSON list of chats: the messages variant
     if start == b"{":
+        record = head.lstrip()
+        if len(record.splitlines()) == 1:  # the head may end inside the first record (ShareGPT's run past 64 KiB)
+            record = _read_head(path, MAX_LINE_BYTES + 1, start=len(head) - len(record))
         try:
-            first = orjson.loads(head.lstrip().splitlines()[0])
+            first = orjson.loads(record.splitlines()[0])
         except orjson.JSONDecodeError:
             return "jsonl"  # its parser names the line
         return _record_format(first)
@@ -127,9 +130,10 @@ def _record_format(record: dict[str, Any]) -> str:
     return "jsonl"
 
 
-def _read_head(path: Path, size: int = 65536) -> bytes:
+def _read_head(path: Path, size: int = 65536, start: int = 0) -> bytes:
     try:
         with path.open("rb") as f:
+            f.seek(start)
             return f.read(size)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from exc
