@@ -209,3 +209,29 @@ def test_a_divergence_at_the_first_token_is_scored_on_the_prompt_alone(tmp_path)
     t = s.triage(Srv(), CHAT, div(index=0, off_token="token_id:3"), off_rec(), 0.5, None)
     assert (t.verdict, t.source, t.reference_margin) == ("suspect", "reference-float64", -0.75)
     assert s.calls == [([11, 12], 3, 9)]
+
+
+def test_logits_a_model_gives_in_float32_are_taken_to_float64_before_the_softmax(tmp_path, monkeypatch):
+    """Some architectures cast their logits with ``.float()`` whatever the weights (Mamba, Mamba2,
+    FalconMamba, NemotronH in transformers): the log-softmax must still run in float64. Here two logits
+    3 * 2**-22 apart in a vocabulary of 1000: their log-probabilities lie next to -log(1000) ~ -6.9,
+    where float32 steps by 2**-21, so a float32 log-softmax cannot keep that difference."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    logits = torch.zeros(1, 2, 1000, dtype=torch.float32)
+    logits[0, -1, 0] = 3 * 2.0 ** -22
+
+    class Float32Logits:
+        def eval(self):
+            return self
+
+        def __call__(self, ids):
+            assert ids.tolist() == [[5, 6]]
+            return type("Out", (), {"logits": logits})()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        staticmethod(lambda path, dtype: Float32Logits()))
+    (tmp_path / "config.json").write_text("{}")
+    s = ReferenceScorer(tmp_path)
+    assert s.margin([5, 6], 0, 1) == pytest.approx(3 * 2.0 ** -22, abs=1e-15)
+    assert s.margin([5, 6], 1, 0) == pytest.approx(-3 * 2.0 ** -22, abs=1e-15)
