@@ -82,7 +82,7 @@ def log_rate_ratio(tokens_off: float, time_off: float, tokens_on: float, time_on
 
 
 def _levels_text(levels: Sequence[float]) -> str:
-    return ", ".join("inf" if math.isinf(c) else f"{c:g}" for c in levels)
+    return ", ".join(f"{c:g}" for c in levels)  # inf formats as "inf"
 
 
 def find_crossover(levels: Sequence[float], ratios: Sequence[RatioCI], speculation: bool | None = True,
