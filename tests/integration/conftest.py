@@ -2,14 +2,22 @@
 
 The vLLM (CPU build) servers start side by side (their start-up is mostly single-threaded
 compilation) through the same code the CLI uses; the reference servers
-(`specadapt reference serve`) run as real subprocesses on loopback. All are stopped at the
-end of the session.
+(`specadapt reference serve`) run as real subprocesses on loopback.
+
+Memory decides the schedule: a vLLM CPU server holds about 3.4 GB (its KV cache, the model in
+float32, torch), a reference server about 1.3 GB, and all of them together (five vLLM servers,
+eight reference servers) do not fit in 24 GB: the page cache is squeezed and every test
+slows down many times over. So the tests that use vLLM servers run first and the tests that
+use reference servers after them (``pytest_collection_modifyitems``), and each server is
+stopped as soon as the last test that uses it has finished (``pytest_runtest_teardown``);
+whatever is left is stopped at the end of the session.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 
 import httpx
 import pytest
@@ -58,7 +66,9 @@ def vllm_servers(request, embedded_model):
     opts = [VLLMLaunch(model=embedded_model, spec_config=spec(name), dtype=SERVERS[name][1],
                        max_model_len=2048, extra_args=["--enforce-eager"]) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
-        yield dict(zip(names, servers))
+        for name, server in zip(names, servers, strict=True):
+            _STARTED[name] = [server]
+        yield dict(zip(names, servers, strict=True))
 
 
 @pytest.fixture(scope="session")
@@ -148,7 +158,8 @@ def reference_servers(embedded_model, truncated_model):
             "perturb": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="perturb-logits=0.1"),
             "other_model": ReferenceLaunch(model=truncated_model)}
     with ReferenceBackend().launched_many(list(opts.values())) as servers:
-        yield dict(zip(opts, servers))
+        _STARTED["reference_servers"] = servers
+        yield dict(zip(opts, servers, strict=True))
 
 
 REF_NGRAM_K2 = SpecConfig(method="ngram", k=2, ngram_min=1, ngram_max=4)
@@ -171,4 +182,51 @@ def sampling_reference_servers(embedded_model):
             "draft_temperature": ReferenceLaunch(model=embedded_model, spec_config=self_draft,
                                                  fault="draft-temperature=0.5")}
     with ReferenceBackend().launched_many(list(opts.values())) as servers:
-        yield dict(zip(opts, servers))
+        _STARTED["sampling_reference_servers"] = servers
+        yield dict(zip(opts, servers, strict=True))
+
+
+# --- the schedule: vLLM first, reference servers after, each server stopped after its last test ---
+REFERENCE_GROUPS = ("reference_servers", "sampling_reference_servers")
+_STARTED: dict[str, list] = {}  # a vLLM server's name or a reference group: its started servers
+_LAST_USER: dict[str, str] = {}  # the same keys: node id of the last test that uses them
+
+
+def servers_used(fixturenames: Iterable[str]) -> set[str]:
+    """The session servers a test uses: vLLM server names and reference groups. (The fixture
+    closure holds ``vllm_servers`` for every test of a vLLM server: only the named fixtures tell
+    which servers; no test asks for ``vllm_servers`` itself.)"""
+    names = set(fixturenames)
+    return {FIXTURES[n] for n in names if n in FIXTURES} | {g for g in REFERENCE_GROUPS if g in names}
+
+
+def schedule_rank(used: set[str]) -> int:
+    """0: vLLM servers only; 1: vLLM and reference servers; 2: reference servers only; 3: none of
+    the shared servers (a test that starts its own runs when the shared ones are stopped)."""
+    ref = bool(used & set(REFERENCE_GROUPS))
+    vllm = bool(used - set(REFERENCE_GROUPS))
+    return 1 if ref and vllm else 2 if ref else 0 if vllm else 3
+
+
+def pytest_collection_modifyitems(session, config, items):
+    here = __file__.rsplit("/", 1)[0] + "/"
+    mine = [i for i, item in enumerate(items) if str(item.fspath).startswith(here)]
+    if not mine:
+        return
+    ordered = sorted((items[i] for i in mine),
+                     key=lambda item: schedule_rank(servers_used(getattr(item, "fixturenames", ()))))
+    for slot, item in zip(mine, ordered, strict=True):  # the other directories keep their places
+        items[slot] = item
+    _LAST_USER.clear()
+    for item in items:
+        for key in servers_used(getattr(item, "fixturenames", ())):
+            _LAST_USER[key] = item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    for key, last in _LAST_USER.items():
+        if last == item.nodeid:
+            for server in _STARTED.pop(key, []):
+                server.process.stop()  # the fixture's own exit stops it again: a no-op by then
