@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -66,9 +67,9 @@ def vllm_servers(request, embedded_model):
     opts = [VLLMLaunch(model=embedded_model, spec_config=spec(name), dtype=SERVERS[name][1],
                        max_model_len=2048, extra_args=["--enforce-eager"]) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
-        for name, server in zip(names, servers, strict=True):
-            _STARTED[name] = [server]
-        yield dict(zip(names, servers, strict=True))
+        by_name = dict(zip(names, servers, strict=True))
+        _STARTED.update({name: [server] for name, server in by_name.items()})
+        yield by_name
 
 
 @pytest.fixture(scope="session")
@@ -209,8 +210,8 @@ def schedule_rank(used: set[str]) -> int:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    here = __file__.rsplit("/", 1)[0] + "/"
-    mine = [i for i, item in enumerate(items) if str(item.fspath).startswith(here)]
+    here = Path(__file__).parent
+    mine = [i for i, item in enumerate(items) if item.path.is_relative_to(here)]
     if not mine:
         return
     ordered = sorted((items[i] for i in mine),
