@@ -44,7 +44,7 @@ test: model browser
 	exit $$rc
 
 # Mutation testing of the verdict and figure logic ([tool.mutmut] in pyproject.toml); slow.
-# MUTANTS: globs over mutant names, e.g. MUTANTS='specadapt.probes.gate*' (one module); empty: all.
+# MUTANTS: globs over mutant names, e.g. MUTANTS='specadapt.analysis.gate*' (one module); empty: all.
 # Mutants and results live in mutants/ (git-ignored; `rm -rf mutants` starts afresh).
 MUTANTS ?=
 mutate: venv

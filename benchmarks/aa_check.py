@@ -25,11 +25,20 @@ from pathlib import Path
 
 import numpy as np
 
-from specadapt.probes.compare import _block_rate_log, analyse, block_units, pair_records, run_compare
-from specadapt.probes.latency import tpot_ns
-from specadapt.probes.prompts import load_prompts
-from specadapt.probes.stats import MIN_UNITS
-from specadapt.records import CompareReport, CompareSettings, RatioCI, RequestSettings, read_compare_report, write_report
+from specadapt.analysis.latency import tpot_ns
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import _block_rate_log, analyse, block_units
+from specadapt.analysis.stats import MIN_UNITS
+from specadapt.orchestration.compare import run_compare
+from specadapt.records import (
+    CompareReport,
+    CompareSettings,
+    RatioCI,
+    RequestSettings,
+    read_compare_report,
+    write_report,
+)
+from specadapt.workloads.prompts import load_prompts
 
 METRICS = ("throughput", "tpot", "e2e")
 

@@ -22,7 +22,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specadapt.probes.client import SSEParser, StreamState  # noqa: E402
+from specadapt.load.client import SSEParser, StreamState  # noqa: E402
 from specadapt.records import RequestRecord  # noqa: E402
 
 

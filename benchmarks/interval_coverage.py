@@ -2,7 +2,7 @@
 
 Not a test (tests/unit/test_stats.py holds the same claims as assertions). For each noise
 shape and n, draws 40,000 data sets of n unit log ratios with a known mean and prints the
-share whose interval (specadapt.probes.stats.t_bounds) holds the mean; binomial sd 0.001.
+share whose interval (specadapt.analysis.stats.t_bounds) holds the mean; binomial sd 0.001.
 
     .venv/bin/python benchmarks/interval_coverage.py
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specadapt.probes.stats import MIN_UNITS, t_bounds
+from specadapt.analysis.stats import MIN_UNITS, t_bounds
 
 SETS = 40_000
 NS = [2, 3, 4, 5, 6, 8, 10, 15, 30]

@@ -10,7 +10,7 @@ be flipped by that dtype's arithmetic alone: a numerical near-tie.
     .venv/bin/python benchmarks/near_tie_noise.py [--tokens 96]
 
 CPU kernels are not GPU kernels, and a server's batch shapes add their own noise, so the
-defaults in specadapt.probes.equivalence take about twice the largest error seen here.
+defaults in specadapt.analysis.identity take about twice the largest error seen here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specadapt.models import resolve_model_dir
-from specadapt.probes.prompts import load_prompts
+from specadapt.workloads.prompts import load_prompts
 
 
 def main() -> None:

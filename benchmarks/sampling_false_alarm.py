@@ -37,11 +37,11 @@ from scipy.stats import binomtest  # noqa: E402
 
 from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch  # noqa: E402
 from specadapt.adapters.vllm import VLLMBackend  # noqa: E402
+from specadapt.analysis.sampling_stats import sampling_verdict  # noqa: E402
 from specadapt.configs.spec import SpecConfig  # noqa: E402
 from specadapt.models import resolve_model_dir  # noqa: E402
-from specadapt.probes import sampling  # noqa: E402
-from specadapt.probes.prompts import load_prompts  # noqa: E402
-from specadapt.probes.sampling_stats import sampling_verdict  # noqa: E402
+from specadapt.orchestration import sampling  # noqa: E402
+from specadapt.workloads.prompts import load_prompts  # noqa: E402
 
 # The prompts and budgets of tests/integration/test_sampling.py: prompts on which n-gram
 # drafts are proposed at most positions, so that the sampler is exercised often.

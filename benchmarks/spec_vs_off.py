@@ -17,12 +17,14 @@ import platform
 from pathlib import Path
 
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import speed_ratios
 from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
-from specadapt.probes.compare import pair_records, run_compare, speed_ratios
-from specadapt.probes.prompts import load_prompts
+from specadapt.orchestration.compare import run_compare
 from specadapt.records import CompareSettings, RequestSettings, write_report
 from specadapt.report.compare_render import ci
+from specadapt.workloads.prompts import load_prompts
 
 NGRAM_K4 = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specadapt.probes.client import run  # noqa: E402
+from specadapt.load.client import run  # noqa: E402
 from specadapt.testing import scripted_server  # noqa: E402
 from specadapt.testing.timing import METRICS, drive, summary, timing_errors  # noqa: E402
 

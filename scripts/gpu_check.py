@@ -28,7 +28,6 @@ from specadapt.native_reference.engine import SpecEngine
 from specadapt.native_reference.models import CachedLM, truncate_layers
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 
-
 SMOKE = os.environ.get("GPU_CHECK_SMOKE") == "1"  # tiny shapes on CPU: checks the script itself
 DEVICE = "cpu" if SMOKE else "cuda"
 

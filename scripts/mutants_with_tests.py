@@ -1,6 +1,6 @@
 """Run chosen tests against mutants that a mutation run left alive, one mutant at a time.
 
-    .venv/bin/mutmut results | python scripts/mutants_with_tests.py 'specadapt.probes.stats.*' \\
+    .venv/bin/mutmut results | python scripts/mutants_with_tests.py 'specadapt.analysis.stats.*' \\
         -- tests/unit/test_stats.py -m slow
 
 ``make mutate`` runs the fast selection of tests only (no ``slow`` tests: the false-alarm
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("glob", help="mutant names to take, e.g. 'specadapt.probes.stats.*'")
+    ap.add_argument("glob", help="mutant names to take, e.g. 'specadapt.analysis.stats.*'")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mutant (default 1800)")
     args = ap.parse_args(ours)
     if not (ROOT / "mutants").is_dir():

@@ -7,7 +7,7 @@ survived, no tests (no selected test reaches the function), and any other status
 gives (suspicious, segfault, skipped, not checked, caught by type check). Reads
 ``[tool.mutmut] only_mutate`` from pyproject.toml so every configured module has a row,
 also one without mutants (mutmut does not mutate decorated functions). Mutant names look
-like ``specadapt.probes.gate.x_apply_gate__mutmut_7``; the module is the dotted path up to
+like ``specadapt.analysis.gate.x_apply_gate__mutmut_7``; the module is the dotted path up to
 the function's ``x_`` / ``xǁClassǁ`` part.
 """
 
@@ -30,7 +30,7 @@ COLUMNS = ["killed", "timeout", "survived", "no tests"]
 
 
 def module_of(name: str) -> str:
-    """``specadapt.probes.gate.x_apply_gate__mutmut_7`` -> ``specadapt/probes/gate.py``."""
+    """``specadapt.analysis.gate.x_apply_gate__mutmut_7`` -> ``specadapt/analysis/gate.py``."""
     parts = name.split(".")
     for i, part in enumerate(parts):
         if part.startswith(("x_", "xǁ")):

@@ -16,9 +16,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from specadapt.errors import ModelFetchError, UsageError, require
 from specadapt.paths import models_dir

@@ -12,7 +12,7 @@ import ipaddress
 import shutil
 import subprocess
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -105,7 +105,7 @@ def native_dtypes(flags: list[str], gpus: list[GpuInfo]) -> list[str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _local_facts(cpuinfo_path: str, run: Run) -> HardwareInfo:
     notes: list[str] = []
     model = cores = None

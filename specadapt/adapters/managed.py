@@ -8,10 +8,11 @@ waits run in threads, so several servers come up side by side.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from specadapt.adapters.plan import LaunchPlan
 from specadapt.adapters.process import ManagedProcess

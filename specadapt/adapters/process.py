@@ -30,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import psutil
@@ -41,7 +41,7 @@ from specadapt.errors import PortInUse, ServerStartError
 from specadapt.paths import runs_dir
 
 LOG_TAIL_LINES = 30
-_LIVE: "set[ManagedProcess]" = set()
+_LIVE: set[ManagedProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -139,7 +139,7 @@ class ManagedProcess:
         self._log_fh = None
 
     # -- life cycle -------------------------------------------------------------------
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         check_port_free(self.plan.host, self.plan.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab")
@@ -260,7 +260,7 @@ class ManagedProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def __enter__(self) -> "ManagedProcess":
+    def __enter__(self) -> ManagedProcess:
         if self.proc is None:
             self.start()
         return self

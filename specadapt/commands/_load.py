@@ -11,9 +11,9 @@ import functools
 
 import click
 
+from specadapt.analysis.slo import parse_slo
 from specadapt.errors import UsageError
-from specadapt.probes.arrivals import parse_rates
-from specadapt.probes.slo import parse_slo
+from specadapt.load.arrivals import parse_rates
 from specadapt.records.load import LoadSettings
 
 

@@ -1,24 +1,25 @@
 """The workload options shared by probe, compare and equiv: which prompts a run sends.
 
 ``@workload_options`` adds the options and hands the command their values as one dict,
-``workload_opts``; ``load_workload(**workload_opts)`` reads and selects the prompts (probes/datasets.py)
+``workload_opts``; ``load_workload(**workload_opts)`` reads and selects the prompts (workloads/datasets.py)
 and prints what the selection kept and dropped.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 from rich.markup import escape
 
 from specadapt.commands._console import stderr
 from specadapt.errors import UsageError
-from specadapt.probes.datasets import FORMATS, load, summary_line
-from specadapt.probes.prompts import WORKLOADS
 from specadapt.records import Prompt, WorkloadInfo
+from specadapt.workloads.datasets import FORMATS, load, summary_line
+from specadapt.workloads.prompts import WORKLOADS
 
 WORKLOAD_PARAMS = ("dataset", "prompts_file", "workload", "dataset_format", "dataset_column", "max_turns",
                    "num_prompts", "dataset_seed", "min_input_chars", "max_input_chars", "category")

@@ -1,4 +1,4 @@
-"""`specadapt compare` and `specadapt equiv`: spec off against spec on (probes.compare does the work)."""
+"""`specadapt compare` and `specadapt equiv`: spec off against spec on (orchestration.compare does the work)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 import click
 from rich.console import Console
 
+from specadapt.analysis.gate import apply_gate
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import UsageError
-from specadapt.probes.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
-from specadapt.probes.gate import apply_gate
+from specadapt.orchestration.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
 from specadapt.records import CompareReport, CompareSettings, Prompt, RequestSettings, WorkloadInfo
 from specadapt.report.compare_render import render_console
 from specadapt.report.outputs import write_outputs

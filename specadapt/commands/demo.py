@@ -1,5 +1,5 @@
 """`specadapt demo`: the lesson of speculative decoding on this machine, in one run and one report
-(probes/demo.py does the work; report/demo_render.py renders it)."""
+(orchestration/demo.py does the work; report/demo_render.py renders it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.console import Console
 
 from specadapt.adapters.base import LaunchPlan
 from specadapt.commands._console import progress_bar, say, stderr
-from specadapt.probes.demo import DRAFT_LAYERS, DTYPES, DemoOptions, DemoProgress, Progress, plan_demo, run_demo
+from specadapt.orchestration.demo import DRAFT_LAYERS, DTYPES, DemoOptions, DemoProgress, Progress, plan_demo, run_demo
 from specadapt.report.demo_render import render_console, timing_line, write_demo_outputs
 
 

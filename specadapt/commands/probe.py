@@ -1,4 +1,4 @@
-"""`specadapt probe`: one server, checked and measured (probes.runner does the work; probes.distributed
+"""`specadapt probe`: one server, checked and measured (orchestration.probe does the work; orchestration.distributed
 when the load is spread over worker processes, Ray actors or several replicas)."""
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from specadapt.analysis.probe_report import failed_count, server_log_tail
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, open_servers, plan_servers, replica_sides, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied, SpecadaptError, UsageError
-from specadapt.probes.distributed import run_spread_probe
-from specadapt.probes.runner import failed_count, planned_requests, run_probe, server_log_tail
+from specadapt.orchestration.distributed import run_spread_probe
+from specadapt.orchestration.probe import planned_requests, run_probe
 from specadapt.records import RequestSettings, write_report
 from specadapt.report.console import render_probe
 from specadapt.report.scale import render_scale

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from specadapt.analysis.merge import merge_reports
 from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
-from specadapt.probes.merge import merge_reports
 from specadapt.records import read_compare_report, read_report, report_kind, write_report
 from specadapt.records.demo import read_demo_report
 from specadapt.records.reports import read_model

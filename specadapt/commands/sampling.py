@@ -1,5 +1,5 @@
 """`specadapt equiv --sampling`: the spec-on server's samples against the target's distribution
-(probes/sampling.py does the work; imported only when --sampling is given, since the
+(orchestration/sampling.py does the work; imported only when --sampling is given, since the
 statistics need scipy)."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers
 from specadapt.commands._workload import load_workload
 from specadapt.errors import UsageError
-from specadapt.probes import sampling
-from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.runner import counting, settle_counters
+from specadapt.orchestration import sampling
+from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.records import Prompt
 from specadapt.records.sampling_report import SamplingReport, SamplingSettings
 from specadapt.report import sampling_render

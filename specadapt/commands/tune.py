@@ -1,5 +1,5 @@
 """`specadapt tune`: measure draft lengths at each load, choose k per batch size, write the configs
-for vLLM and TensorRT-LLM, and verify the emitted one (probes.tune does the work)."""
+for vLLM and TensorRT-LLM, and verify the emitted one (orchestration.tune does the work)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from rich.console import Console
 
 from specadapt.adapters.base import Server
 from specadapt.adapters.registry import get_backend
+from specadapt.analysis import tune_model
+from specadapt.analysis.stats import MIN_UNITS
 from specadapt.commands._console import progress_bar, say
 from specadapt.commands._server import (
     ServerOptions,
@@ -34,11 +36,9 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import load_spec_config, neutral_form
 from specadapt.configs.tuned import write_tuned_configs
 from specadapt.errors import ServerDied, ServerError, UsageError
-from specadapt.probes import tune as tuning
-from specadapt.probes import tune_model
-from specadapt.probes.compare import total_requests
-from specadapt.probes.load import turns_of
-from specadapt.probes.stats import MIN_UNITS
+from specadapt.load.engine import turns_of
+from specadapt.orchestration import tune as tuning
+from specadapt.orchestration.compare import total_requests
 from specadapt.records import CompareSettings, RequestSettings
 from specadapt.records.schedule import read_schedule, schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification

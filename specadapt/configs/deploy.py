@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specadapt.configs import yamlio
-
-from specadapt.configs import trtllm, vllm
+from specadapt.configs import trtllm, vllm, yamlio
 from specadapt.configs import versions as V
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError

@@ -11,8 +11,7 @@ import tempfile
 from pathlib import Path
 
 from specadapt.configs.multinode import Topology
-from specadapt.configs.render import (MULTINODE_FORMATS, available_formats, write_multinode,
-                                      write_outputs)
+from specadapt.configs.render import MULTINODE_FORMATS, available_formats, write_multinode, write_outputs
 from specadapt.configs.spec import SpecConfig
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

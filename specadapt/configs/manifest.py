@@ -14,9 +14,10 @@ the Prometheus scrape annotation names that port.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 

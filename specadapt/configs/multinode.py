@@ -55,7 +55,7 @@ class Topology:
     @classmethod
     def build(cls, spec: SpecConfig, nodes: int, pp: int | None = None,
               gpus_per_node: int | None = None, replicas: int = 1,
-              rdma: str | None = None) -> "Topology":
+              rdma: str | None = None) -> Topology:
         """Fill in what is implied (pp 1; gpus per node = tp x pp / nodes) and check it."""
         pp = 1 if pp is None else pp
         if gpus_per_node is None:

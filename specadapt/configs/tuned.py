@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib.util
 import json
 from bisect import bisect_left
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import torch
 
 from specadapt.errors import UsageError
 from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.proposers import DraftModelProposer, Proposal, Proposer
-from specadapt.native_reference.sampling import (SAMPLER_FAULTS, SamplingParams, greedy_verify, probs,
-                                                 rejection_verify)
+from specadapt.native_reference.sampling import SAMPLER_FAULTS, SamplingParams, greedy_verify, probs, rejection_verify
 from specadapt.records.schedule import k_for_batch, schedule_problems
 
 # engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
@@ -41,7 +40,7 @@ class Fault:
     factor: float = 1.0
 
     @classmethod
-    def parse(cls, text: str) -> "Fault":
+    def parse(cls, text: str) -> Fault:
         kind, _, value = text.partition("=")
         if kind not in FAULTS:
             raise UsageError(f"unknown fault {text!r}: use one of {', '.join(FAULTS)} "
@@ -110,7 +109,7 @@ class SpecStats:
     def time_total(self) -> float:
         return self.time_prefill + self.time_draft + self.time_verify + self.time_other
 
-    def add(self, other: "SpecStats") -> None:
+    def add(self, other: SpecStats) -> None:
         for name in ("prompt_tokens", "generated_tokens", "target_forwards", "draft_forwards",
                      "num_drafts", "draft_tokens", "accepted_tokens", "time_prefill",
                      "time_draft", "time_verify", "time_other"):

@@ -9,8 +9,13 @@ import torch
 
 from specadapt.errors import UsageError
 from specadapt.native_reference.engine import Fault, SpecEngine
-from specadapt.native_reference.models import (check_draft_compatible, load_causal_lm,
-                                               load_tokenizer, pick_device, pick_dtype)
+from specadapt.native_reference.models import (
+    check_draft_compatible,
+    load_causal_lm,
+    load_tokenizer,
+    pick_device,
+    pick_dtype,
+)
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 
 

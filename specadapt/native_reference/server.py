@@ -101,7 +101,7 @@ class Ticket:
     """One request's place in the batch: the worker puts its Steps (then _DONE, or an
     exception) on ``events`` through the event loop; ``cancel`` takes it out."""
 
-    def __init__(self, job: "Job", loop: asyncio.AbstractEventLoop):
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
         self.job = job
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()

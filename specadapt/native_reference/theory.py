@@ -7,7 +7,7 @@ target pass, ``c`` the cost of one draft step divided by the cost of one target 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def expected_tokens_per_pass(a: float, k: int) -> float:

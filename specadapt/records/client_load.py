@@ -6,7 +6,7 @@ from pydantic import BaseModel, Field
 
 
 class ClientLoad(BaseModel):
-    """The client's self-report over one run (``specadapt.probes.client_load.measure_client``).
+    """The client's self-report over one run (``specadapt.analysis.client_load.measure_client``).
 
     A client that is short of CPU reads each chunk late, and every time it records is late
     by as much: these figures say whether the run measured the server or the client."""

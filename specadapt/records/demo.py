@@ -1,5 +1,5 @@
 """The demo report: one machine, one dtype, several spec-off vs spec-on comparisons, each with
-the lesson it is there to teach (``specadapt demo``; probes/demo.py runs it)."""
+the lesson it is there to teach (``specadapt demo``; orchestration/demo.py runs it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Why speculation was faster or slower: the figures behind it, the causes they support, what to do.
 
-Built by probes/diagnosis.py from what a compare (or tune) run measured; rendered by every
+Built by analysis/diagnosis.py from what a compare (or tune) run measured; rendered by every
 report format. Every sentence in ``causes`` and ``advice`` carries the figure it rests on.
 """
 

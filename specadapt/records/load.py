@@ -1,5 +1,5 @@
-"""Arrival-rate runs and SLOs: their settings and figures (computed in probes/arrivals.py and
-probes/slo.py). Rates may be ``inf`` (all at once): it is written "Infinity" in JSON."""
+"""Arrival-rate runs and SLOs: their settings and figures (computed in load/arrivals.py and
+analysis/slo.py). Rates may be ``inf`` (all at once): it is written "Infinity" in JSON."""
 
 from __future__ import annotations
 
@@ -78,3 +78,8 @@ class RateLevel(BaseModel):
     latency: LatencySummary
     send_lag: SendLag
     goodput: Goodput | None = None
+
+
+def rate_label(rate: float) -> str:
+    """'inf', '2', '0.5': how a rate is written in reports."""
+    return f"{rate:g}"  # inf -> 'inf'; 2.0 -> '2'; 0.5 -> '0.5'

@@ -1,7 +1,7 @@
 """Summaries computed from request records and counters: latency, acceptance, ratio intervals.
 
-The formulas live beside the code that computes them (probes.latency, probes.acceptance,
-probes.stats); these are the results as every layer above sees them.
+The formulas live beside the code that computes them (analysis.latency, analysis.acceptance,
+analysis.stats); these are the results as every layer above sees them.
 """
 
 from __future__ import annotations

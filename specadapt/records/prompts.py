@@ -29,7 +29,7 @@ class Prompt(BaseModel):
                           "server's own answer to the previous one.")
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Prompt":
+    def _one_kind(self) -> Prompt:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of 'prompt' (completions) or 'messages' (chat)")
         if self.prompt is not None and not self.prompt.strip():

@@ -175,7 +175,7 @@ class CompareReport(ReportEnvelope):
     counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
     gate: Gate | None = None
     diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
-                                                          "measured figures (probes/diagnosis.py).")
+                                                          "measured figures (analysis/diagnosis.py).")
     notes: list[str] = Field(default_factory=list)
     counters_on: dict[int, CounterPair] = Field(default_factory=dict)
     counters_off: dict[int, CounterPair] = Field(default_factory=dict)

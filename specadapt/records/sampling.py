@@ -1,6 +1,6 @@
 """The verdict on whether sampled tokens follow the target's distribution.
 
-Computed by ``specadapt.probes.sampling_stats`` (the formulas are there and in
+Computed by ``specadapt.analysis.sampling_stats`` (the formulas are there and in
 docs/sampling.md); this is the result as the report and the gate see it.
 """
 

@@ -10,8 +10,8 @@ refused (vLLM silently lowers it), so what is written is what runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 

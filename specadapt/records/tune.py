@@ -1,5 +1,5 @@
 """`specadapt tune`: the sweep, the fitted model, the per-batch-size choice, the emitted
-configs and their verification (computed in probes/tune.py and probes/tune_model.py).
+configs and their verification (computed in orchestration/tune.py and analysis/tune_model.py).
 
 Vocabulary. A *candidate* is one speculative configuration of the sweep: the user's base
 config with one draft length ``k`` (and, for n-gram, one lookup window). Candidates that

@@ -6,7 +6,7 @@ from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
-from specadapt.probes.slo import slo_text
+from specadapt.analysis.slo import slo_text
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
 from specadapt.report.console import goodput_text, lag_text, rate_text

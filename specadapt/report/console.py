@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from specadapt.probes.slo import slo_text
+from specadapt.analysis.slo import slo_text
 from specadapt.records import Distribution, ProbeReport
 from specadapt.records.load import Goodput, SendLag
 from specadapt.report.hardware import hardware_source_text

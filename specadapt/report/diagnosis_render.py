@@ -7,7 +7,7 @@ from markupsafe import escape as _escape
 from rich.console import Console
 from rich.text import Text
 
-from specadapt.probes.diagnosis import ratio_text
+from specadapt.analysis.diagnosis import ratio_text
 from specadapt.records import ServerInfo
 from specadapt.records.diagnosis import Diagnosis, LevelFigures
 from specadapt.report.hardware import hardware_text

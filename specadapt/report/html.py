@@ -7,8 +7,8 @@ import io
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 
-from specadapt.probes.latency import tpot_ns
-from specadapt.probes.slo import slo_text
+from specadapt.analysis.latency import tpot_ns
+from specadapt.analysis.slo import slo_text
 from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,

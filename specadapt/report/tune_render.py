@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specadapt.probes.tune_model import objective_ratio
+from specadapt.analysis.tune_model import objective_ratio
 from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport

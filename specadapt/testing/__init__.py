@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.process import ManagedProcess, free_port
@@ -30,7 +30,7 @@ def scripted_plan(port: int, host: str = "127.0.0.1", api_key: str | None = None
 
 @contextlib.contextmanager
 def scripted_server(log_path: Path, api_key: str | None = None,
-                    ssl: tuple[str, str] | None = None) -> Iterator["object"]:
+                    ssl: tuple[str, str] | None = None) -> Iterator[object]:
     """Start the scripted server as a managed process; yield the ManagedProcess (healthy)."""
     plan = scripted_plan(free_port(), api_key=api_key, ssl=ssl)
     with ManagedProcess(plan, log_path=log_path, grace_s=5) as mp:

@@ -17,8 +17,9 @@ from typing import Any
 
 import psutil
 
-from specadapt.probes.client import connect, stream_request
-from specadapt.probes.client_load import client_limited, measure_client
+from specadapt.analysis.client_load import client_limited, client_load
+from specadapt.load.client import connect, stream_request
+from specadapt.load.meter import measure_client
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 from specadapt.testing.timing import summary, timing_errors
@@ -64,8 +65,8 @@ async def soak(base_url: str, concurrency: int, seconds: float, itl_ms: float, t
         async with measure_client(client) as meter:
             await asyncio.gather(collector(), *(worker(w) for w in range(concurrency)))
         cpu1, wall1 = me.cpu_times(), time.monotonic()
-    load = meter.load
-    assert load is not None
+    assert meter.figures is not None
+    load = client_load(*meter.figures)
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     n_ok = sum(len(v) for k, v in errors.items() if k == "e2e")
     return {"concurrency": concurrency, "seconds": round(wall1 - wall0, 1), "itl_ms": itl_ms, "tokens": tokens,

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from specadapt.probes.client import connect, stream_request
-from specadapt.probes.latency import itl_values_ns, percentile, tpot_ns
+from specadapt.analysis.latency import itl_values_ns, percentile, tpot_ns
+from specadapt.load.client import connect, stream_request
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 

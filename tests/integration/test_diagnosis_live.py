@@ -4,7 +4,7 @@ Causes that rest on counts (acceptance, the draft's size) are asserted outright:
 makes them the same on every machine. Causes that rest on time are asserted through the run's
 own intervals (if the interval says slower, a cause other than "it pays" must be named), never
 against a fixed speed. The pass cost is recomputed here from the saved report's raw records and
-counters, independently of probes/diagnosis.py.
+counters, independently of analysis/diagnosis.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specadapt.probes.compare import draft_cost_of
+from specadapt.orchestration.compare import draft_cost_of
 from specadapt.records import CompareReport, CompareSettings
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specadapt.probes.slo import is_good
+from specadapt.analysis.slo import is_good
 from specadapt.records import CompareReport, read_compare_report
 
 pytestmark = pytest.mark.integration

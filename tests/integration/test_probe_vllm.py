@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from specadapt.probes.prompts import load_prompts
-from specadapt.probes.runner import run_probe
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import RequestSettings
+from specadapt.workloads.prompts import load_prompts
 
 pytestmark = pytest.mark.integration
 GEN = "vllm:generation_tokens_total"

@@ -14,13 +14,13 @@ import httpx
 import pytest
 
 from specadapt.adapters.vllm import VLLMServer
-from specadapt.probes.distributed import plan_jobs, run_spread_probe, split_jobs
-from specadapt.probes.latency import percentile
-from specadapt.probes.prompts import load_prompts
-from specadapt.probes.runner import run_probe
+from specadapt.analysis.latency import percentile
+from specadapt.orchestration.distributed import plan_jobs, run_spread_probe, split_jobs
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script, scripted_server
 from specadapt.testing.timing import METRICS, brief, summary, timing_errors
+from specadapt.workloads.prompts import load_prompts
 
 ray = pytest.importorskip("ray")
 

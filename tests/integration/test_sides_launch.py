@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specadapt.probes.sides import side_differences
+from specadapt.analysis.sides import side_differences
 from specadapt.records import CompareReport
 
 pytestmark = pytest.mark.integration

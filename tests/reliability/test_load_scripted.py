@@ -10,10 +10,10 @@ import math
 import httpx
 from click.testing import CliRunner
 
+from specadapt.analysis.slo import is_good
 from specadapt.cli import cli
-from specadapt.probes.arrivals import schedule_ns
-from specadapt.probes.runner import run_probe
-from specadapt.probes.slo import is_good
+from specadapt.load.arrivals import schedule_ns
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import ChatMessage, Prompt, RequestSettings, read_compare_report
 from specadapt.records.load import LoadSettings
 from specadapt.testing import script
@@ -93,8 +93,8 @@ def test_compare_cli_at_rates_with_an_slo_writes_consistent_figures(scripted_url
 def test_probe_reports_the_clients_own_load_and_flags_a_client_limited_run(server):
     """The report carries the client's CPU and event-loop lag; a lag over the limit puts the
     'client was the bottleneck' line in the notes (the figures are swapped in, never timed)."""
-    from specadapt.probes import runner
-    from specadapt.probes.client_load import LAG_P99_LIMIT_MS
+    from specadapt.analysis import probe_report as runner
+    from specadapt.analysis.client_load import LAG_P99_LIMIT_MS
 
     prompts = [Prompt(id=f"p{i}", prompt=script(id=f"cl{i}", ttft_ms=5, itl_ms=2, tokens=6)) for i in range(3)]
     report = run_probe(server, prompts, RequestSettings(max_tokens=8), concurrency=3, warmup=0)
@@ -114,8 +114,8 @@ def test_a_share_replays_conversations_like_one_process(scripted_url):
     """What a worker runs (execute_share): each conversation's turns in order with the server's
     own answers as history, one record per turn, a failed turn's later turns recorded as not sent,
     every record handed to on_record and paired with its job's index."""
-    from specadapt.probes.client import run as run_loop
-    from specadapt.probes.share import Share, Target, execute_share, plan_jobs
+    from specadapt.load.client import run as run_loop
+    from specadapt.load.share import Share, Target, execute_share, plan_jobs
 
     prompts = [conversation("w1"), conversation("w2", fail_turn=1)]
     share = Share(worker=0, jobs=tuple(plan_jobs(prompts, repeat=1)), concurrency=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specadapt.probes.runner import run_probe
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
 

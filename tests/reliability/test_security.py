@@ -20,8 +20,8 @@ import pytest
 from specadapt.adapters.base import LaunchPlan
 from specadapt.adapters.process import ManagedProcess, free_port
 from specadapt.adapters.vllm import VLLMLaunch, launch_plan
+from specadapt.analysis.latency import latency_summary
 from specadapt.errors import UsageError
-from specadapt.probes.latency import latency_summary
 from specadapt.records import (
     AcceptanceSummary,
     CounterSnapshot,
@@ -296,7 +296,7 @@ def test_start_up_log_tail_is_scrubbed_of_the_plans_key(tmp_path):
 
 def test_partial_report_log_tail_is_scrubbed(tmp_path):
     from specadapt.adapters.vllm import VLLMServer
-    from specadapt.probes.runner import run_probe
+    from specadapt.orchestration.probe import run_probe
     from specadapt.records import Prompt
 
     with scripted_server(tmp_path / "server.log", api_key=KEY) as mp:

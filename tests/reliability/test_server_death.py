@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.cli import cli
-from specadapt.probes.runner import run_probe
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script, scripted_server
 

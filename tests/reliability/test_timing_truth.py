@@ -31,7 +31,7 @@ import os
 
 import pytest
 
-from specadapt.probes.latency import percentile
+from specadapt.analysis.latency import percentile
 from specadapt.testing.timing import METRICS, brief, drive, summary, timing_errors
 
 SCRIPT = dict(ttft_ms=150.0, itl_ms=100.0, tokens=12)

@@ -8,8 +8,9 @@ import asyncio
 import pytest
 
 from specadapt.adapters.process import free_port
-from specadapt.probes.client import connect, stream_request
-from specadapt.probes.runner import failed_count, run_probe
+from specadapt.analysis.probe_report import failed_count
+from specadapt.load.client import connect, stream_request
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
 

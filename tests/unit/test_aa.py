@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from aa_verdict import ATTEMPTS, check_aa
 
-from specadapt.probes import stats
-from specadapt.probes.compare import analyse, pair_records
-from specadapt.probes.stats import MIN_UNITS, log_rate_ratio, ratio_ci
+from specadapt.analysis import stats
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import analyse
+from specadapt.analysis.stats import MIN_UNITS, log_rate_ratio, ratio_ci
 from specadapt.records import CompareReport, CompareSettings, RatioCI, RequestRecord, ServerInfo
 
 MS = 1_000_000

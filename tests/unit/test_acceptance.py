@@ -1,4 +1,4 @@
-from specadapt.probes.acceptance import acceptance_summary
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.records import CounterSnapshot
 
 

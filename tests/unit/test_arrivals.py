@@ -1,4 +1,4 @@
-"""Arrival schedules (probes/arrivals.py): gamma gaps with mean 1/R and shape B, seeded; rate
+"""Arrival schedules (load/arrivals.py): gamma gaps with mean 1/R and shape B, seeded; rate
 parsing; send lag and the client-limited flag."""
 
 from __future__ import annotations
@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from specadapt.analysis import send_lag as arrivals
+from specadapt.analysis.send_lag import LAG_P99_LIMIT_MS, MIN_RATE_FRACTION, send_lag, send_lag_blocks
 from specadapt.errors import UsageError
-from specadapt.probes import arrivals
-from specadapt.probes.arrivals import (
-    LAG_P99_LIMIT_MS,
-    MIN_RATE_FRACTION,
-    arrivals_for_duration,
-    parse_rates,
-    rate_label,
-    schedule_ns,
-    send_lag,
-    send_lag_blocks,
-)
+from specadapt.load.arrivals import arrivals_for_duration, parse_rates, schedule_ns
+from specadapt.records.load import rate_label
 
 S = 1_000_000_000
 MS = 1_000_000

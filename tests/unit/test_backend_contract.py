@@ -26,7 +26,7 @@ from specadapt.adapters.base import (
 )
 from specadapt.adapters.http import OpenAIServer
 from specadapt.errors import ServerStartError, UsageError
-from specadapt.probes.runner import run_probe
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import CounterSnapshot, Prompt, RequestSettings, ServerInfo
 from specadapt.testing import script, scripted_plan, scripted_server
 

@@ -11,9 +11,9 @@ import aiohttp
 import orjson
 import pytest
 
-from specadapt.probes import client as client_mod
-from specadapt.probes.client import _chunk_logprobs, _delta_text, _retryable, build_body, stream_request
-from specadapt.probes.latency import itl_values_ns, latency_summary, tpot_ns
+from specadapt.analysis.latency import itl_values_ns, latency_summary, tpot_ns
+from specadapt.load import client as client_mod
+from specadapt.load.client import _chunk_logprobs, _delta_text, _retryable, build_body, stream_request
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])

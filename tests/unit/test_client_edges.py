@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from specadapt.probes import client as client_mod
-from specadapt.probes.client import (
+from specadapt.load import client as client_mod
+from specadapt.load.client import (
     SSEParser,
     StreamClient,
     StreamState,

@@ -5,14 +5,8 @@ import asyncio
 
 import pytest
 
-from specadapt.probes.client_load import (
-    CPU_LIMIT,
-    LAG_P99_LIMIT_MS,
-    ClientMeter,
-    client_limited,
-    client_load,
-    measure_client,
-)
+from specadapt.analysis.client_load import CPU_LIMIT, LAG_P99_LIMIT_MS, client_limited, client_load
+from specadapt.load.meter import ClientMeter, measure_client
 from specadapt.records import ClientLoad
 
 MS = 1_000_000
@@ -106,7 +100,7 @@ def test_measure_client_counts_cpu_chunks_and_wall_time():
             now[0] += 4_000 * MS
         return meter
 
-    got = asyncio.run(go()).load
+    got = client_load(*asyncio.run(go()).figures)
     assert got.chunks == 95 and got.wall_s == 4.0 and got.cpu_s == 0.5
     assert got.cpu_fraction == 0.125 and got.cpu_ms_per_chunk == pytest.approx(500 / 95)
     assert got.lag_samples == 0
@@ -122,4 +116,4 @@ def test_measure_client_reports_also_when_the_run_raised():
 
     with pytest.raises(RuntimeError):
         asyncio.run(go())
-    assert meters[0].load is not None and meters[0].load.chunks == 0 and meters[0].load.cpu_s == 0.0
+    assert client_load(*meters[0].figures) is not None and client_load(*meters[0].figures).chunks == 0 and client_load(*meters[0].figures).cpu_s == 0.0

@@ -1,4 +1,4 @@
-"""compare's notes that warn the user, and the per-level figures (probes/compare.py) where the
+"""compare's notes that warn the user, and the per-level figures (orchestration/compare.py) where the
 earlier tests leave gaps: arrival-rate levels (their units, latency, acceptance, crossover in
 request rate), per-category units, goodput's time per side (busy time at concurrency 1, block
 wall time otherwise), send lag per side and repeat, progress totals, and a later turn whose
@@ -12,17 +12,12 @@ import math
 
 import pytest
 
-from specadapt.probes import compare
-from specadapt.probes.compare import (
-    analyse,
-    category_speed,
-    level_goodput,
-    level_lag,
-    level_speed,
-    pair_records,
-    total_requests,
-)
-from specadapt.probes.stats import MIN_UNITS
+from specadapt.analysis import speed
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import analyse, category_speed, level_goodput, level_lag, level_speed
+from specadapt.analysis.stats import MIN_UNITS
+from specadapt.orchestration import compare
+from specadapt.orchestration.compare import total_requests
 from specadapt.records import (
     ChatMessage,
     CompareReport,
@@ -69,7 +64,7 @@ def test_every_warning_note_in_order():
         requests=[failed(), failed(), failed(warmup=True), failed(ok=True)],
         identity=[identity(2), identity(0), identity(1)])
     report.rate_levels = [rate_level(2.5, limited, SendLag(requests=8)), rate_level(math.inf, None, limited)]
-    assert compare._compare_notes(report) == [
+    assert speed.compare_notes(report) == [
         "the 'off' server has spec-decode counters: speculation looks ON there",
         "the 'on' server has no spec-decode counters: speculation looks OFF there",
         "the servers serve different model ids (m-a vs m-b)",
@@ -95,7 +90,7 @@ def test_a_clean_comparison_has_no_note(on_spec):
                            on_server=info(spec_enabled=on_spec), requests=[failed(warmup=True), failed(ok=True)],
                            identity=[identity(0)])
     report.rate_levels = [rate_level(4.0, SendLag(requests=3), None)]
-    assert compare._compare_notes(report) == []
+    assert speed.compare_notes(report) == []
 
 
 # ------------------------------------------------------------------------------ rate levels

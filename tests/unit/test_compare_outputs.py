@@ -6,8 +6,9 @@ import xml.etree.ElementTree as ET
 import pytest
 from junitparser import JUnitXml
 
-from specadapt.probes.compare import analyse
-from specadapt.probes.equivalence import identity_report
+from specadapt.analysis.gate import apply_gate
+from specadapt.analysis.identity import identity_report
+from specadapt.analysis.speed import analyse
 from specadapt.records import (
     CompareReport,
     CompareSettings,
@@ -19,7 +20,6 @@ from specadapt.records import (
     Triage,
 )
 from specadapt.report.compare_render import to_junit, to_markdown
-from specadapt.probes.gate import apply_gate
 from specadapt.report.html import to_html
 
 PROMPTS = [Prompt(id=f"p{i}", category="grounded" if i < 2 else "open", prompt=f"prompt {i}") for i in range(4)]

@@ -1,5 +1,5 @@
 """compare at arrival rates, multi-turn pairs and per-turn identity, per-category ratios and
-goodput (probes/compare.py), with the fake ``stream_request`` of test_compare_runner."""
+goodput (orchestration/compare.py), with the fake ``stream_request`` of test_compare_runner."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import math
 import pytest
 from rich.console import Console
 
-from specadapt.probes import compare
-from specadapt.probes.arrivals import schedule_ns
-from specadapt.probes.compare import ABRunner, analyse, level_goodput, pair_records, rate_jobs, total_requests
-from specadapt.probes.equivalence import identity_report
-from specadapt.probes.stats import MIN_UNITS, find_crossover
+from specadapt.analysis.identity import identity_report
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import analyse, level_goodput
+from specadapt.analysis.stats import MIN_UNITS, find_crossover
+from specadapt.load.arrivals import schedule_ns
+from specadapt.orchestration import compare
+from specadapt.orchestration.compare import ABRunner, rate_jobs, total_requests
 from specadapt.records import (
     ChatMessage,
     CompareReport,

@@ -1,4 +1,4 @@
-"""The A/B runner and its analysis (probes/compare.py) without HTTP: a fake ``stream_request``
+"""The A/B runner and its analysis (orchestration/compare.py) without HTTP: a fake ``stream_request``
 records what was sent, in which order, and answers with the tokens and times each side is
 scripted to give, on an injected clock.
 
@@ -17,18 +17,12 @@ import time
 import pytest
 
 from specadapt.adapters.base import ServerBase
-from specadapt.probes import compare
-from specadapt.probes.compare import (
-    ABRunner,
-    analyse,
-    block_rate,
-    copies_for,
-    pair_records,
-    speed_ratios,
-    theory_check,
-    total_requests,
-)
-from specadapt.probes.stats import MIN_UNITS
+from specadapt.analysis import speed
+from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.speed import analyse, block_rate, speed_ratios, theory_check
+from specadapt.analysis.stats import MIN_UNITS
+from specadapt.orchestration import compare
+from specadapt.orchestration.compare import ABRunner, copies_for, total_requests
 from specadapt.records import (
     AcceptanceSummary,
     CompareReport,
@@ -367,7 +361,7 @@ def test_a_prompt_with_one_pair_is_named_with_its_category():
     pairs = [(rec("off", "a", r), rec("on", "a", r)) for r in range(MIN_UNITS)]
     lone = rec("off", "z", 0).model_copy(update={"category": "lonely"}), rec("on", "z", 0).model_copy(
         update={"category": "lonely"})
-    _, by_prompt = compare.level_speed([], 1, pairs + [lone])
+    _, by_prompt = speed.level_speed([], 1, pairs + [lone])
     assert [(p.prompt_id, p.category, p.ratios.tpot.n) for p in by_prompt] == [("a", "c", MIN_UNITS), ("z", "lonely", 1)]
 
 

@@ -1,4 +1,4 @@
-"""The A/B runner's wiring (probes/compare.py) without HTTP: what each side is sent (its request
+"""The A/B runner's wiring (orchestration/compare.py) without HTTP: what each side is sent (its request
 settings with the server's identity extras, the drill temperature), the warm-up and progress,
 the counters read around each level, the --duration blocks at concurrency N, and the whole
 run_compare / run_one_side / finish_compare path: identity, triage of each divergence with the
@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from specadapt.adapters.base import ServerBase
-from specadapt.probes import compare, equivalence
-from specadapt.probes.compare import ABRunner, finish_compare, run_compare, run_one_side, side_settings
-from specadapt.probes.load import LoadEngine
+from specadapt.load.engine import LoadEngine
+from specadapt.orchestration import compare
+from specadapt.orchestration import triage as equivalence
+from specadapt.orchestration.compare import ABRunner, finish_compare, run_compare, run_one_side, side_settings
 from specadapt.records import (
     ChatMessage,
     CompareReport,

@@ -1,4 +1,4 @@
-"""Workloads from local files (probes/datasets.py, commands/_workload.py): every format, the
+"""Workloads from local files (workloads/datasets.py, commands/_workload.py): every format, the
 selection and its counts, every bad input as one line naming the file and the record."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from click.testing import CliRunner
 
 from specadapt.cli import cli
 from specadapt.errors import UsageError
-from specadapt.probes import datasets
-from specadapt.probes.datasets import detect_format, grounding_of, load, read_dataset, select
-from specadapt.probes.prompts import load_builtin
 from specadapt.records import Prompt, WorkloadInfo
+from specadapt.workloads import datasets
+from specadapt.workloads.datasets import detect_format, grounding_of, load, read_dataset, select
+from specadapt.workloads.prompts import load_builtin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
 SPEC_BENCH = FIXTURES / "spec_bench_question.jsonl"
@@ -381,7 +381,7 @@ def test_cli_refuses_bad_workloads_with_exit_2_before_any_server():
     result = runner.invoke(cli, ["compare", "--off", "http://127.0.0.1:9", "--on", "http://127.0.0.1:9",
                                  "--dataset", str(SPEC_BENCH), "--category", "nothing"])
     assert result.exit_code == 2
-    assert (f"no prompt left after --category nothing; categories in the file: coding, math, math_reasoning, qa, "
+    assert ("no prompt left after --category nothing; categories in the file: coding, math, math_reasoning, qa, "
             "rag, summarization, translation, writing") in result.output
     result = runner.invoke(cli, ["equiv", "--off", "http://127.0.0.1:9", "--on", "http://127.0.0.1:9",
                                  "--prompts", str(SPEC_BENCH), "--dataset", str(SHAREGPT)])

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from specadapt.errors import MissingDependency, UsageError
-from specadapt.probes import datasets
-from specadapt.probes.datasets import detect_format, read_builtin, read_dataset
-from specadapt.probes.prompts import MAX_LINE_BYTES
+from specadapt.workloads import datasets
+from specadapt.workloads.datasets import detect_format, read_builtin, read_dataset
+from specadapt.workloads.prompts import MAX_LINE_BYTES
 
 
 def user(p) -> list[str]:

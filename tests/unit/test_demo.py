@@ -1,4 +1,4 @@
-"""The demo's orchestration (probes/demo.py) with stand-in servers and a stand-in A/B: the dtype
+"""The demo's orchestration (orchestration/demo.py) with stand-in servers and a stand-in A/B: the dtype
 for the machine, the plan (prompts, servers, settings), the order of the runs, every server
 stopped however the demo ends, and the bad input refused before anything starts."""
 
@@ -16,7 +16,7 @@ from specadapt.adapters.vllm import launch_plan
 from specadapt.cli import cli
 from specadapt.errors import ServerStartError, UsageError
 from specadapt.models import COMPLETE_MARKER, decoder_layers, truncated_model_dir
-from specadapt.probes import demo
+from specadapt.orchestration import demo
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, ServerInfo
 
 HW = HardwareInfo(source="this machine (specadapt started the server here)", cpu_model="Some CPU", cores=2,

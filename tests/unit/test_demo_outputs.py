@@ -9,9 +9,9 @@ import xml.etree.ElementTree as ET
 from click.testing import CliRunner
 from rich.console import Console
 
+from specadapt.analysis.identity import identity_report
+from specadapt.analysis.speed import analyse
 from specadapt.cli import cli
-from specadapt.probes.compare import analyse
-from specadapt.probes.equivalence import identity_report
 from specadapt.records import (
     CompareReport,
     CompareSettings,

@@ -10,7 +10,7 @@ import pytest
 from specadapt.adapters import sglang
 from specadapt.adapters.reference import ReferenceServer
 from specadapt.adapters.vllm import PER_SERVER_ENV, VLLMServer, server_settings
-from specadapt.probes.sides import side_differences
+from specadapt.analysis.sides import side_differences
 from specadapt.errors import NotAServer, UsageError
 
 FIX = Path(__file__).parent.parent / "fixtures" / "vllm"

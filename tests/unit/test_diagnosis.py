@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from specadapt.analysis import diagnosis as dg
+from specadapt.analysis.pairs import pair_records
 from specadapt.native_reference import theory
-from specadapt.probes import diagnosis as dg
-from specadapt.probes.pairs import pair_records
 from specadapt.records import (
     AcceptanceSummary,
     Distribution,
@@ -350,7 +350,7 @@ def test_rate_levels_are_named_by_rate_and_kept_out_of_the_crossover():
 def test_the_compare_reads_the_draft_cost_from_the_two_config_files(tmp_path):
     import json
 
-    from specadapt.probes.compare import draft_cost_of
+    from specadapt.orchestration.compare import draft_cost_of
     from specadapt.records import CompareReport, CompareSettings, ServerInfo
 
     base = {"hidden_size": 64, "vocab_size": 1000, "intermediate_size": 128, "num_attention_heads": 4,
@@ -376,7 +376,7 @@ def test_the_compare_reads_the_draft_cost_from_the_two_config_files(tmp_path):
 
 
 def test_tune_reads_its_largest_k_through_the_fit_over_every_k():
-    from specadapt.probes import tune as tuning
+    from specadapt.orchestration import tune as tuning
     from specadapt.records import CompareReport, CompareSettings, RequestSettings, ServerInfo
     from specadapt.records.tune import Candidate, TuneSettings
 

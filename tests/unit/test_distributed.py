@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from specadapt.analysis.acceptance import acceptance_summary
+from specadapt.analysis.latency import latency_summary
+from specadapt.analysis.merge import merge_reports, setting_difference
+from specadapt.analysis.probe_report import build_probe_report as build_report
+from specadapt.analysis.scale_report import replica_results, server_window, summed_counters
 from specadapt.errors import UsageError
-from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.distributed import Job, merge_records, plan_jobs, split_jobs
-from specadapt.probes.latency import latency_summary
-from specadapt.probes.merge import merge_reports, setting_difference
-from specadapt.probes.scale_report import build_report, replica_results, server_window, summed_counters
+from specadapt.orchestration.distributed import Job, merge_records, plan_jobs, split_jobs
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,

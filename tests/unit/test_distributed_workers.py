@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from specadapt.adapters.vllm import VLLMServer
-from specadapt.probes.distributed import run_spread_probe
+from specadapt.orchestration.distributed import run_spread_probe
 from specadapt.records import Prompt, RequestSettings, read_report
 from specadapt.testing import script, scripted_server
 

@@ -4,14 +4,8 @@
 import httpx
 import pytest
 
-from specadapt.probes.equivalence import (
-    default_threshold,
-    first_divergence,
-    identity_report,
-    readable_tokens,
-    server_triage,
-    token_id,
-)
+from specadapt.analysis.identity import default_threshold, first_divergence, identity_report, token_id
+from specadapt.orchestration.triage import readable_tokens, server_triage
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 P = Prompt(id="p", category="open", messages=[{"role": "user", "content": "reverse a string"}])
@@ -311,7 +305,7 @@ def test_chat_request_asks_for_top_logprobs_without_streaming(monkeypatch):
 
 
 def test_chat_own_token_missing_from_its_top_list_is_added():
-    from specadapt.probes.equivalence import _top_at
+    from specadapt.analysis.identity import _top_at
 
     choice = {"logprobs": {"content": [
         {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "a", "logprob": -0.1}]},
@@ -326,7 +320,7 @@ def test_chat_own_token_missing_from_its_top_list_is_added():
 
 
 def test_completions_top_at():
-    from specadapt.probes.equivalence import _top_at
+    from specadapt.analysis.identity import _top_at
 
     choice = {"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -3.0],
                            "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
@@ -443,7 +437,7 @@ def test_an_empty_detokenized_text_is_still_text(monkeypatch):
 
 
 def test_post_json_sends_auth_tls_and_timeout(monkeypatch):
-    from specadapt.probes.equivalence import post_json
+    from specadapt.orchestration.triage import post_json
 
     seen = {}
 
@@ -591,7 +585,7 @@ def test_the_callers_timeout_reaches_the_request(monkeypatch):
 def test_a_completions_answer_with_fewer_tokens_than_logprobs(monkeypatch):
     """A malformed answer (more top_logprobs / token_logprobs entries than tokens) is read
     without an IndexError: no token of the server's own at i."""
-    from specadapt.probes.equivalence import _top_at
+    from specadapt.analysis.identity import _top_at
 
     choice = {"logprobs": {"tokens": ["a"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
     assert _top_at(choice, "completions", 1) == (["a"], {"c": -0.2})

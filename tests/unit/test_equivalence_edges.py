@@ -5,7 +5,7 @@ run, whose records carry concurrency 0)."""
 
 from __future__ import annotations
 
-from specadapt.probes.equivalence import identity_report
+from specadapt.analysis.identity import identity_report
 from specadapt.records import ChatMessage, Prompt, RequestRecord
 
 CHAT = Prompt(id="chat", category="talk", messages=[ChatMessage(role="user", content="hi")],

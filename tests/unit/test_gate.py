@@ -1,10 +1,10 @@
-"""The staging gate of `equiv` (probes/gate.py): every threshold, its boundary and its exact reason."""
+"""The staging gate of `equiv` (analysis/gate.py): every threshold, its boundary and its exact reason."""
 
 from __future__ import annotations
 
 import pytest
 
-from specadapt.probes.gate import apply_gate
+from specadapt.analysis.gate import apply_gate
 from specadapt.records import (
     CompareReport,
     CompareSettings,

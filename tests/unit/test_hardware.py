@@ -19,9 +19,9 @@ from specadapt.adapters.hardware import (
     server_hardware,
 )
 from specadapt.adapters.vllm import VLLMServer, server_device
+from specadapt.analysis.sides import side_differences
 from specadapt.commands import _server
 from specadapt.commands._server import ServerOptions, Side
-from specadapt.probes.sides import side_differences
 from specadapt.records import GpuInfo, HardwareInfo, ServerInfo
 from specadapt.report.hardware import hardware_source_text, hardware_text
 
@@ -316,7 +316,7 @@ def test_hardware_text_for_a_cpu_and_for_gpus():
 def test_the_probe_console_says_the_hardware():
     from rich.console import Console
 
-    from specadapt.probes.latency import latency_summary
+    from specadapt.analysis.latency import latency_summary
     from specadapt.records import AcceptanceSummary, CounterSnapshot, ProbeReport, ProbeSettings, RequestSettings
     from specadapt.report.console import render_probe
 

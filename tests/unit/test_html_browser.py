@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from test_compare_outputs import make_report  # same synthetic report
 
-from specadapt.probes.gate import apply_gate
+from specadapt.analysis.gate import apply_gate
 from specadapt.report.html import to_html
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

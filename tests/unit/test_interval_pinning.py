@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specadapt.probes.compare import analyse
+from specadapt.analysis.speed import analyse
 from specadapt.records import CompareReport, CompareSettings, RequestRecord, ServerInfo
 
 MS = 1_000_000

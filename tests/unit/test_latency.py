@@ -3,7 +3,7 @@ import random
 import numpy as np
 import pytest
 
-from specadapt.probes.latency import (
+from specadapt.analysis.latency import (
     itl_values_ns,
     latency_summary,
     percentile,

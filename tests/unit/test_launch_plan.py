@@ -5,8 +5,8 @@ import pytest
 
 from specadapt.adapters.plan import launch_record
 from specadapt.adapters.vllm import VLLMLaunch, launch_plan
+from specadapt.analysis.sides import launch_differences
 from specadapt.configs.spec import SpecConfig
-from specadapt.probes.sides import launch_differences
 
 
 def test_spec_off_plan_has_no_speculative_config():

@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from specadapt.adapters import llamacpp as L
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
-from specadapt.probes.acceptance import acceptance_summary
 
 MODELS = {"object": "list", "data": [{"id": "/m/smol.gguf", "object": "model", "owned_by": "me", "permissions": []}]}
 

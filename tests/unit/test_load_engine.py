@@ -1,4 +1,4 @@
-"""The load engine (probes/load.py) on an injected clock: open-loop send times, closed-loop
+"""The load engine (load/engine.py) on an injected clock: open-loop send times, closed-loop
 concurrency and order, --duration, multi-turn conversations. No real time is measured."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from specadapt.probes.load import Job, LoadEngine, NotFinished, cycle_jobs, turn_prompt, turns_of
+from specadapt.load.engine import Job, LoadEngine, NotFinished, cycle_jobs, turn_prompt, turns_of
 from specadapt.records import ChatMessage, Prompt, RequestRecord
 
 MS = 1_000_000

@@ -5,8 +5,9 @@ import asyncio
 
 import pytest
 
-from specadapt.probes import client_load as client_load_mod
-from specadapt.probes.client_load import ClientMeter, client_limited, client_load, measure_client
+from specadapt.analysis.client_load import client_limited, client_load
+from specadapt.load import meter as client_load_mod
+from specadapt.load.meter import ClientMeter, measure_client
 
 S = 1_000_000_000
 
@@ -46,8 +47,8 @@ def test_ticker_lateness_is_exact_to_the_nanosecond_with_a_long_tick(monkeypatch
 def test_the_record_is_set_only_when_the_block_ends():
     async def go():
         async with measure_client(tick_s=60, cpu=lambda: 1.0, clock=lambda: 0) as meter:
-            during = meter.load
-        return during, meter.load
+            during = (client_load(*meter.figures) if meter.figures else None)
+        return during, (client_load(*meter.figures) if meter.figures else None)
 
     during, after = asyncio.run(go())
     assert during is None and after is not None and after.chunks == 0

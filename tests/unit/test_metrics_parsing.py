@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from specadapt.adapters.metrics import parse_samples
 from specadapt.adapters.vllm import counters_from_metrics
 from specadapt.errors import NotAServer
-from specadapt.adapters.metrics import parse_samples
 
 FIX = Path(__file__).parent.parent / "fixtures" / "vllm"
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from specadapt.errors import UsageError
-from specadapt.probes.prompts import WORKLOADS, load_builtin, load_prompts, parse_prompt_lines
+from specadapt.workloads.prompts import WORKLOADS, load_builtin, load_prompts, parse_prompt_lines
 
 CATEGORIES = {"conversation", "translation", "summarization", "qa", "math", "rag", "code"}
 # Ids that tests and the benchmark pages name: they stay in the default set.

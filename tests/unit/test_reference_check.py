@@ -1,4 +1,4 @@
-"""The float64 reference check (probes/reference_check.py): the verdict from the true margin,
+"""The float64 reference check (orchestration/reference_check.py): the verdict from the true margin,
 its notes and fallbacks, the /tokenize request, and the margin of a real (tiny) model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from specadapt.errors import MissingDependency, UsageError
-from specadapt.probes.reference_check import ReferenceScorer
+from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.records import Divergence, Prompt, RequestRecord, Triage
 
 CHAT = Prompt(id="p", category="open", messages=[{"role": "user", "content": "hi"}])

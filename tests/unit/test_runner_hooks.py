@@ -7,7 +7,7 @@ import httpx
 from fake_openai import FakeOpenAIServer  # tests/unit is on sys.path
 
 from specadapt.adapters.base import ServerBase
-from specadapt.probes.runner import run_probe
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import CounterSnapshot, Prompt, RequestSettings, ServerInfo
 
 

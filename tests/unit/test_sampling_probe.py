@@ -1,4 +1,4 @@
-"""probes/sampling.py without servers: request bodies, vLLM's response shapes, errors, the gate.
+"""orchestration/sampling.py without servers: request bodies, vLLM's response shapes, errors, the gate.
 
 The response shapes are vLLM 0.32's (read in vllm/entrypoints/openai/completion/protocol.py and
 checked against a live server): ``prompt_logprobs`` is a list with None for the first prompt
@@ -16,9 +16,9 @@ import httpx
 import numpy as np
 import pytest
 
+from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
-from specadapt.probes import sampling as S
-from specadapt.probes.sampling_stats import TokenDraw
+from specadapt.orchestration import sampling as S
 from specadapt.records import AcceptanceSummary, ChatMessage, Prompt, ServerInfo
 from specadapt.records.sampling import SamplingStats, SamplingTest
 from specadapt.records.sampling_report import SamplingSettings

@@ -1,4 +1,4 @@
-"""probes/sampling.py edges: the requests that succeed (path, body, timeout), the client's own
+"""orchestration/sampling.py edges: the requests that succeed (path, body, timeout), the client's own
 connections and TLS setting against a loopback server, the report's settings, and the float64
 reference (`--reference DIR`): its tokenizer, its missing-package messages, the prompt state it
 keeps per prompt and the float64 log-softmax.
@@ -23,10 +23,10 @@ import types
 import httpx
 import pytest
 
+from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import MissingDependency, UsageError
 from specadapt.models import embedded_model_dir
-from specadapt.probes import sampling as S
-from specadapt.probes.sampling_stats import TokenDraw
+from specadapt.orchestration import sampling as S
 from specadapt.records import AcceptanceSummary, ChatMessage, Prompt, ServerInfo
 from specadapt.records.sampling_report import SamplingSettings
 

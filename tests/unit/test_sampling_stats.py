@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specadapt.errors import UsageError
-from specadapt.probes.sampling_stats import (
+from specadapt.analysis.sampling_stats import (
     DrawArrays,
     TokenDraw,
     detectable_tv,
@@ -23,10 +22,11 @@ from specadapt.probes.sampling_stats import (
     pit_interval,
     randomized_pits,
     rank_test,
-    sampling_verdict,
     samples_needed,
+    sampling_verdict,
     verdict_from_arrays,
 )
+from specadapt.errors import UsageError
 
 VOCAB = 50
 LN = math.log
@@ -461,7 +461,7 @@ def test_a_token_of_probability_zero_is_inconsistent_at_any_count():
 
 
 def test_importing_the_module_does_not_import_scipy():
-    code = ("import sys; import specadapt.probes.sampling_stats; "
+    code = ("import sys; import specadapt.analysis.sampling_stats; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

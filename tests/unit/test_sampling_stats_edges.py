@@ -7,8 +7,8 @@ never finish: it must be refused up front, also where no power figure would be c
 
 import pytest
 
+from specadapt.analysis.sampling_stats import samples_needed, sampling_verdict
 from specadapt.errors import UsageError
-from specadapt.probes.sampling_stats import samples_needed, sampling_verdict
 
 ALPHA_0 = "alpha must be between 0 and 1, got 0.0: give a false-alarm rate such as 0.01"
 

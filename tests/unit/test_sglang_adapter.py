@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from specadapt.adapters import sglang as S
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.configs import sglang as cfg
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import NotAServer, UsageError
-from specadapt.probes.acceptance import acceptance_summary
 
 FIX = Path(__file__).parent.parent / "fixtures" / "sglang"
 

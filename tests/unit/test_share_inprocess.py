@@ -17,9 +17,9 @@ import time
 import pytest
 from aiohttp import web
 
-from specadapt.probes import share as share_mod
-from specadapt.probes.client import stream_request
-from specadapt.probes.share import Job, Share, Target, client_for, execute_share, worker_main
+from specadapt.load import share as share_mod
+from specadapt.load.client import stream_request
+from specadapt.load.share import Job, Share, Target, client_for, execute_share, worker_main
 from specadapt.records import Prompt, RequestSettings
 
 

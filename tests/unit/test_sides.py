@@ -18,12 +18,12 @@ from specadapt.adapters.base import Backend, Capabilities, LaunchOptions
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.plan import LaunchPlan, launch_record, record_argv, record_env, record_settings
 from specadapt.adapters.process import free_port
+from specadapt.analysis.sides import launch_differences, side_differences
 from specadapt.cli import cli
 from specadapt.commands import _server
 from specadapt.commands._server import plan_differences
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
-from specadapt.probes.sides import launch_differences, side_differences
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.server import PER_SERVER, LaunchRecord
 from specadapt.testing import scripted_plan
@@ -406,7 +406,7 @@ def test_compare_warns_when_the_two_plans_differ_beyond_speculation(monkeypatch,
 
 
 def test_the_compare_report_notes_every_difference_beyond_speculation():
-    from specadapt.probes.compare import _compare_notes
+    from specadapt.analysis.speed import compare_notes as _compare_notes
     from specadapt.records import CompareReport, CompareSettings
 
     def notes(off, on):

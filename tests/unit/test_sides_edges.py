@@ -4,7 +4,7 @@ warning)."""
 
 from __future__ import annotations
 
-from specadapt.probes.sides import hardware_differences, side_differences
+from specadapt.analysis.sides import hardware_differences, side_differences
 from specadapt.records import GpuInfo, HardwareInfo, ServerInfo
 
 H200 = GpuInfo(name="NVIDIA H200", memory_mib=143771, driver="550.54.15", compute_capability="9.0")

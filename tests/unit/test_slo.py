@@ -1,4 +1,4 @@
-"""SLOs and goodput (probes/slo.py): parsing, per-request judgement as vLLM's --goodput does,
+"""SLOs and goodput (analysis/slo.py): parsing, per-request judgement as vLLM's --goodput does,
 goodput over the run's wall time, and the on/off goodput ratio over units."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from specadapt.errors import UsageError
-from specadapt.probes.slo import (
+from specadapt.analysis.slo import (
     busy_duration_s,
     compare_goodput,
     diff_ci,
@@ -20,7 +19,8 @@ from specadapt.probes.slo import (
     run_duration_s,
     slo_text,
 )
-from specadapt.probes.stats import MIN_UNITS, t_bounds
+from specadapt.analysis.stats import MIN_UNITS, t_bounds
+from specadapt.errors import UsageError
 from specadapt.records import RequestRecord
 
 MS = 1_000_000

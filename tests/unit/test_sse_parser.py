@@ -2,7 +2,7 @@
 
 import pytest
 
-from specadapt.probes.client import SSEParser
+from specadapt.load.client import SSEParser
 
 
 def frame(*pieces: bytes) -> list[list[bytes]]:

@@ -1,4 +1,4 @@
-"""The interval method of compare (probes/stats.py): coverage by simulation, the least number
+"""The interval method of compare (analysis/stats.py): coverage by simulation, the least number
 of units, the cluster unit, pairing, the ratios' directions, verdicts and the crossover.
 
 Simulations are vectorised and seeded: each coverage figure comes from 20,000 simulated data
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from specadapt.probes.stats import (
+from specadapt.analysis.stats import (
     LEVEL,
     MIN_UNITS,
     find_crossover,

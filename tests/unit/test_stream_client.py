@@ -7,7 +7,7 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specadapt.probes.client import build_body, connect, open_client, run, ssl_for, stream_request
+from specadapt.load.client import build_body, connect, open_client, run, ssl_for, stream_request
 from specadapt.records import Prompt, RequestSettings
 
 PROMPT = Prompt(id="w", messages=[{"role": "user", "content": "hi"}])

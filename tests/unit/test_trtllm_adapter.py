@@ -16,12 +16,12 @@ import yaml
 
 from specadapt.adapters import trtllm as T
 from specadapt.adapters.metrics import parse_samples
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.configs import trtllm as cfg
 from specadapt.configs.files import validate_file
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.trtllm import read_trtllm_form
 from specadapt.errors import NotAServer, UsageError
-from specadapt.probes.acceptance import acceptance_summary
 
 FIX = Path(__file__).parent.parent / "fixtures" / "trtllm"
 SCHEMA = FIX / "trtllm-speculative.schema.json"  # speculative_config part, origin in README.md

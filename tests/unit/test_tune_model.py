@@ -1,4 +1,4 @@
-"""`specadapt tune`'s arithmetic (probes/tune_model.py): the per-level cost model, the k chosen per
+"""`specadapt tune`'s arithmetic (analysis/tune_model.py): the per-level cost model, the k chosen per
 level, the batch-size schedule, the fixed-k fallback, the recommendation and the verification
 verdicts. Every expected figure is worked out here from the formulas in the module's docstrings,
 and every comparison is pinned at its boundary (the module is mutation-tested)."""
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from specadapt.probes import tune_model as tm
+from specadapt.analysis import tune_model as tm
 from specadapt.records import (
     AcceptanceSummary,
     Distribution,

@@ -1,4 +1,4 @@
-"""probes/tune.py's orchestration with stand-in servers and a stand-in A/B (run_compare is replaced,
+"""orchestration/tune.py's orchestration with stand-in servers and a stand-in A/B (run_compare is replaced,
 so what each candidate 'measured' is exactly known): candidates, failures, a dying baseline, the
 choice across variants, the verification spec and verdict, the exit code."""
 
@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from specadapt.analysis.latency import latency_summary
 from specadapt.commands.tune import parse_ks, parse_on
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError, ServerStartError, UsageError
-from specadapt.probes import tune as tuning
-from specadapt.probes.latency import latency_summary
+from specadapt.orchestration import tune as tuning
 from specadapt.records import (
     AcceptanceSummary,
     CompareReport,
@@ -228,8 +228,8 @@ def test_parse_ks_and_on():
     assert parse_on("http://h:1") == (None, "http://h:1")
 
 
-# --- pinned for mutation testing (probes/tune.py is in [tool.mutmut]); every expected value below is
-# worked out by hand from the docstrings of probes/tune.py and probes/tune_model.py -------------------
+# --- pinned for mutation testing (orchestration/tune.py is in [tool.mutmut]); every expected value below is
+# worked out by hand from the docstrings of orchestration/tune.py and analysis/tune_model.py -------------------
 
 def lvl(c: int, tpot: float, per_pos: list[float], e2e: float | None = None, drafts: float = 100.0) -> LevelResult:
     """A level whose e2e ratio may differ from its TPOT ratio (to tell which objective was read)."""

@@ -1,4 +1,4 @@
-"""Prompt sets: the built-in workloads and the user's JSONL files (other formats: probes/datasets.py).
+"""Prompt sets: the built-in workloads and the user's JSONL files (other formats: workloads/datasets.py).
 
 One JSON object per line::
 
@@ -23,7 +23,7 @@ from specadapt.records import Prompt
 
 MAX_LINE_BYTES = 1_000_000
 
-# The built-in workloads (--workload NAME): files in specadapt/probes/data/.
+# The built-in workloads (--workload NAME): files in specadapt/workloads/data/.
 WORKLOADS = {
     "default": "default_prompts.jsonl",
     "spec-bench": "spec_bench_prompts.jsonl",
@@ -68,7 +68,7 @@ def load_builtin(name: str = "default") -> list[Prompt]:
     """A built-in workload by name (see ``WORKLOADS``)."""
     if name not in WORKLOADS:
         raise UsageError(f"--workload {name}: unknown; the built-in workloads are {', '.join(WORKLOADS)}")
-    text = resources.files("specadapt.probes").joinpath(f"data/{WORKLOADS[name]}").read_text(encoding="utf-8")
+    text = resources.files("specadapt.workloads").joinpath(f"data/{WORKLOADS[name]}").read_text(encoding="utf-8")
     return parse_prompt_lines(text.splitlines(), f"built-in workload {name}")
 
 

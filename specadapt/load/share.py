@@ -17,10 +17,10 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specadapt.probes.client import StreamClient, connect, stream_request
-from specadapt.probes.client import run as run_loop
-from specadapt.probes.load import Job as EngineJob
-from specadapt.probes.load import LoadEngine, turns_of
+from specadapt.load.client import StreamClient, connect, stream_request
+from specadapt.load.client import run as run_loop
+from specadapt.load.engine import Job as EngineJob
+from specadapt.load.engine import LoadEngine, turns_of
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 

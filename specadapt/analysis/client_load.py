@@ -13,28 +13,21 @@ the client. ``measure_client()`` wraps a run and reports:
 ``client_limited(load)`` gives a one-line reason when the client was the bottleneck: loop
 lag p99 over 5 ms, or CPU over 90% of a core (one process uses one core at most).
 
-    async with measure_client(client) as meter:
+    async with measure_client(client) as meter:     # specadapt.load.meter
         ... the run ...
-    load = meter.load          # a ClientLoad record
+    load = client_load(*meter.figures)             # a ClientLoad record
     reason = client_limited(load)
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
-
-from specadapt.probes.latency import percentile
+from specadapt.analysis.latency import percentile
 from specadapt.records import ClientLoad
 
 LAG_P99_LIMIT_MS = 5.0
 """Loop lag p99 above this: chunks waited that long to be read (times late by as much)."""
 CPU_LIMIT = 0.9
 """CPU above this fraction of one core: the client had no headroom left."""
-TICK_S = 0.010
 
 NS_PER_MS = 1_000_000
 
@@ -66,50 +59,3 @@ def client_limited(load: ClientLoad) -> str | None:
               f"with CPU at {100 * load.cpu_fraction:.0f}% of a core it waited for a core: "
               "give the client cores of its own")
     return "the probe client was the bottleneck: " + " and ".join(reasons) + f"; its times are late: {advice}"
-
-
-class ClientMeter:
-    """Collects during ``measure_client``; ``load`` is set when the block ends."""
-
-    def __init__(self, client: Any = None, *, tick_s: float = TICK_S,
-                 cpu: Callable[[], float] = time.process_time, clock: Callable[[], int] = time.perf_counter_ns):
-        self.client, self.tick_s, self.cpu, self.clock = client, tick_s, cpu, clock
-        self.lags_ns: list[int] = []
-        self.extra_chunks = 0
-        self.load: ClientLoad | None = None
-        self._chunks0 = self._client_chunks()
-
-    def add_chunks(self, n: int) -> None:
-        """Count chunks read by a client that does not count its own."""
-        self.extra_chunks += n
-
-    def _client_chunks(self) -> int:
-        return int(getattr(self.client, "chunks_read", 0))
-
-    async def tick(self) -> None:
-        """Sleep ``tick_s`` again and again; record how late each wake-up is."""
-        step = round(self.tick_s * 1e9)
-        while True:
-            before = self.clock()
-            await asyncio.sleep(self.tick_s)
-            self.lags_ns.append(max(0, self.clock() - before - step))
-
-
-@contextlib.asynccontextmanager
-async def measure_client(client: Any = None, *, tick_s: float = TICK_S,
-                         cpu: Callable[[], float] = time.process_time,
-                         clock: Callable[[], int] = time.perf_counter_ns) -> AsyncIterator[ClientMeter]:
-    """Measure the client process over the block: CPU, chunks read (from ``client.chunks_read``,
-    a StreamClient's count, plus ``meter.add_chunks``) and event-loop lag. ``meter.load`` is the
-    ClientLoad afterwards (also when the block raised)."""
-    meter = ClientMeter(client, tick_s=tick_s, cpu=cpu, clock=clock)
-    cpu0, t0 = cpu(), clock()
-    ticker = asyncio.create_task(meter.tick())
-    try:
-        yield meter
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        chunks = meter._client_chunks() - meter._chunks0 + meter.extra_chunks
-        meter.load = client_load((clock() - t0) / 1e9, cpu() - cpu0, chunks, meter.lags_ns)

@@ -4,7 +4,7 @@ Three vLLM servers of the embedded model start side by side, in one dtype chosen
 machine: speculation off; n-gram k=4 (a draft that matches input-grounded prompts, whose
 answers copy the prompt); and a draft model that is the target cut to its first few decoder
 layers (a draft that predicts the target badly). The same input-grounded prompts then go
-through two interleaved comparisons against the one spec-off server (probes/compare.py):
+through two interleaved comparisons against the one spec-off server (orchestration/compare.py):
 n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
 divergence triaged in float64 with the embedded model.
 
@@ -31,10 +31,10 @@ from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.models import decoder_layers, is_complete, resolve_model_dir, truncated_model_dir
-from specadapt.probes.compare import run_compare, total_requests
-from specadapt.probes.prompts import load_builtin
+from specadapt.orchestration.compare import run_compare, total_requests
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestRecord, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
+from specadapt.workloads.prompts import load_builtin
 
 # Input-grounded prompts whose answers copy the input (built-in categories code and rag).
 PROMPT_IDS = ("copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code")

@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.probe_report import build_probe_report
+from specadapt.analysis.scale_report import replica_results, summed_counters
 from specadapt.errors import MissingDependency, UsageError
-from specadapt.probes.client import run as run_loop
-from specadapt.probes.client import stream_request
-from specadapt.probes.runner import counting, read_counters_safely, settle_counters
-from specadapt.probes.scale_report import build_report, replica_results, summed_counters
-from specadapt.probes.share import Job, Share, Target, client_for, execute_share, plan_jobs, split_jobs, worker_main
+from specadapt.load.client import run as run_loop
+from specadapt.load.client import stream_request
+from specadapt.load.share import Job, Share, Target, client_for, execute_share, plan_jobs, split_jobs, worker_main
+from specadapt.orchestration.probe import counting, read_counters_safely, settle_counters
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -408,7 +409,7 @@ def run_spread_probe(servers: Sequence[Server], prompts: list[Prompt], settings:
     if executor == "ray":
         notes.append("Ray workers time their requests on their own clocks from a shared wall-clock start "
                      "instant; see each worker's start lag and clock offset")
-    report = build_report(infos[servers[0].base_url], ProbeSettings(
+    report = build_probe_report(infos[servers[0].base_url], ProbeSettings(
         concurrency=concurrency, repeat=repeat, warmup=warmup, prompts_source=prompts_source, request=settings),
         records, before, after, layout, partial_reason=result.partial_reason, extra_notes=notes)
     if interrupted is not None:

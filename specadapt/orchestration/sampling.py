@@ -1,6 +1,6 @@
 """Sampling-distribution equivalence: are the spec-on server's samples drawn from the target?
 
-Greedy identity (probes/equivalence.py) cannot see a rejection sampler that is wrong, since
+Greedy identity (analysis/identity.py) cannot see a rejection sampler that is wrong, since
 greedy decoding never calls it. This probe samples the spec-on server at temperature 1 and
 asks a *source* of the target's distribution p how likely each sampled token was:
 
@@ -19,7 +19,7 @@ asks a *source* of the target's distribution p how likely each sampled token was
    come from the model recomputed in float64 on the CPU (torch imported only then).
 
 The statistics (randomized PIT over the top K by probability plus the lumped rest, tests,
-power) are probes/sampling_stats.py's; this module gets the TokenDraws to it.
+power) are analysis/sampling_stats.py's; this module gets the TokenDraws to it.
 
 Temperature 1 and top_p 1 only: prompt logprobs are the raw distribution of the model, so
 they are the distribution the server samples only when nothing reshapes it.
@@ -38,9 +38,9 @@ from typing import Any
 import httpx
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
+from specadapt.analysis.sides import side_differences
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
-from specadapt.probes.sampling_stats import TokenDraw, sampling_verdict
-from specadapt.probes.sides import side_differences
 from specadapt.records import AcceptanceSummary, Prompt, ServerInfo
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.identity import token_id
 from specadapt.errors import UsageError, require
-from specadapt.probes.equivalence import post_json, token_id
+from specadapt.orchestration.triage import post_json
 from specadapt.records import Divergence, Prompt, RequestRecord, Triage
 
 

@@ -8,7 +8,7 @@ every SLO given. No percentiles: each request is judged on its own.
   ``calculate_metrics``): the request's TTFT, TPOT = (E2E - TTFT) / (tokens - 1), E2E,
   each <= the limit; a request of one output token has TPOT 0. (vLLM calls E2E ``e2el``.)
 - itl: vLLM has no ITL objective. specadapt's: *every* inter-token gap of the request
-  (per token, as probes/latency.py counts them) is within the limit, i.e. its largest ITL;
+  (per token, as analysis/latency.py counts them) is within the limit, i.e. its largest ITL;
   a request without gaps (one chunk) meets it.
 
 Goodput = good requests / the run's wall time (first scheduled or sent request to the last
@@ -16,7 +16,7 @@ one finished), in requests/s, as vLLM divides by its benchmark duration. Failed 
 are never good but count in the shares' denominators.
 
 A/B: per unit (one off block + one on block) d = log(goodput_on / goodput_off); the ratio
-is exp(mean d) with the t interval of probes/stats.py. A unit where a side had no good
+is exp(mean d) with the t interval of analysis/stats.py. A unit where a side had no good
 request has no finite d and is left out (the report counts such units). The share
 difference on - off gets a t interval over the same units.
 """
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
+from specadapt.analysis.latency import itl_values_ns, tpot_ns
+from specadapt.analysis.stats import LEVEL, MIN_UNITS, log_rate_ratio, ratio_ci, t_bounds
 from specadapt.errors import UsageError
-from specadapt.probes.latency import itl_values_ns, tpot_ns
-from specadapt.probes.stats import LEVEL, MIN_UNITS, log_rate_ratio, ratio_ci, t_bounds
 from specadapt.records import RequestRecord
 from specadapt.records.load import DiffCI, Goodput, GoodputComparison
 

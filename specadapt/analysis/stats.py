@@ -27,7 +27,7 @@ end is below 1, otherwise (also without an interval) no clear difference.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls)

@@ -18,7 +18,7 @@ S = the measured TPOT ratio off/on (> 1: spec on is faster), with its interval.
                    cost (the memory-bound limit).
 - model            tune's fit v + c k where several k were measured, else 1 + c k with
                    c = (v - 1) / k; with rho = P / D plain steps per pass,
-                   S(k') = (rho + 1 + sum_{i<k'} p_i) / (rho + v + c k') (rho = 0: probes/tune_model's),
+                   S(k') = (rho + 1 + sum_{i<k'} p_i) / (rho + v + c k') (rho = 0: analysis/tune_model's),
                    and the k' <= k it predicts best (0: off). With one k it reproduces the measured S.
 """
 
@@ -28,10 +28,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specadapt.analysis.pairs import Pair, level_records, pair_records
+from specadapt.analysis.stats import ratio_ci
+from specadapt.analysis.tune_model import predict_ratio
 from specadapt.native_reference import theory
-from specadapt.probes.pairs import Pair, level_records, pair_records
-from specadapt.probes.stats import ratio_ci
-from specadapt.probes.tune_model import predict_ratio
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
 from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
 
@@ -144,7 +144,7 @@ def level_name(lv: LevelResult) -> str:
 
 
 def ttft_ratio(pairs: Sequence[Pair]) -> RatioCI:
-    """TTFT on / off over the (off, on) pairs of one concurrency-1 level (probes/pairs), each pair
+    """TTFT on / off over the (off, on) pairs of one concurrency-1 level (analysis/pairs), each pair
     with a first token on both sides one unit: exp(mean log(ttft_on / ttft_off)) with its t interval."""
     logs = [math.log(on.ttft_ns / off.ttft_ns) for off, on in pairs if off.ttft_ns and on.ttft_ns]
     return ratio_ci(logs, "pairs")

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specadapt.analysis.probe_report import build_probe_report
+from specadapt.analysis.scale_report import replica_results, server_window, summed_counters
 from specadapt.errors import UsageError
-from specadapt.probes.scale_report import build_report, replica_results, server_window, summed_counters
 from specadapt.records import CounterSnapshot, MergeSource, ProbeReport, RequestRecord, ScaleLayout, ServerInfo
 
 
@@ -81,5 +82,5 @@ def merge_reports(sources: Sequence[tuple[str, ProbeReport]]) -> ProbeReport:
                          replicas=replica_results(records, servers, windows) if len(servers) > 1 else [])
     notes = [f"merged from {len(sources)} reports over {len(servers)} server(s); each run's send times count "
              "from its own start, so duration and tokens/s assume the runs started together"]
-    return build_report(first.server, first.settings, records, before, after, layout,
+    return build_probe_report(first.server, first.settings, records, before, after, layout,
                         partial_reason="; ".join(partial) if partial else None, extra_notes=notes)

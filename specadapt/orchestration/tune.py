@@ -3,12 +3,12 @@ then verify the emitted configuration.
 
 The sweep. The spec-off server stays up for the whole run. Each candidate (the base config
 with one k, and for n-gram one lookup window) runs beside it, one candidate at a time, as a
-full A/B (probes.compare.run_compare: interleaved requests, ratios with intervals per
+full A/B (orchestration.compare.run_compare: interleaved requests, ratios with intervals per
 concurrency level, per-position acceptance from the candidate's counters, identity with
 triage). A candidate whose server fails or dies is recorded with the reason and the sweep goes
 on; if the spec-off server dies the sweep stops and what was measured is kept (partial).
 
-The choice (probes/tune_model.py). Per level, a cost model fitted to the candidates (shown
+The choice (analysis/tune_model.py). Per level, a cost model fitted to the candidates (shown
 with its fit quality), and the best *measured* k (0 = off included), with how sure that is.
 Candidates with suspect divergences cannot be chosen. With several variants (lookup windows),
 the variant whose choices score best gives the schedule. Levels become batch-size ranges.
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import ContextManager
 
 from specadapt.adapters.base import Server
+from specadapt.analysis import tune_model as tm
+from specadapt.analysis.diagnosis import diagnose_tune
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
-from specadapt.probes import tune_model as tm
-from specadapt.probes.compare import run_compare
-from specadapt.probes.diagnosis import diagnose_tune
+from specadapt.orchestration.compare import run_compare
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI, RequestRecord
 from specadapt.records.schedule import k_for_batch
 from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification

@@ -2,7 +2,7 @@
 
 Formats (``--dataset-format``, detected from the file when ``auto``):
 
-- ``jsonl``: specadapt's own prompt lines (probes/prompts.py), unchanged;
+- ``jsonl``: specadapt's own prompt lines (workloads/prompts.py), unchanged;
 - ``sharegpt``: a JSON list (or JSON lines) of ``{"id"?, "conversations": [{"from", "value"}]}``,
   or the ``"messages": [{"role", "content"}]`` variant. One prompt per conversation: the system
   message (if any) and the first user message are sent first; the later user messages become
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+
 from specadapt.errors import MissingDependency, UsageError
-from specadapt.probes.prompts import MAX_LINE_BYTES, WORKLOADS, load_builtin, parse_prompt_lines
 from specadapt.records import ChatMessage, Prompt, WorkloadInfo
+from specadapt.workloads.prompts import MAX_LINE_BYTES, WORKLOADS, load_builtin, parse_prompt_lines
 
 FORMATS = ("auto", "jsonl", "sharegpt", "spec-bench", "parquet", "arrow", "hf-disk")
 TABLE_FORMATS = ("parquet", "arrow", "hf-disk")

@@ -1,4 +1,5 @@
-"""Output identity of spec-on vs spec-off, the first divergence, and its triage.
+"""Output identity of spec-on vs spec-off, the first divergence, and the verdicts of its triage
+(orchestration/triage.py asks the servers).
 
 Identity is decided on tokens (the logprobs' token ids when the server gives them, as
 vLLM does with ``return_tokens_as_token_ids``), so that a difference cannot hide behind
@@ -21,20 +22,10 @@ reported once):
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-import httpx
-
-from specadapt.adapters.base import Server
-from specadapt.probes.client import build_body
-from specadapt.records import (
-    Divergence,
-    Prompt,
-    PromptIdentity,
-    RequestRecord,
-    RequestSettings,
-    Triage,
-)
+from specadapt.records import Divergence, Prompt, PromptIdentity, RequestRecord, Triage
 
 CONTEXT_CHARS = 40
 TOP_LOGPROBS = 5
@@ -93,52 +84,12 @@ def first_divergence(off: RequestRecord, on: RequestRecord) -> Divergence | None
                       on_tokens=len(on.tokens) or on.output_tokens)
 
 
-def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
-    """One non-streamed POST to ``server`` with its auth and TLS settings."""
-    return httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
-                      verify=server.verify)
-
-
-def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
-    req = settings.model_copy(update={"logprobs": True, "top_logprobs": TOP_LOGPROBS})
-    path, body = build_body(prompt, model, req)
-    body.update(stream=False, max_tokens=n_tokens)
-    body.pop("stream_options", None)
-    return path, body
-
-
-def _top_at(choice: dict[str, Any], api: str, i: int) -> tuple[list[str], dict[str, float]]:
-    lp = choice.get("logprobs") or {}
-    if api == "chat":
-        entries = lp.get("content") or []
-        tokens = [e["token"] for e in entries]
-        top = {t["token"]: float(t["logprob"]) for t in (entries[i].get("top_logprobs") or [])} if i < len(entries) else {}
-        if i < len(entries):
-            top.setdefault(entries[i]["token"], float(entries[i]["logprob"]))
-        return tokens, top
-    tokens = list(lp.get("tokens") or [])
-    tops = lp.get("top_logprobs") or []
-    top = {k: float(v) for k, v in (tops[i] or {}).items()} if i < len(tops) else {}
-    if i < len(tokens) and i < len(lp.get("token_logprobs") or []):
-        top.setdefault(tokens[i], float(lp["token_logprobs"][i]))
-    return tokens, top
-
-
-def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div: Divergence,
-                  off_tokens: list[str], threshold: float, timeout_s: float = 120.0) -> Triage:
-    """Ask the spec-off server for its top logprobs at the divergence and classify."""
-    if div.token_index < 0:
-        return Triage(verdict="unknown", source="none", threshold=threshold,
-                      note="the servers returned no tokens (no logprobs), so no position to triage")
+def triage_from_logprobs(choice: dict[str, Any], api: str, div: Divergence, off_tokens: list[str],
+                         threshold: float) -> Triage:
+    """The verdict at ``div`` from the spec-off server's answer (``choice``: its first choice, with
+    top logprobs over the first token_index + 1 tokens)."""
     i = div.token_index
-    path, body = _triage_body(prompt, server.model_id, settings, i + 1)
-    try:
-        data = post_json(server, path, body, timeout_s).json()
-        choice = data["choices"][0]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-        return Triage(verdict="unknown", source="none", threshold=threshold,
-                      note=f"could not get logprobs from the spec-off server: {type(exc).__name__}")
-    tokens, top = _top_at(choice, prompt.api, i)
+    tokens, top = _top_at(choice, api, i)
     note = ""
     if tokens[:i] != off_tokens[:i]:
         note = "the spec-off server's output changed between runs before this position; "
@@ -162,25 +113,21 @@ def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div
                   threshold=threshold, server_margin=margin, top_logprobs=top, note=note.rstrip("; "))
 
 
-def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
-    """Replace "token_id:N" in divergences by the token's text, via the server's POST /detokenize
-    (vLLM); left as ids where the server cannot say."""
-    for d in divergences:
-        d.off_token = _readable(server, d.off_token)
-        d.on_token = _readable(server, d.on_token)
-
-
-def _readable(server: Server, token: str | None) -> str | None:
-    """"token_id:N" -> "text (id N)" when the server can detokenize N; anything else unchanged."""
-    tid = token_id(token or "")
-    if tid is None:
-        return token
-    try:
-        resp = post_json(server, "/detokenize", {"model": server.model_id, "tokens": [tid]}, 10)
-        text = resp.json()["prompt"] if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, KeyError):
-        text = None
-    return f"{text} (id {tid})" if isinstance(text, str) else token
+def _top_at(choice: dict[str, Any], api: str, i: int) -> tuple[list[str], dict[str, float]]:
+    lp = choice.get("logprobs") or {}
+    if api == "chat":
+        entries = lp.get("content") or []
+        tokens = [e["token"] for e in entries]
+        top = {t["token"]: float(t["logprob"]) for t in (entries[i].get("top_logprobs") or [])} if i < len(entries) else {}
+        if i < len(entries):
+            top.setdefault(entries[i]["token"], float(entries[i]["logprob"]))
+        return tokens, top
+    tokens = list(lp.get("tokens") or [])
+    tops = lp.get("top_logprobs") or []
+    top = {k: float(v) for k, v in (tops[i] or {}).items()} if i < len(tops) else {}
+    if i < len(tokens) and i < len(lp.get("token_logprobs") or []):
+        top.setdefault(tokens[i], float(lp["token_logprobs"][i]))
+    return tokens, top
 
 
 def identity_report(records: list[RequestRecord], prompts: list[Prompt],

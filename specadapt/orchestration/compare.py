@@ -9,10 +9,8 @@ and the blocks alternate off/on, on/off with the repeats. Warm-up requests go to
 servers first and are discarded. The spec-on server's counters are read before and after
 each concurrency level, so acceptance is known per level.
 
-Analysis (formulas in probes/stats.py). The unit of independence at concurrency 1 is one
-off/on pair; at concurrency N > 1 it is one repeat's off block + on block, whose requests
-share the machine's state (never the single request pairs inside it). Per prompt the
-units are its pairs at concurrency 1 and its copies in each repeat's blocks at N > 1.
+The figures and verdicts from the records: analysis/speed.py (ratios, crossovers, theory),
+analysis/identity.py (identity), analysis/diagnosis.py (why).
 """
 
 from __future__ import annotations
@@ -21,40 +19,30 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
+from specadapt.analysis.identity import default_threshold, identity_report
+from specadapt.analysis.speed import analyse, compare_notes
 from specadapt.configs.checks import load_model_config
 from specadapt.errors import UsageError
-from specadapt.native_reference import theory
-from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.arrivals import arrivals_for_duration, rate_label, schedule_ns, send_lag_blocks
-from specadapt.probes.client import run as run_loop
-from specadapt.probes.client import stream_request
-from specadapt.probes.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
-from specadapt.probes.equivalence import default_threshold, identity_report, readable_tokens, server_triage
-from specadapt.probes.latency import latency_summary, tpot_ns
-from specadapt.probes.load import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
-from specadapt.probes.pairs import Pair, level_records, pair_records
-from specadapt.probes.reference_check import ReferenceScorer
-from specadapt.probes.runner import counting, server_client, settle_counters
-from specadapt.probes.sides import side_differences
-from specadapt.probes.slo import compare_goodput
-from specadapt.probes.stats import find_crossover, log_latency_ratio, log_rate_ratio, ratio_ci
+from specadapt.load.arrivals import arrivals_for_duration, schedule_ns
+from specadapt.load.client import run as run_loop
+from specadapt.load.client import stream_request
+from specadapt.load.engine import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
+from specadapt.orchestration.probe import counting, server_client, settle_counters
+from specadapt.orchestration.reference_check import ReferenceScorer
+from specadapt.orchestration.triage import readable_tokens, server_triage
 from specadapt.records import (
     CompareReport,
     CompareSettings,
     CounterPair,
-    CounterSnapshot,
-    LevelResult,
     Prompt,
-    PromptSpeed,
     RequestRecord,
     RequestSettings,
-    SpeedRatios,
-    TheoryCheck,
 )
-from specadapt.records.load import GoodputComparison, LoadSettings, SendLag
+from specadapt.records.load import LoadSettings, rate_label
 
 Progress = Callable[[RequestRecord], None]
 
@@ -195,180 +183,6 @@ class ABRunner:
         return out
 
 
-def _latency_logs(units: list[list[Pair]]) -> tuple[list[float | None], list[float | None]]:
-    """Per unit: log(mean TPOT off / mean TPOT on) over the pairs with a TPOT on both sides,
-    and log(mean E2E off / mean E2E on)."""
-    tpot, e2e = [], []
-    for unit in units:
-        tp = [(a, b) for a, b in ((tpot_ns(x), tpot_ns(y)) for x, y in unit) if a is not None and b is not None]
-        tpot.append(log_latency_ratio([a for a, _ in tp], [b for _, b in tp]))
-        e2e.append(log_latency_ratio([x.e2e_ns for x, _ in unit], [y.e2e_ns for _, y in unit]))
-    return tpot, e2e
-
-
-def _request_rate_log(unit: list[Pair]) -> float | None:
-    """log(rate_on / rate_off), each side's rate = its output tokens / the sum of its E2E."""
-    return log_rate_ratio(sum(x.output_tokens for x, _ in unit), sum(x.e2e_ns for x, _ in unit),
-                          sum(y.output_tokens for _, y in unit), sum(y.e2e_ns for _, y in unit))
-
-
-def block_rate(records: list[RequestRecord]) -> tuple[int, int]:
-    """(output tokens, wall ns) of one block: its succeeded requests' tokens over the time from
-    the first request sent to the last request finished."""
-    ok = [r for r in records if r.ok and r.e2e_ns is not None]
-    if not ok:
-        return 0, 0
-    return sum(r.output_tokens for r in ok), max(r.sent_at_ns + r.e2e_ns for r in ok) - min(r.sent_at_ns for r in ok)
-
-
-def speed_ratios(pairs: list[Pair]) -> SpeedRatios:
-    """Ratios with each pair one unit (concurrency 1: the pairs are sent back to back, one at a time)."""
-    units = [[p] for p in pairs]
-    tpot, e2e = _latency_logs(units)
-    return SpeedRatios(tpot=ratio_ci(tpot, "pairs"), e2e=ratio_ci(e2e, "pairs"),
-                       throughput=ratio_ci([_request_rate_log(u) for u in units], "pairs"))
-
-
-def block_units(pairs: list[Pair]) -> list[tuple[int, list[Pair]]]:
-    """The pairs of one concurrency level N > 1 grouped by repeat: (repeat, its pairs), one
-    group per off block + on block."""
-    groups: dict[int, list[Pair]] = {}
-    for a, b in pairs:
-        groups.setdefault(a.repeat, []).append((a, b))
-    return sorted(groups.items())
-
-
-def block_speed_ratios(units: list[tuple[int, list[Pair]]], throughput_logs: list[float | None]) -> SpeedRatios:
-    """Ratios with each repeat's off block + on block one unit (concurrency N > 1): TPOT and
-    E2E from the block's mean over its pairs, throughput from the given per-block log ratios."""
-    tpot, e2e = _latency_logs([u for _, u in units])
-    return SpeedRatios(tpot=ratio_ci(tpot, "blocks"), e2e=ratio_ci(e2e, "blocks"),
-                       throughput=ratio_ci(throughput_logs, "blocks"))
-
-
-def _block_rate_log(records: list[RequestRecord], level: int, repeat: int, rate: float | None = None) -> float | None:
-    """log(rate_on / rate_off) of one repeat's blocks, each rate its block's tokens over its wall time
-    (every succeeded request of the block, paired or not)."""
-    recs = level_records(records, level, rate)
-    (tok_off, t_off), (tok_on, t_on) = (
-        block_rate([x for x in recs if x.repeat == repeat and x.side == side]) for side in ("off", "on"))
-    return log_rate_ratio(tok_off, t_off, tok_on, t_on)
-
-
-def _subset_ratios(level: int, pp: list[Pair]) -> SpeedRatios:
-    """A prompt's or a category's ratios: its pairs at concurrency 1; at N > 1 and at rates its
-    share of each block (its requests' tokens over their E2E), one unit per block pair."""
-    if level == 1:
-        return speed_ratios(pp)
-    units = block_units(pp)
-    return block_speed_ratios(units, [_request_rate_log(u) for _, u in units])
-
-
-def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair],
-                rate: float | None = None) -> tuple[SpeedRatios, list[PromptSpeed]]:
-    """The level's ratios and each prompt's, on the level's unit of independence. Per prompt at
-    N > 1 the throughput is its requests' tokens over their E2E (its share of each block)."""
-    if level == 1 and rate is None:
-        speed = speed_ratios(pairs)
-    else:
-        units = block_units(pairs)
-        speed = block_speed_ratios(units, [_block_rate_log(records, level, r, rate) for r, _ in units])
-    by_prompt = []
-    for pid in dict.fromkeys(p.prompt_id for p, _ in pairs):
-        pp = [(a, b) for a, b in pairs if a.prompt_id == pid]
-        by_prompt.append(PromptSpeed(prompt_id=pid, category=pp[0][0].category,
-                                     ratios=_subset_ratios(0 if rate is not None else level, pp)))
-    return speed, by_prompt
-
-
-def category_speed(pairs: list[Pair], level: int, rate: float | None = None) -> dict[str, SpeedRatios]:
-    """Per prompt category: its ratios on the level's units (see _subset_ratios)."""
-    cats = sorted({a.category for a, _ in pairs})
-    return {c: _subset_ratios(0 if rate is not None else level, [(a, b) for a, b in pairs if a.category == c])
-            for c in cats}
-
-
-def level_goodput(records: list[RequestRecord], level: int, slo_ms: dict[str, float],
-                  rate: float | None = None) -> GoodputComparison:
-    """Goodput per side and the on/off ratio: one unit per repeat (its off block + on block; at
-    concurrency 1 its pairs, each side's time the sum of its requests' E2E, as the sides alternate)."""
-    recs = level_records(records, level, rate)
-    units = [([r for r in recs if r.repeat == rep and r.side == "off"],
-              [r for r in recs if r.repeat == rep and r.side == "on"]) for rep in sorted({r.repeat for r in recs})]
-    return compare_goodput(units, slo_ms, busy_time=(level == 1 and rate is None))
-
-
-def level_lag(records: list[RequestRecord], rate: float, side: str) -> SendLag:
-    """Send lag of one side at an arrival rate, over its blocks (each timed from its own start)."""
-    recs = [r for r in level_records(records, 0, rate) if r.side == side and r.scheduled_at_ns is not None]
-    return send_lag_blocks([([r.scheduled_at_ns for r in recs if r.repeat == rep],
-                             [r.sent_at_ns for r in recs if r.repeat == rep])
-                            for rep in sorted({r.repeat for r in recs})])
-
-
-def theory_check(level: LevelResult, tpot_off_ms: float | None, tpot_on_ms: float | None,
-                 draft_cost: float | None) -> TheoryCheck | None:
-    """Theory beside measurement: ideal speedup from acceptance, the implied draft cost c, best k."""
-    acc = level.acceptance
-    if not acc.known or not acc.drafts or not acc.per_position_rate:
-        return None
-    k = len(acc.per_position_rate)
-    tokens_per_pass = acc.mean_acceptance_length
-    c = draft_cost if draft_cost is not None else 0.0
-    per_pos = [acc.per_position_rate[i] * acc.drafts for i in range(k)]
-    predicted = theory.predicted_speedup_per_position(per_pos, int(acc.drafts), c)
-    measured = level.speed.tpot.point
-    implied_c = None
-    if tpot_off_ms and tpot_on_ms:
-        # one verify pass costs tpot_on * L; relative to a decode step: k*c + 1
-        implied_c = max(0.0, (tpot_on_ms * tokens_per_pass / tpot_off_ms - 1.0) / k)
-    a = theory.acceptance_from_mean_length(tokens_per_pass, k) if 1 < tokens_per_pass < k + 1 else None
-    # 1 < L < k + 1 puts a strictly inside (0, 1)
-    best = theory.best_k(a, implied_c if implied_c is not None else c) if a is not None else None
-    best_measured = max(range(1, k + 1), key=lambda kk: theory.predicted_speedup_per_position(
-        per_pos[:kk], int(acc.drafts), implied_c if implied_c is not None else c))
-    return TheoryCheck(k=k, tokens_per_pass=tokens_per_pass, draft_cost_assumed=c, predicted_speedup=predicted,
-                       measured_speedup=measured,
-                       measured_over_predicted=(measured / predicted) if measured and predicted else None,
-                       implied_draft_cost=implied_c, iid_acceptance=a,
-                       best_k_iid=best[0] if best else None, best_k_measured_positions=best_measured)
-
-
-def _level_result(report: CompareReport, level: int, rate: float | None, counters: CounterPair | None) -> LevelResult:
-    s = report.settings
-    pairs = pair_records(report.requests, level, rate)
-    speed, by_prompt = level_speed(report.requests, level, pairs, rate)
-    recs = level_records(report.requests, level, rate)
-    off_lat = latency_summary([r for r in recs if r.side == "off"])
-    on_lat = latency_summary([r for r in recs if r.side == "on"])
-    counters = counters or CounterPair(before=CounterSnapshot(), after=CounterSnapshot())
-    acc = acceptance_summary(counters.before, counters.after)
-    lr = LevelResult(concurrency=level if rate is None else 0, request_rate=rate, pairs=len(pairs), speed=speed,
-                     by_prompt=by_prompt, by_category=category_speed(pairs, level, rate),
-                     off=off_lat, on=on_lat, acceptance=acc)
-    if rate is not None:
-        lr.send_lag_off, lr.send_lag_on = level_lag(report.requests, rate, "off"), level_lag(report.requests, rate, "on")
-    slo = s.load.slo_ms if s.load else {}
-    if slo:
-        lr.goodput = level_goodput(report.requests, level, slo, rate)
-    lr.theory = theory_check(lr, off_lat.tpot_ms.mean, on_lat.tpot_ms.mean, s.draft_cost)
-    return lr
-
-
-def analyse(report: CompareReport) -> None:
-    """Fill per-level speed, acceptance, theory, goodput and the crossovers from the raw records."""
-    s = report.settings
-    report.levels = [_level_result(report, level, None, report.counters_on.get(level)) for level in s.concurrency]
-    report.crossover = find_crossover([lv.concurrency for lv in report.levels],
-                                      [lv.speed.throughput for lv in report.levels], report.on_server.spec_enabled)
-    rates = s.load.request_rates if s.load else []
-    report.rate_levels = [_level_result(report, 0, rate, report.counters_on_rate.get(rate_label(rate)))
-                          for rate in rates]
-    if rates:
-        report.rate_crossover = find_crossover(rates, [lv.speed.throughput for lv in report.rate_levels],
-                                               report.on_server.spec_enabled, what="request rate")
-
-
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
                 progress: Progress | None = None) -> CompareReport:
     """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
@@ -419,7 +233,7 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     readable_tokens(off, [p.divergence for p in report.identity if p.divergence])
     report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
                      for v in ("identical", "near-tie", "suspect", "unknown")}
-    report.notes += _compare_notes(report)
+    report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
     return report
 
@@ -452,33 +266,3 @@ def turn_request(records: list[RequestRecord], prompt: Prompt, rec: RequestRecor
                == (rec.prompt_id, rec.side, rec.concurrency, rec.request_rate, rec.repeat, rec.replica, False)
                and r.turn < rec.turn}
     return turn_prompt(prompt, rec.turn, [earlier.get(i, "") for i in range(rec.turn)])
-
-
-def _compare_notes(report: CompareReport) -> list[str]:
-    notes = []
-    if report.off_server.spec_enabled:
-        notes.append("the 'off' server has spec-decode counters: speculation looks ON there")
-    if report.on_server.spec_enabled is False:
-        notes.append("the 'on' server has no spec-decode counters: speculation looks OFF there")
-    if report.off_server.model_id != report.on_server.model_id:
-        notes.append(f"the servers serve different model ids ({report.off_server.model_id} vs "
-                     f"{report.on_server.model_id})")
-    notes += [f"the sides differ in more than speculation: {line}"
-              for line in side_differences(report.off_server, report.on_server)]
-    if report.settings.on_temperature not in (None, report.settings.request.temperature):
-        notes.append(f"drill: the spec-on side ran at temperature {report.settings.on_temperature}")
-    failed = [r for r in report.requests if not r.ok and not r.warmup]
-    if failed:
-        notes.append(f"{len(failed)} request(s) failed and were left out of the pairs")
-    if not report.settings.interleaved:
-        notes.append("the servers ran one after the other (not interleaved): machine drift can bias the ratios")
-    for lv in report.rate_levels:
-        for side, lag in (("spec-off", lv.send_lag_off), ("spec-on", lv.send_lag_on)):
-            if lag is not None and lag.client_limited:
-                notes.append(f"request rate {rate_label(lv.request_rate or 0)}, {side}: {lag.reason}; the ratios at "
-                             "this rate describe the client's pace, not the servers'")
-    later = sum(p.different_history_pairs for p in report.identity)
-    if later:
-        notes.append(f"{later} pair(s) of later conversation turns followed a diverged turn: the sides' "
-                     "histories differ there, so those pairs are not identity verdicts of their own")
-    return notes

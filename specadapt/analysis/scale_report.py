@@ -14,12 +14,10 @@ computes them for one process and one server:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from specadapt.probes.acceptance import acceptance_summary
-from specadapt.probes.latency import latency_summary
-from specadapt.probes.runner import build_probe_report as build_report  # noqa: F401 (one report builder)
+from specadapt.analysis.acceptance import acceptance_summary
+from specadapt.analysis.latency import latency_summary
 from specadapt.records import CounterSnapshot, ReplicaResult, RequestRecord, ServerInfo
 
 _SCALARS = ("drafts", "draft_tokens", "accepted_tokens", "generation_tokens", "prompt_tokens")

@@ -1,1 +1,0 @@
-"""Everything that talks to a running server through its HTTP API."""
