@@ -221,6 +221,10 @@ def compare_notes(report: CompareReport) -> list[str]:
     failed = [r for r in report.requests if not r.ok and not r.warmup]
     if failed:
         notes.append(f"{len(failed)} request(s) failed and were left out of the pairs")
+    if report.settings.workers > 1 or report.settings.ray_address:
+        where = "Ray actors" if report.settings.ray_address else "worker processes"
+        notes.append(f"each block was sent by up to {report.settings.workers} {where}, each its share of the "
+                     "requests at its share of the concurrency")
     if not report.settings.interleaved:
         notes.append("the servers ran one after the other (not interleaved): machine drift can bias the ratios")
     for lv in report.rate_levels:

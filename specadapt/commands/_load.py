@@ -1,8 +1,9 @@
-"""The load options of probe, compare and equiv: arrival rates, burstiness, duration, SLOs.
+"""The load options of probe, compare and equiv: arrival rates, burstiness, duration, SLOs, and
+how the load is spread (worker processes, Ray actors).
 
 ``load_options`` adds the options and hands the command one ``load`` argument, a
-LoadSettings (None when none of them is given). The schedules are seeded by the command's
-own ``--seed``.
+LoadSettings (None when none of them is given), and ``workers`` and ``ray_address`` as they
+are. The schedules are seeded by the command's own ``--seed``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def build_load(request_rate: str | None, burstiness: float | None, duration: flo
 
 
 def load_options(f):
-    """Add --request-rate, --burstiness, --duration and --slo; pass ``load`` (LoadSettings | None)."""
+    """Add --request-rate, --burstiness, --duration, --slo, --workers and --ray; pass ``load``
+    (LoadSettings | None), ``workers`` and ``ray_address``."""
 
     @functools.wraps(f)
     def wrapper(*args, **kw):
@@ -52,6 +54,13 @@ def load_options(f):
         click.option("--slo", metavar="METRIC=LIMIT[,...]",
                      help="Per-request objectives for goodput, e.g. ttft=200ms,tpot=40ms,itl=50ms,e2e=2s "
                           "(ms or s); see docs/probe.md."),
+        click.option("--workers", type=click.IntRange(1, 512), default=1, show_default=True,
+                     help="Worker processes (with --ray: Ray actors), each streaming its share of the requests at "
+                          "its share of the concurrency (or of the arrivals)."),
+        click.option("--ray", "ray_address", metavar="ADDRESS",
+                     help="Run the workers as Ray actors spread over a cluster's nodes: 'local' (Ray on this "
+                          "machine), 'auto' (the running cluster) or ray://host:port. Needs: "
+                          "pip install 'specadapt[ray]'."),
     ]
     for opt in reversed(opts):
         wrapper = opt(wrapper)

@@ -81,7 +81,8 @@ def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
                            prompts_source=workload.source if workload else "built-in", draft_cost=kw["draft_cost"],
                            near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
                            reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved,
-                           load=kw.get("load"), workload=workload)
+                           load=kw.get("load"), workload=workload, workers=kw.get("workers", 1),
+                           ray_address=kw.get("ray_address"))
 
 
 def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],

@@ -1,5 +1,5 @@
-"""`specadapt probe`: one server, checked and measured (orchestration.probe does the work; orchestration.distributed
-when the load is spread over worker processes, Ray actors or several replicas)."""
+"""`specadapt probe`: one server or several replicas, checked and measured (orchestration.probe does the
+work, from this process or spread over worker processes or Ray actors)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, open_servers, plan_servers, replica_sides, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied, SpecadaptError, UsageError
-from specadapt.orchestration.distributed import run_spread_probe
 from specadapt.orchestration.probe import planned_requests, run_probe
 from specadapt.records import RequestSettings, write_report
 from specadapt.report.console import render_probe
@@ -37,12 +36,6 @@ from specadapt.report.scale import render_scale
 @click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
               help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
                    "retried requests are reported apart. Off by default: retries distort latency.")
-@click.option("--workers", type=click.IntRange(1, 512), default=1, show_default=True,
-              help="Worker processes (with --ray: Ray actors), each streaming its share of the requests at its "
-                   "share of the concurrency.")
-@click.option("--ray", "ray_address", metavar="ADDRESS",
-              help="Run the workers as Ray actors spread over a cluster's nodes: 'local' (Ray on this machine), "
-                   "'auto' (the running cluster) or ray://host:port. Needs: pip install 'specadapt[ray]'.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @load_options
 def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, repeat, warmup, max_tokens, temperature,
@@ -52,7 +45,7 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
     Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
     2 on bad input, when the server cannot be reached or started, or when a server specadapt
     started or a worker dies mid-run (the partial report is still written); 130 on Ctrl-C
-    (with --workers or --ray the requests finished so far are still written).
+    (the requests finished so far are still written).
     """
     prompts, workload = load_workload(**workload_opts)
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
@@ -60,28 +53,19 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
                                request_timeout_s=request_timeout, retries=retries)
     if ray_address is not None and not ray_address.strip():
         raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
-    spread = workers > 1 or ray_address is not None or len(url) > 1
-    if spread and load is not None:
-        raise UsageError("--request-rate/--duration/--slo run in one process for now: drop --workers/--ray/the "
-                         "extra --url, or run one probe per replica and combine them with `specadapt report merge`")
     plan = plan_servers(server_opts, replica_sides(url, port))
     interrupted: KeyboardInterrupt | None = None
     with open_servers(plan) as servers, progress_bar() as bar:
         task = bar.add_task("probing", total=planned_requests(prompts, repeat, load) + warmup)
-        if spread:
-            try:
-                report = run_spread_probe(servers, prompts, settings, concurrency=concurrency, repeat=repeat,
-                                          warmup=warmup, prompts_source=workload.source,
-                                          progress=lambda rec: bar.advance(task),
-                                          workers=workers, ray_address=ray_address,
-                                          ca_bundle=str(server_opts.ca_bundle) if server_opts.ca_bundle else None)
-            except KeyboardInterrupt as exc:
-                if getattr(exc, "report", None) is None:
-                    raise
-                interrupted, report = exc, exc.report  # type: ignore[attr-defined]
-        else:
-            report = run_probe(servers[0], prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
-                               prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load)
+        try:
+            report = run_probe(servers, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
+                               prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load,
+                               workers=workers, ray_address=ray_address,
+                               ca_bundle=str(server_opts.ca_bundle) if server_opts.ca_bundle else None)
+        except KeyboardInterrupt as exc:
+            if getattr(exc, "report", None) is None:
+                raise
+            interrupted, report = exc, exc.report  # type: ignore[attr-defined]
     report.settings.workload = workload
     if json_out:
         write_report(report, json_out)
@@ -93,9 +77,9 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
     if interrupted is not None:
         raise interrupted
     if report.partial:
-        if report.scale is not None and report.scale.executor in ("workers", "ray"):
-            raise SpecadaptError(report.partial_reason or "a worker stopped early")
-        raise ServerDied(report.partial_reason or "the server exited during the run",
-                         log_tail=server_log_tail(report))
+        log_tail = server_log_tail(report)
+        if log_tail:  # a server specadapt started died: its log's last lines go with the error
+            raise ServerDied(report.partial_reason or "the server exited during the run", log_tail=log_tail)
+        raise SpecadaptError(report.partial_reason or "a worker stopped early")
     if failed_count(report):
         sys.exit(1)

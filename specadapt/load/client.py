@@ -26,7 +26,7 @@ Layers. The parsing is pure and fed bytes: ``SSEParser`` frames events (``data:`
 multi-line data, comments, CRLF/CR/LF line ends, events split over reads or several in
 one read) and ``StreamState`` turns each event's data into the record (orjson). The
 transport is ``StreamClient`` (aiohttp: the body is read as it arrives, no per-line
-machinery of a general HTTP library), made by ``open_client``/``connect``; anything with
+machinery of a general HTTP library), made by ``connect`` (``load.spread.client_for`` for a server); anything with
 its ``post_stream`` method can stand in for it (the unit tests' scripted transport).
 About 0.05 ms of CPU per chunk at 500 streams and more, 10 us of it parsing
 (docs/benchmarks.md), against 0.2-0.4 ms with httpx + httpx-sse.
@@ -46,7 +46,7 @@ import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -58,9 +58,6 @@ from specadapt.records import (
     RequestSettings,
     TokenSource,
 )
-
-if TYPE_CHECKING:
-    from specadapt.adapters.base import Server
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
 DRAIN_S = 0.05
@@ -265,15 +262,10 @@ class StreamState:
         text, tokens, values, tops, finish = "", [], [], [], None
         if choices:
             choice = choices[0]
-            if self._chat:
-                text = (choice.get("delta") or {}).get("content") or ""
-                lp = choice.get("logprobs")
-                if lp:
-                    tokens, values, tops = _chunk_logprobs(choice, "chat")
-            else:
-                text = choice.get("text") or ""
-                if choice.get("logprobs"):
-                    tokens, values, tops = _chunk_logprobs(choice, "completions")
+            api = "chat" if self._chat else "completions"
+            text = _delta_text(choice, api)
+            if choice.get("logprobs"):
+                tokens, values, tops = _chunk_logprobs(choice, api)
             finish = choice.get("finish_reason")
         completion = usage.get("completion_tokens")
         n, source_kind = _count_tokens(usage, self.usage_base, tokens, text)
@@ -365,7 +357,7 @@ class _AiohttpResponse:
 
 class StreamClient:
     """An aiohttp session bound to one server: base URL, headers (auth), TLS, a connection
-    per stream. Holds no global state; make one per event loop with ``connect``/``open_client``."""
+    per stream. Holds no global state; make one per event loop with ``connect``."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str):
         self.session, self.base_url = session, base_url.rstrip("/")
@@ -418,13 +410,6 @@ async def connect(base_url: str, *, headers: dict[str, str] | None = None,
         yield StreamClient(session, base_url)
     finally:
         await session.close()
-
-
-def open_client(server: Server, settings: RequestSettings,
-                concurrency: int) -> contextlib.AbstractAsyncContextManager[StreamClient]:
-    """The streaming client for one server: its auth and TLS settings, a connection per stream."""
-    return connect(server.base_url, headers=server.headers(), verify=server.verify, concurrency=concurrency,
-                   request_timeout_s=settings.request_timeout_s)
 
 
 # ------------------------------------------------------------------------------ one request
@@ -522,4 +507,4 @@ async def _consume(client: Transport, path: str, body: dict[str, Any], state: St
 
 
 __all__ = ["Clock", "RETRYABLE_STATUS", "SSEError", "SSEParser", "StreamClient", "StreamState", "Transport",
-           "WireResponse", "build_body", "connect", "open_client", "run", "ssl_for", "stream_request"]
+           "WireResponse", "build_body", "connect", "run", "ssl_for", "stream_request"]

@@ -16,10 +16,8 @@ analysis/identity.py (identity), analysis/diagnosis.py (why).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
-from collections.abc import Callable
 
 from specadapt.adapters.base import Server
 from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
@@ -27,11 +25,22 @@ from specadapt.analysis.identity import default_threshold, identity_report
 from specadapt.analysis.speed import analyse, compare_notes
 from specadapt.configs.checks import load_model_config
 from specadapt.errors import UsageError
-from specadapt.load.arrivals import arrivals_for_duration, schedule_ns
+from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
-from specadapt.load.client import stream_request
-from specadapt.load.engine import Job, LoadEngine, cycle_jobs, turn_prompt, turns_of
-from specadapt.orchestration.probe import counting, server_client, settle_counters
+from specadapt.load.engine import Job, turn_prompt, turns_of
+from specadapt.load.progress import Progress
+from specadapt.load.spread import (
+    Executor,
+    InProcess,
+    Stamp,
+    WorkerStopped,
+    closed_jobs,
+    executor_for,
+    rate_jobs,
+    split,
+    target_of,
+)
+from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import readable_tokens, server_triage
 from specadapt.records import (
@@ -42,9 +51,7 @@ from specadapt.records import (
     RequestRecord,
     RequestSettings,
 )
-from specadapt.records.load import LoadSettings, rate_label
-
-Progress = Callable[[RequestRecord], None]
+from specadapt.records.load import rate_label
 
 
 def side_settings(server: Server, base: RequestSettings, temperature: float | None = None) -> RequestSettings:
@@ -54,17 +61,6 @@ def side_settings(server: Server, base: RequestSettings, temperature: float | No
     if temperature is not None:
         update["temperature"] = temperature
     return base.model_copy(update=update)
-
-
-def rate_jobs(prompts: list[Prompt], rate: float, load: LoadSettings, repeat: int) -> list[Job]:
-    """One block at an arrival rate: ceil(rate * duration) arrivals with --duration (else, and at
-    rate inf, the prompt set once), prompts cycled, on the schedule of seed + repeat."""
-    n = len(prompts)
-    if load.duration_s is not None and not math.isinf(rate):
-        n = arrivals_for_duration(rate, load.duration_s)
-    offsets = schedule_ns(rate, n, load.burstiness, load.seed + repeat)
-    return [Job(prompt=prompts[i % len(prompts)], repeat=repeat, copy_index=i // len(prompts), offset_ns=off)
-            for i, off in enumerate(offsets)]
 
 
 def copies_for(concurrency: int, n_prompts: int) -> int:
@@ -86,30 +82,31 @@ def total_requests(n_prompts: int, settings: CompareSettings, prompts: list[Prom
 
 
 class ABRunner:
-    """Runs the interleaved A/B workload and returns the raw records and counter deltas."""
+    """Runs the interleaved A/B workload and returns the raw records and counter deltas; every block
+    goes through ``executor`` (this process, worker processes or Ray actors)."""
 
     def __init__(self, off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, executor: Executor | None = None):
         self.off, self.on, self.prompts, self.settings, self.progress = off, on, prompts, settings, progress
         self.req_off = side_settings(off, settings.request)
         self.req_on = side_settings(on, settings.request, settings.on_temperature)
         self.rate_counters: dict[str, dict[str, CounterPair]] = {"off": {}, "on": {}}
+        self.executor = executor or InProcess()
+        self.targets = {"off": [target_of(off)], "on": [target_of(on)]}
+        self.partial_reason: str | None = None
 
-    async def _send(self, client, side: str, prompt: Prompt, t0: int, level: int, repeat: int, copy: int,
-                    warmup: bool = False, rate: float | None = None) -> RequestRecord:
-        req = self.req_on if side == "on" else self.req_off
-        rec = await stream_request(client, prompt, self._model[side], req, t0, repeat=repeat, warmup=warmup)
-        rec.side, rec.concurrency, rec.replica = side, level, copy  # type: ignore[assignment]
-        rec.request_rate = rate
-        if self.progress:
-            self.progress(rec)
-        return rec
+    def _request(self, side: str) -> RequestSettings:
+        return self.req_on if side == "on" else self.req_off
 
-    def _engine(self, client, side: str, t0: int, level: int, rate: float | None = None) -> LoadEngine:
-        """The load engine of one side at one level, every request timed from ``t0``."""
-        async def send(prompt: Prompt, job: Job, turn: int) -> RequestRecord:
-            return await self._send(client, side, prompt, t0, level, job.repeat, job.copy_index, rate=rate)
-        return LoadEngine(send)
+    async def _block(self, side: str, jobs: list[Job], concurrency: int | None, stamp: Stamp, t0: int | None = None,
+                     duration_s: float | None = None) -> list[RequestRecord]:
+        """One side's block: ``jobs`` split over the executor's workers, its records in job order."""
+        shares = split(jobs, self._request(side), concurrency, self.settings.workers, duration_s=duration_s,
+                       cycle="copy_index", stamp=stamp)
+        result = await self.executor.run(shares, self.targets[side], self.progress, t0_ns=t0)
+        if result.partial_reason is not None:
+            raise WorkerStopped(result.partial_reason)
+        return result.records
 
     async def run(self, sides: tuple[str, ...] = ("off", "on")
                   ) -> tuple[list[RequestRecord], dict[int, CounterPair], dict[int, CounterPair]]:
@@ -122,64 +119,66 @@ class ABRunner:
         records: list[RequestRecord] = []
         on_counters: dict[int, CounterPair] = {}
         off_counters: dict[int, CounterPair] = {}
-        self._model = {side: servers[side].model_id for side in sides}
         counters = {"off": off_counters, "on": on_counters}
         t0 = time.perf_counter_ns()
-        async with contextlib.AsyncExitStack() as stack:
-            clients = {side: await stack.enter_async_context(server_client(servers[side], s.request, max(s.concurrency)))
-                       for side in sides}
+        try:
             for i in range(s.warmup):
                 for side in sides:
-                    await self._send(clients[side], side, self.prompts[i % len(self.prompts)], t0, 1, 0, 0, True)
+                    job = Job(index=i, prompt=self.prompts[i % len(self.prompts)])
+                    await self._block(side, [job], 1, Stamp(side=side, concurrency=1, warmup=True), t0)
             for level in s.concurrency:
                 before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
-                records += await self._level(clients, level, t0)
+                records += await self._level(level, t0)
                 for side in sides:
                     counters[side][level] = CounterPair(
                         before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
             for rate in (s.load.request_rates if s.load else []):
                 before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
-                records += await self._rate_level(clients, rate)
+                records += await self._rate_level(rate)
                 for side in sides:
                     self.rate_counters[side][rate_label(rate)] = CounterPair(
                         before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
+        finally:
+            await self.executor.aclose()
         return records, on_counters, off_counters
 
-    async def _rate_level(self, clients, rate: float) -> list[RequestRecord]:
+    def _order(self, n: int) -> tuple[str, ...]:
+        """The sides in alternating order (off/on for even ``n``), those of this run only."""
+        order = ("off", "on") if n % 2 == 0 else ("on", "off")
+        return tuple(x for x in order if x in self._sides)
+
+    async def _rate_level(self, rate: float) -> list[RequestRecord]:
         """Per repeat an off block and an on block on the same arrival schedule (seed + repeat),
         the order alternating off/on, on/off; each block timed from its own start."""
         s = self.settings
         out: list[RequestRecord] = []
         for r in range(s.repeat):
-            jobs = rate_jobs(self.prompts, rate, s.load, r)
-            order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            for side in (x for x in order if x in self._sides):
-                t0 = time.perf_counter_ns()
-                out += await self._engine(clients[side], side, t0, 0, rate).open_loop(jobs, t0)
+            jobs = rate_jobs(self.prompts, rate, s.load, block=r)
+            for side in self._order(r):
+                out += await self._block(side, jobs, None, Stamp(side=side, concurrency=0, request_rate=rate))
         return out
 
-    async def _level(self, clients, level: int, t0: int) -> list[RequestRecord]:
+    async def _level(self, level: int, t0: int) -> list[RequestRecord]:
         s = self.settings
         out: list[RequestRecord] = []
-        engines = {side: self._engine(clients[side], side, t0, level) for side in self._sides}
         if level == 1:
             for r in range(s.repeat):
                 for i, p in enumerate(self.prompts):
-                    order = ("off", "on") if (r + i) % 2 == 0 else ("on", "off")
-                    for side in (x for x in order if x in self._sides):  # a conversation's turns: back to back
-                        out += await engines[side].conversation(Job(prompt=p, repeat=r), t0) or []
+                    for side in self._order(r + i):  # a conversation's turns: back to back
+                        out += await self._block(side, [Job(index=i, prompt=p, repeat=r)], 1,
+                                                 Stamp(side=side, concurrency=1), t0)
             return out
         copies = copies_for(level, len(self.prompts))
+        duration = s.load.duration_s if s.load else None
         for r in range(s.repeat):
-            order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            for side in (x for x in order if x in self._sides):
-                duration = s.load.duration_s if s.load else None
+            for side in self._order(r):
+                stamp = Stamp(side=side, concurrency=level)
                 if duration is None:
-                    jobs = [Job(prompt=p, repeat=r, copy_index=cp) for cp in range(copies) for p in self.prompts]
-                    out += await engines[side].closed_loop(jobs, t0, level)
+                    jobs = closed_jobs(self.prompts, copies=copies, first_repeat=r)
+                    out += await self._block(side, jobs, level, stamp, t0)
                 else:  # the block keeps N streams busy for the duration, cycling the prompts
-                    jobs = (Job(prompt=j.prompt, repeat=r, copy_index=j.repeat) for j in cycle_jobs(self.prompts))
-                    out += await engines[side].closed_loop(jobs, time.perf_counter_ns(), level, duration)
+                    out += await self._block(side, closed_jobs(self.prompts, first_repeat=r), level, stamp,
+                                             duration_s=duration)
         return out
 
 
@@ -188,8 +187,8 @@ def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: Compar
     """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
     settings.concurrency = sorted(set(settings.concurrency))
     off_info, on_info = off.describe(), on.describe()
-    runner = ABRunner(off, on, prompts, settings, progress)
-    with counting(off, on):
+    with counting(off, on), executor_for(settings.workers, settings.ray_address) as executor:
+        runner = ABRunner(off, on, prompts, settings, progress, executor)
         records, on_counters, off_counters = run_loop(runner.run())
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters,
@@ -203,8 +202,8 @@ def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: Com
     settings.concurrency = sorted(set(settings.concurrency))
     info = server.describe()
     off, on = (server, server)
-    runner = ABRunner(off, on, prompts, settings, progress)
-    with counting(server):
+    with counting(server), executor_for(settings.workers, settings.ray_address) as executor:
+        runner = ABRunner(off, on, prompts, settings, progress, executor)
         records, on_c, off_c = run_loop(runner.run(sides=(side,)))
     return info, records, (on_c if side == "on" else off_c)
 

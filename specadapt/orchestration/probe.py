@@ -1,9 +1,13 @@
-"""A probe run: warm-up, counters before, the prompt set at a concurrency, counters after.
+"""A probe run: warm-up, counters before, the workload at a concurrency or at arrival rates,
+counters after; from one process or spread over worker processes, Ray actors and several
+replicas (``load.spread``: one engine, one way of sending on every path).
 
 Faults do not end a run: a failed request is recorded with its reason, and counters that
-cannot be read make acceptance unknown. One thing does: a server that specadapt started
-(``server.process``) and that exits mid-run. The run then stops, keeps the requests that
-had finished, and the report is marked ``partial`` with the exit code.
+cannot be read make acceptance unknown. Three things do, on every path: a server that
+specadapt started (``server.process``) and that exits mid-run, a worker that dies, and Ctrl-C.
+The run then stops, keeps the requests that had finished, and the report is marked
+``partial`` with the reason (after Ctrl-C the KeyboardInterrupt is re-raised with the partial
+report as ``.report``).
 """
 
 from __future__ import annotations
@@ -12,17 +16,33 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from specadapt.adapters.base import Server
 from specadapt.analysis.client_load import client_load
 from specadapt.analysis.probe_report import build_probe_report
-from specadapt.errors import SpecadaptError
-from specadapt.load.arrivals import arrivals_for_duration, schedule_ns
-from specadapt.load.client import StreamClient, open_client, stream_request
+from specadapt.analysis.scale_report import replica_results, summed_counters
+from specadapt.errors import SpecadaptError, UsageError
+from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
-from specadapt.load.engine import Job, LoadEngine, NotFinished, cycle_jobs
-from specadapt.load.meter import ClientMeter, measure_client
+from specadapt.load.engine import Job
+from specadapt.load.meter import measure_client
+from specadapt.load.progress import Progress
+from specadapt.load.spread import (
+    INTERRUPTED,
+    Executor,
+    InProcess,
+    RunResult,
+    Share,
+    Stamp,
+    Target,
+    closed_jobs,
+    executor_for,
+    rate_jobs,
+    split,
+    target_of,
+)
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -30,10 +50,9 @@ from specadapt.records import (
     Prompt,
     RequestRecord,
     RequestSettings,
+    ScaleLayout,
 )
 from specadapt.records.load import LoadSettings
-
-Progress = Callable[[RequestRecord], None]
 
 
 def settle_counters(server: Server, previous: CounterSnapshot | None = None,
@@ -58,35 +77,46 @@ def read_counters_safely(server: Server) -> CounterSnapshot:
         return CounterSnapshot(source=f"unavailable: {exc}")
 
 
-class _Partial(Exception):
-    """Internal: the managed server exited while requests were running."""
+class ServerGuard:
+    """Watches the servers specadapt started (``server.process``) during a run: ``watch`` names the
+    first that exited, ``accept`` drops a failed record when a server exits within ``within_s``
+    of it (a dying server drops its connections a moment before the kernel reports its exit, so
+    such a request failed because of the death, not on its own)."""
 
-    def __init__(self, records: list[RequestRecord], planned: int):
-        super().__init__("partial run")
-        self.records, self.planned = records, planned
-        self.before: CounterSnapshot | None = None
+    def __init__(self, servers: Sequence[Server], within_s: float = 0.5):
+        self.servers = [s for s in servers if s.process is not None]
+        self.within_s = within_s
+        self.dead: Server | None = None
+
+    def watch(self) -> str | None:
+        for s in self.servers:
+            if not s.process.alive():
+                self.dead = s
+                return f"the {s.backend} server exited"
+        return None
+
+    async def accept(self, rec: RequestRecord) -> bool:
+        deadline = time.monotonic() + self.within_s
+        while all(s.process.alive() for s in self.servers):
+            if time.monotonic() > deadline:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    def death_reason(self, done: int, planned: int) -> tuple[str, str]:
+        """(one-line reason with the exit code, the server log's last lines)."""
+        server = self.dead or next(s for s in self.servers if not s.process.alive())
+        return death_reason(server, done, planned)
 
 
-async def _exits_soon(process, within_s: float = 0.5) -> bool:
-    """True if ``process`` has exited or does within ``within_s``: a dying server drops its
-    connections a moment before the kernel reports its exit."""
-    deadline = time.monotonic() + within_s
-    while process.alive():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
-async def _watch_process(process, poll_s: float = 0.2) -> None:
-    while process.alive():
-        await asyncio.sleep(poll_s)
-
-
-def server_client(server: Server, settings: RequestSettings,
-                  concurrency: int) -> contextlib.AbstractAsyncContextManager[StreamClient]:
-    """The streaming client for one server: its auth and TLS settings, a connection per stream."""
-    return open_client(server, settings, concurrency)
+def death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
+    """(one-line reason with the exit code, the server log's last lines) of a managed server that
+    exited during a run."""
+    process = server.process
+    code = process.proc.poll() if process.proc else None
+    reason = (f"the {server.backend} server exited with code {code} during the run; {done} of {planned} "
+              f"requests had finished (log: {process.log_path})")
+    return reason, process.log_tail()
 
 
 def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:
@@ -96,106 +126,13 @@ def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | No
     rates = load.request_rates if load else []
     if not rates:
         return per_set * repeat
-    return sum(len(rate_jobs(prompts, r, repeat, load)) for r in rates) * per_set // len(prompts)
-
-
-def rate_jobs(prompts: list[Prompt], rate: float, repeat: int, load: LoadSettings) -> list[Job]:
-    """The jobs of one arrival-rate level: the prompt set cycled, each with its scheduled offset.
-    Count: ceil(rate * duration) with --duration (the prompt set x repeat at rate inf), else the
-    prompt set x repeat."""
-    n = len(prompts) * repeat
-    if load.duration_s is not None and not math.isinf(rate):
-        n = arrivals_for_duration(rate, load.duration_s)
-    offsets = schedule_ns(rate, n, load.burstiness, load.seed)
-    return [Job(prompt=prompts[i % len(prompts)], repeat=i // len(prompts), offset_ns=off)
-            for i, off in enumerate(offsets)]
-
-
-async def _run_requests(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int,
-                        repeat: int, warmup: int, progress: Progress | None,
-                        load: LoadSettings | None = None, meter_out: list[ClientMeter] | None = None
-                        ) -> tuple[list[RequestRecord], CounterSnapshot, CounterSnapshot]:
-    rates = load.request_rates if load else []
-    async with server_client(server, settings, concurrency if not rates else 1024) as client:
-        model = server.model_id
-        t0 = time.perf_counter_ns()
-        for i in range(warmup):  # discarded: the first requests after start-up are slow
-            rec = await stream_request(client, prompts[i % len(prompts)], model, settings, t0, warmup=True)
-            if progress:
-                progress(rec)
-        before = await asyncio.to_thread(settle_counters, server)
-        process = server.process  # None unless specadapt started the server
-        run_t0 = 0
-
-        async def send(prompt: Prompt, job: Job, turn: int) -> RequestRecord | None:
-            if process is not None and not process.alive():
-                return None  # not sent: the server is gone
-            rec = await stream_request(client, prompt, model, settings, run_t0, repeat=job.repeat)
-            if process is not None and not rec.ok and await _exits_soon(process):
-                return None  # it failed because the server died under it: not a finished request
-            if rates:
-                rec.concurrency, rec.request_rate = 0, level_rate
-            if progress:
-                progress(rec)
-            return rec
-
-        engine = LoadEngine(send)
-        records: list[RequestRecord] = []
-        planned = 0
-        async with measure_client(client) as meter:  # its load is set also when the run raises
-            if meter_out is not None:
-                meter_out.append(meter)
-            try:
-                if not rates:
-                    duration = load.duration_s if load else None
-                    jobs = cycle_jobs(prompts) if duration is not None else \
-                        [Job(prompt=p, repeat=r) for r in range(repeat) for p in prompts]
-                    planned = len(jobs) if isinstance(jobs, list) else 0
-                    level_rate = None
-                    run_t0 = time.perf_counter_ns()
-                    records = await _engine_or_death(engine.closed_loop(jobs, run_t0, concurrency, duration),
-                                                     process)
-                else:
-                    run_t0 = time.perf_counter_ns()
-                    for level_rate in rates:  # each schedule starts when the previous rate's requests are done
-                        shift = time.perf_counter_ns() - run_t0
-                        jobs = [j.model_copy(update={"offset_ns": j.offset_ns + shift})
-                                for j in rate_jobs(prompts, level_rate, repeat, load)]
-                        planned += len(jobs)
-                        records += await _engine_or_death(engine.open_loop(jobs, run_t0), process)
-            except (_Partial, NotFinished):
-                part = _Partial(engine.finished, max(planned, len(engine.finished)))
-                part.before = before
-                raise part from None
-        after = await asyncio.to_thread(settle_counters, server, None)
-    return records, before, after
-
-
-async def _engine_or_death(run, process) -> list[RequestRecord]:
-    """The engine's records; _Partial if ``process`` (the managed server) exits first."""
-    if process is None:
-        return await run
-    task = asyncio.ensure_future(run)
-    watcher = asyncio.ensure_future(_watch_process(process))
-    await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    watcher.cancel()
-    if not task.done():
-        task.cancel()
-    await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled() or task.exception() is not None:
-        if task.done() and not task.cancelled() and not isinstance(task.exception(), NotFinished):
-            raise task.exception()
-        raise _Partial([], 0)
-    return task.result()
-
-
-def _death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
-    """(one-line reason with the exit code, the server log's last lines)."""
-    process = server.process
-    code = process.proc.poll() if process.proc else None
-    reason = (f"the {server.backend} server exited with code {code} during the run; {done} of {planned} "
-              f"requests had finished (log: {process.log_path})")
-    return reason, process.log_tail()
+    total = 0
+    for r in rates:
+        n = len(prompts) * repeat
+        if load.duration_s is not None and not math.isinf(r):
+            n = arrivals_for_duration(r, load.duration_s)
+        total += n
+    return total * per_set // len(prompts)
 
 
 @contextlib.contextmanager
@@ -212,23 +149,145 @@ def counting(*servers: Server) -> Iterator[None]:
             server.end_run()
 
 
-def run_probe(server: Server, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,
-              repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
-              progress: Progress | None = None, load: LoadSettings | None = None) -> ProbeReport:
-    """Probe ``server`` with ``prompts`` and return the full report. ``load``: arrival rates
-    (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs."""
-    info = server.describe()
-    partial_reason, log_tail = None, ""
-    meters: list[ClientMeter] = []
-    with counting(server):
+def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], settings: RequestSettings,
+              concurrency: int = 1, repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
+              progress: Progress | None = None, load: LoadSettings | None = None, *, workers: int = 1,
+              ray_address: str | None = None, ca_bundle: str | None = None) -> ProbeReport:
+    """Probe one server, or several replicas (requests round robin), with ``prompts``; the load from
+    this process, ``workers`` worker processes, or Ray actors at ``ray_address``. ``load``: arrival
+    rates (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs.
+
+    Returns the report; a dead server, a dead worker or Ctrl-C gives a partial report
+    (``partial_reason`` says why; after Ctrl-C the KeyboardInterrupt is re-raised with the partial
+    report as ``.report``)."""
+    servers = [servers] if isinstance(servers, Server) else list(servers)
+    if not servers:
+        raise ValueError("no server")
+    if len({s.base_url for s in servers}) != len(servers):
+        raise UsageError("the same --url is given twice: give each replica once")
+    spread = workers > 1 or ray_address is not None or len(servers) > 1
+    targets = [target_of(s, ca_bundle) for s in servers]
+    infos = {s.base_url: s.describe() for s in servers}
+    guard = ServerGuard(servers)
+    befores: dict[str, CounterSnapshot] = {}
+    afters: dict[str, CounterSnapshot] = {}
+    results: list[RunResult] = []
+    meters: list = []
+    interrupted: KeyboardInterrupt | None = None
+    shares_used: list[int] = []
+
+    async def main(executor: Executor) -> None:
+        if warmup:  # discarded, one after the other, round robin over the servers: the first requests are slow
+            await warm_up(targets, prompts, settings, warmup, progress)
+        for s in servers:
+            befores[s.base_url] = await asyncio.to_thread(settle_counters, s)
+        async with measure_client() as meter:  # its figures are set also when the run raises
+            meters.append(meter)
+            try:
+                run_t0 = time.perf_counter_ns()
+                for shares in _levels(prompts, settings, concurrency, repeat, load, len(servers), workers):
+                    shares_used.append(len(shares))
+                    t0 = None
+                    if executor.shared_clock:  # one timeline: each rate's schedule starts when the previous is done
+                        t0, shift = run_t0, time.perf_counter_ns() - run_t0
+                        shares = [_shifted(s, shift) for s in shares]
+                    result = await executor.run(shares, targets, progress, guard.watch, guard.accept, t0)
+                    results.append(result)
+                    if result.partial_reason is not None:
+                        break
+            finally:
+                if isinstance(executor, InProcess):
+                    meter.add_chunks(executor.chunks_read)
+                await executor.aclose()
+
+    executor = executor_for(workers, ray_address)
+    with counting(*servers):
         try:
-            records, before, after = run_loop(
-                _run_requests(server, prompts, settings, concurrency, repeat, warmup, progress, load, meters))
-        except _Partial as part:
-            records, before = part.records, part.before
-            after = CounterSnapshot(source="unavailable: the server exited during the run")
-            partial_reason, log_tail = _death_reason(server, len(records), part.planned)
-    settings_record = ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
-                                    prompts_source=prompts_source, request=settings, load=load)
-    return build_probe_report(info, settings_record, records, before, after, partial_reason=partial_reason,
-                              log_tail=log_tail, client=client_load(*meters[0].figures) if meters and meters[0].figures else None)
+            with executor:
+                run_loop(main(executor))
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            if executor.last.partial_reason is None:
+                executor.last.partial_reason = INTERRUPTED
+            if not results or results[-1] is not executor.last:
+                results.append(executor.last)
+        partial = next((r.partial_reason for r in results if r.partial_reason), None)
+        for s in servers:
+            if s.base_url not in befores:
+                befores[s.base_url] = read_counters_safely(s)
+            afters[s.base_url] = settle_counters(s) if partial is None else read_counters_safely(s)
+    records = [rec for r in results for rec in r.records]
+    planned = sum(r.planned for r in results)
+    log_tail = ""
+    if guard.dead is not None or (partial is not None and guard.servers and guard.watch()):
+        partial, log_tail = guard.death_reason(len(records), max(planned, len(records)))
+        afters = {url: CounterSnapshot(source="unavailable: the server exited during the run") for url in afters}
+    windows = {url: (befores[url], afters[url]) for url in infos}
+    before, after = summed_counters(list(windows.values()))
+    layout, notes = None, []
+    if spread:
+        layout = ScaleLayout(executor=executor.kind, workers_requested=workers, workers=list(executor.infos.values()),
+                             ray_address=ray_address,
+                             replicas=replica_results(records, infos, windows) if len(servers) > 1 else [])
+        notes = _spread_notes(workers, max(shares_used, default=workers), len(servers), executor.kind, concurrency,
+                              planned)
+    probe_settings = ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
+                                   prompts_source=prompts_source, request=settings, load=load)
+    client = client_load(*meters[0].figures) if meters and meters[0].figures and not spread else None
+    report = build_probe_report(infos[servers[0].base_url], probe_settings, records, before, after, layout,
+                                partial_reason=partial, log_tail=log_tail, extra_notes=notes, client=client)
+    if interrupted is not None:
+        interrupted.report = report  # type: ignore[attr-defined]
+        raise interrupted
+    return report
+
+
+async def warm_up(targets: Sequence[Target], prompts: Sequence[Prompt], settings: RequestSettings, count: int,
+                  progress: Progress | None = None, stamp: Stamp | None = None) -> None:
+    """``count`` requests, discarded, one after the other, round robin over ``targets`` (the first
+    requests after a server's start are slow)."""
+    jobs = [Job(index=i, prompt=prompts[i % len(prompts)], target=i % len(targets)) for i in range(count)]
+    stamp = (stamp or Stamp()).model_copy(update={"warmup": True})
+    executor = InProcess()
+    try:
+        await executor.run([Share(worker=0, jobs=tuple(jobs), settings=settings, concurrency=1, stamp=stamp)],
+                           targets, progress)
+    finally:
+        await executor.aclose()
+
+
+def _levels(prompts: list[Prompt], settings: RequestSettings, concurrency: int, repeat: int,
+            load: LoadSettings | None, replicas: int, workers: int) -> Iterator[list[Share]]:
+    """The shares of each level: one closed-loop run at ``concurrency`` (cycled for --duration), or
+    one open-loop run per arrival rate (each schedule starts when the previous rate's requests are done)."""
+    rates = load.request_rates if load else []
+    if not rates:
+        duration = load.duration_s if load else None
+        jobs = closed_jobs(prompts, 1 if duration is not None else repeat, replicas=replicas)
+        yield split(jobs, settings, concurrency, workers, duration_s=duration)
+        return
+    for rate in rates:
+        jobs = rate_jobs(prompts, rate, load, passes=repeat, replicas=replicas)
+        yield split(jobs, settings, None, workers, stamp=Stamp(concurrency=0, request_rate=rate))
+
+
+def _shifted(share: Share, shift_ns: int) -> Share:
+    """``share`` with its open-loop offsets ``shift_ns`` later."""
+    if share.concurrency is not None or not shift_ns:
+        return share
+    return replace(share, jobs=tuple(j.model_copy(update={"offset_ns": (j.offset_ns or 0) + shift_ns})
+                                     for j in share.jobs))
+
+
+def _spread_notes(workers: int, used: int, replicas: int, kind: str, concurrency: int, planned: int) -> list[str]:
+    notes = []
+    if used < workers:
+        notes.append(f"{workers} workers were asked for, {used} used: each needs at least one request "
+                     f"and one stream (requests {planned}, concurrency {concurrency})")
+    if replicas > 1:
+        notes.append(f"requests went round robin over {replicas} replicas (server above: the first); the "
+                     "figures are over all of them, each replica's own are in the per-replica table")
+    if kind == "ray":
+        notes.append("Ray workers time their requests on their own clocks from a shared wall-clock start "
+                     "instant; see each worker's start lag and clock offset")
+    return notes

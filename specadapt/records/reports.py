@@ -98,6 +98,8 @@ class CompareSettings(BaseModel):
     reference: str | None = Field(None, description="Local HF model dir for float64 recomputation.")
     interleaved: bool = True
     load: LoadSettings | None = Field(None, description="Arrival rates (levels besides concurrency), --duration, SLOs.")
+    workers: int = Field(1, description="Worker processes (with ray_address: Ray actors) that sent each block.")
+    ray_address: str | None = Field(None, description="The Ray cluster the workers ran on, when they were Ray actors.")
 
 
 class CounterPair(BaseModel):

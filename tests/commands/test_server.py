@@ -26,7 +26,8 @@ from specadapt.errors import UsageError
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})  # vLLM's own form
 NGRAM_SPEC = SpecConfig(method="ngram", k=4)  # what the parser makes of it
 SHARED = [f.name for f in fields(ServerOptions)]
-LOAD = {*WORKLOAD_PARAMS, "request_rate", "burstiness", "duration", "slo", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out"}
+LOAD = {*WORKLOAD_PARAMS, "request_rate", "burstiness", "duration", "slo", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out",
+        "workers", "ray_address"}
 
 
 def params(command: click.Command) -> dict[str, dict]:

@@ -23,11 +23,11 @@ from specadapt.load.client import (
     StreamClient,
     StreamState,
     _AiohttpResponse,
-    open_client,
     run,
     ssl_for,
     stream_request,
 )
+from specadapt.load.spread import client_for, target_of
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
@@ -281,6 +281,8 @@ def test_ca_bundle_path_and_certifi_default_trust(tmp_path):
 
 
 class Server:
+    model_id = "m"
+
     def __init__(self, base_url, verify):
         self.base_url, self.verify = base_url, verify
 
@@ -295,7 +297,7 @@ async def handler(request):
     return resp
 
 
-def test_open_client_uses_the_servers_tls_setting_concurrency_and_timeout(tmp_path):
+def test_the_client_for_a_server_uses_its_tls_setting_concurrency_and_timeout(tmp_path):
     cert, key, _der = self_signed(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
@@ -312,7 +314,7 @@ def test_open_client_uses_the_servers_tls_setting_concurrency_and_timeout(tmp_pa
         out = {}
         try:
             for verify in (False, str(cert), True):
-                async with open_client(Server(url + "/", verify), settings, 3) as c:
+                async with client_for(target_of(Server(url + "/", verify)), settings, 3) as c:
                     rec = await stream_request(c, CHAT, "m", settings, run_t0_ns=0)
                     out[verify] = (rec.ok, rec.error_kind, rec.text, c.session.connector.limit,
                                    c.session.timeout.sock_read, c.base_url)

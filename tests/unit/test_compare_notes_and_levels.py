@@ -16,6 +16,7 @@ from specadapt.analysis import speed
 from specadapt.analysis.pairs import pair_records
 from specadapt.analysis.speed import analyse, category_speed, level_goodput, level_lag, level_speed
 from specadapt.analysis.stats import MIN_UNITS
+from specadapt.load import spread
 from specadapt.orchestration import compare
 from specadapt.orchestration.compare import total_requests
 from specadapt.records import (
@@ -229,7 +230,7 @@ def test_total_requests_with_one_prompt_at_a_rate_is_what_the_runner_sends(monke
     # warm-up 1 per side; concurrency 1: 2 sides x 2 repeats; 2000 req/s for 4 ms: 8 arrivals per block
     assert total_requests(1, settings) == 2 + 2 * 2 + 2 * 2 * 8
     script = Script({"off": 4, "on": 4}, {"off": 1.0, "on": 1.0})
-    monkeypatch.setattr(compare, "stream_request", script.stream_request)
+    monkeypatch.setattr(spread, "stream_request", script.stream_request)
     monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
     prompts = [Prompt(id="only", prompt="x")]
     asyncio.run(compare.ABRunner(FakeServer("off"), FakeServer("on"), prompts, settings).run())

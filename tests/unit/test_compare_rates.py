@@ -15,9 +15,11 @@ from specadapt.analysis.identity import identity_report
 from specadapt.analysis.pairs import pair_records
 from specadapt.analysis.speed import analyse, level_goodput
 from specadapt.analysis.stats import MIN_UNITS, find_crossover
+from specadapt.load import spread
 from specadapt.load.arrivals import schedule_ns
+from specadapt.load.spread import rate_jobs
 from specadapt.orchestration import compare
-from specadapt.orchestration.compare import ABRunner, rate_jobs, total_requests
+from specadapt.orchestration.compare import ABRunner, total_requests
 from specadapt.records import (
     ChatMessage,
     CompareReport,
@@ -40,7 +42,7 @@ INFO = ServerInfo(backend="fake", base_url="http://x", model_id="m", spec_enable
 
 def run(monkeypatch, settings, prompts=PROMPTS, tokens=None):
     script = Script(tokens or {"off": 8, "on": 16}, {"off": 10.0, "on": 10.0})
-    monkeypatch.setattr(compare, "stream_request", script.stream_request)
+    monkeypatch.setattr(spread, "stream_request", script.stream_request)
     monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
     runner = ABRunner(FakeServer("off"), FakeServer("on"), prompts, settings)
     records, _, _ = asyncio.run(runner.run())
@@ -49,14 +51,14 @@ def run(monkeypatch, settings, prompts=PROMPTS, tokens=None):
 
 def test_rate_jobs_follow_the_seeded_schedule_per_repeat_and_the_duration():
     load = LoadSettings(request_rates=[4.0], duration_s=2.0, seed=5, burstiness=0.5)
-    jobs = rate_jobs(PROMPTS, 4.0, load, repeat=3)
+    jobs = rate_jobs(PROMPTS, 4.0, load, block=3)
     assert len(jobs) == 8  # ceil(4 * 2)
     assert [j.offset_ns for j in jobs] == schedule_ns(4.0, 8, 0.5, 5 + 3)
     assert [j.prompt.id for j in jobs] == ["p0", "p1"] * 4 and [j.copy_index for j in jobs] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert all(j.repeat == 3 for j in jobs)
-    once = rate_jobs(PROMPTS, math.inf, load, repeat=0)  # inf: the prompt set once, all at once
+    once = rate_jobs(PROMPTS, math.inf, load, block=0)  # inf: the prompt set once, all at once
     assert [j.offset_ns for j in once] == [0, 0]
-    no_duration = rate_jobs(PROMPTS, 4.0, LoadSettings(request_rates=[4.0]), repeat=0)
+    no_duration = rate_jobs(PROMPTS, 4.0, LoadSettings(request_rates=[4.0]), block=0)
     assert len(no_duration) == len(PROMPTS)
 
 

@@ -21,6 +21,7 @@ from specadapt.analysis import speed
 from specadapt.analysis.pairs import pair_records
 from specadapt.analysis.speed import analyse, block_rate, speed_ratios, theory_check
 from specadapt.analysis.stats import MIN_UNITS
+from specadapt.load import spread
 from specadapt.orchestration import compare
 from specadapt.orchestration.compare import ABRunner, copies_for, total_requests
 from specadapt.records import (
@@ -87,7 +88,7 @@ PROMPTS = [Prompt(id=f"p{i}", prompt=f"prompt {i}") for i in range(2)]  # an eve
 
 def run(monkeypatch, settings: CompareSettings, prompts=PROMPTS, tokens=None, itl=None):
     script = Script(tokens or {"off": 8, "on": 8}, itl or {"off": 10.0, "on": 10.0})
-    monkeypatch.setattr(compare, "stream_request", script.stream_request)
+    monkeypatch.setattr(spread, "stream_request", script.stream_request)
     monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
     runner = ABRunner(FakeServer("off"), FakeServer("on"), prompts, settings)
     records, _, _ = asyncio.run(runner.run())

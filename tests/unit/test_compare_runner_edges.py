@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from specadapt.adapters.base import ServerBase
+from specadapt.load import spread
 from specadapt.load.engine import LoadEngine
 from specadapt.orchestration import compare
 from specadapt.orchestration import triage as equivalence
@@ -136,7 +137,7 @@ def wired(monkeypatch):
     """Install a Wire for the given servers; counters read once (no settling wait)."""
     def install(*servers: Side, **kw) -> Wire:
         wire = Wire(list(servers), **kw)
-        monkeypatch.setattr(compare, "stream_request", wire.stream_request)
+        monkeypatch.setattr(spread, "stream_request", wire.stream_request)
         monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
         return wire
     return install
@@ -210,7 +211,8 @@ def test_a_duration_block_keeps_n_streams_busy_cycling_the_prompts_until_time_is
     off, on = Side("off"), Side("on")
     wired(off, on, clock=clock, step_ns=10 * MS)
     monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter_ns=clock))
-    monkeypatch.setattr(compare, "LoadEngine", lambda send: LoadEngine(send, clock=clock))
+    monkeypatch.setattr(spread, "time", types.SimpleNamespace(perf_counter_ns=clock))
+    monkeypatch.setattr(spread, "LoadEngine", lambda send, **kw: LoadEngine(send, clock=clock, **kw))
     settings = CompareSettings(concurrency=[2], repeat=2, warmup=0, load=LoadSettings(duration_s=0.055))
     records, _, _ = asyncio.run(ABRunner(off, on, PROMPTS, settings).run())
     blocks: list[tuple[str, int]] = []

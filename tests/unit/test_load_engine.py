@@ -4,11 +4,12 @@ concurrency and order, --duration, multi-turn conversations. No real time is mea
 from __future__ import annotations
 
 import asyncio
+import itertools
 import pickle
 
 import pytest
 
-from specadapt.load.engine import Job, LoadEngine, NotFinished, cycle_jobs, turn_prompt, turns_of
+from specadapt.load.engine import Job, LoadEngine, cycle_jobs, key, turn_prompt, turns_of
 from specadapt.records import ChatMessage, Prompt, RequestRecord
 
 MS = 1_000_000
@@ -128,23 +129,11 @@ def test_closed_loop_with_a_duration_cycles_the_prompts_and_starts_none_after_it
     t = FakeTime()
     t0 = t.now
     srv = FakeServer(t, t0, service_ms=100)
-    recs = asyncio.run(engine(t, srv).closed_loop(cycle_jobs(P), t0, 2, duration_s=1.0))
+    recs = asyncio.run(engine(t, srv).closed_loop(cycle_jobs([Job(prompt=p) for p in P]), t0, 2, duration_s=1.0))
     assert max(r.sent_at_ns for r in recs) < 1_000 * MS
     assert len(recs) >= 10  # 2 streams x 1 s / 100 ms, kept busy
     assert [r.prompt_id for r in recs[:6]] == ["p0", "p1", "p2"] * 2
     assert [r.repeat for r in recs[:6]] == [0, 0, 0, 1, 1, 1]
-
-
-def test_run_chooses_open_or_closed_loop():
-    t = FakeTime()
-    srv = FakeServer(t, t.now, service_ms=5)
-    srv.hold_until = 3
-    jobs = [Job(prompt=P[0], repeat=i, offset_ns=0) for i in range(3)]
-    asyncio.run(engine(t, srv).run(jobs, t.now))
-    assert srv.max_in_flight == 3
-    srv2 = FakeServer(t, t.now, service_ms=5)
-    asyncio.run(engine(t, srv2).run(jobs, t.now, concurrency=1))
-    assert srv2.max_in_flight == 1
 
 
 def test_turn_prompt_builds_history_with_the_servers_answers():
@@ -180,17 +169,31 @@ def test_a_failed_turn_ends_its_conversation_later_turns_recorded_as_not_sent():
     assert [turn for _, turn, _, _ in srv.sent] == [0, 1]
 
 
-def test_a_request_the_server_did_not_finish_raises_not_finished_keeping_the_rest():
+def test_every_record_is_handed_on_as_it_finishes_with_its_job_unsent_turns_too():
     t = FakeTime()
-    srv = FakeServer(t, t.now)
+    srv = FakeServer(t, t.now, fail={("chat", 1)})
+    seen = []
+    eng = LoadEngine(srv.send, clock=t.clock, sleep=t.sleep, on_record=lambda job, rec: seen.append((job, rec)))
+    jobs = [Job(prompt=CHAT, index=4, copy_index=2), Job(prompt=P[0], index=5)]
+    recs = asyncio.run(eng.closed_loop(jobs, t.now, 1))
+    assert [(j.index, r.turn, r.error_kind) for j, r in seen] == [(4, 0, None), (4, 1, None), (4, 2, "not_sent"),
+                                                                   (5, 0, None)]
+    assert [r for _, r in seen] == recs == eng.finished
 
-    async def send(prompt, job, turn):
-        return None if job.repeat == 1 else await srv.send(prompt, job, turn)
 
-    eng = LoadEngine(send, clock=t.clock, sleep=t.sleep)
-    with pytest.raises(NotFinished):
-        asyncio.run(eng.closed_loop([Job(prompt=P[0], repeat=r) for r in range(3)], t.now, 1))
-    assert [r.repeat for r in eng.finished] == [0, 2]
+def test_cycling_counts_the_passes_in_the_field_asked_for():
+    jobs = [Job(prompt=P[0], index=0, repeat=3), Job(prompt=P[1], index=1, repeat=3)]
+    by_repeat = list(itertools.islice(cycle_jobs(jobs), 6))
+    assert [(j.index, j.repeat, j.copy_index) for j in by_repeat] == [(0, 3, 0), (1, 3, 0), (0, 4, 0), (1, 4, 0),
+                                                                        (0, 5, 0), (1, 5, 0)]
+    by_copy = list(itertools.islice(cycle_jobs(jobs, "copy_index"), 4))
+    assert [(j.index, j.repeat, j.copy_index) for j in by_copy] == [(0, 3, 0), (1, 3, 0), (0, 3, 1), (1, 3, 1)]
+    assert by_repeat[0] is jobs[0]  # the first pass is the jobs themselves
+
+
+def test_the_one_process_order_is_repeat_copy_job_turn():
+    rec = RequestRecord(prompt_id="x", category="c", api="chat", turn=2)
+    assert key(Job(prompt=P[0], index=7, repeat=1, copy_index=3), rec) == (1, 3, 7, 2)
 
 
 def test_jobs_and_records_pickle_for_other_processes():
