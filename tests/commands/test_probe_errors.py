@@ -128,14 +128,6 @@ def test_report_show_on_a_non_report(tmp_path):
     assert "is not a specadapt probe report" in line
 
 
-@pytest.mark.parametrize("spread, load, what", [
-    (["--workers", "2"], ["--request-rate", "2"], "--request-rate/--duration/--slo"),
-    (["--url", "http://127.0.0.1:10"], ["--slo", "ttft=1s"], "--request-rate/--duration/--slo"),
-    (["--ray", "local"], ["--duration", "5"], "--request-rate/--duration/--slo"),
-], ids=["workers-rate", "replicas-slo", "ray-duration"])
-def test_spread_load_refuses_what_runs_in_one_process(spread, load, what):
-    """Arrival rates, --duration and SLOs run in one process: spreading them is refused
-    before any server is reached (ports 9 and 10 are never connected to)."""
-    line = one_error_line(specadapt("probe", "--url", "http://127.0.0.1:9", *spread, *load))
-    assert line.startswith(f"error: {what} run in one process for now"), line
-    assert "report merge" in line
+def test_an_empty_ray_address_is_refused_before_any_server_is_reached():
+    line = one_error_line(specadapt("probe", "--url", "http://127.0.0.1:9", "--ray", " "))
+    assert line == "error: --ray needs an address: 'local', 'auto' or ray://host:port", line

@@ -1,6 +1,7 @@
-"""compare at request rates with an SLO and a two-turn conversation, against the real vLLM CPU
-servers of the session (spec off, ngram k=4): goodput, send lag and per-turn identity must
-agree with the report's own records (no figures fixed in advance)."""
+"""compare and probe at request rates with an SLO, spread over worker processes (compare: a two-turn
+conversation; probe: two URLs of one server as replicas), against the real vLLM CPU servers of the
+session (spec off, ngram k=4): goodput, send lag and per-turn identity must agree with the report's
+own records (no figures fixed in advance)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from specadapt.analysis.slo import is_good
-from specadapt.records import CompareReport, read_compare_report
+from specadapt.records import CompareReport, read_compare_report, read_report
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ def run_compare(off_url: str, on_url: str, tmp_path: Path) -> tuple[subprocess.C
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", off_url, "--on", on_url,
                            "--prompts", str(prompts), "--repeat", "1", "--warmup", "1", "--max-tokens", "8",
-                           "--request-rate", "2,inf", "--duration", "1", "--slo", SLO, "--no-triage",
+                           "--request-rate", "2,inf", "--duration", "1", "--slo", SLO, "--no-triage", "--workers", "2",
                            "--json", str(out)], capture_output=True, text=True, timeout=600)
     return proc, read_compare_report(out)
 
@@ -76,3 +77,27 @@ def test_compare_at_rates_with_an_slo_and_a_conversation(tmp_path, vllm_off, vll
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_report(report)
     assert "send lag" in proc.stdout and "goodput" in proc.stdout
+    assert report.settings.workers == 2 and any("worker processes" in n for n in report.notes)
+
+
+def test_probe_at_a_rate_with_an_slo_over_two_workers_and_two_replicas(tmp_path, vllm_off):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    out = tmp_path / "probe.json"
+    other = vllm_off.base_url.replace("127.0.0.1", "localhost")
+    proc = subprocess.run([sys.executable, "-m", "specadapt", "probe", "--url", vllm_off.base_url, "--url", other,
+                           "--workers", "2", "--prompts", str(prompts), "--warmup", "1", "--max-tokens", "8",
+                           "--request-rate", "4", "--duration", "1", "--slo", SLO, "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = read_report(out)
+    recs = report.requests
+    assert len([r for r in recs if r.turn == 0]) == 4  # ceil(4 req/s x 1 s) arrivals
+    assert report.scale.executor == "workers" and sum(w.finished for w in report.scale.workers) == len(recs)
+    assert sorted(rep.target for rep in report.scale.replicas) == sorted([vllm_off.base_url, other])
+    (level,) = report.rates
+    first = [r for r in recs if r.scheduled_at_ns is not None]
+    assert level.send_lag.requests == len(first) == 4
+    slo = report.settings.load.slo_ms
+    assert level.goodput.requests == len(recs) and level.goodput.good == sum(1 for r in recs if is_good(r, slo))
+    assert "goodput" in proc.stdout

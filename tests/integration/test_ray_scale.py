@@ -15,9 +15,11 @@ import pytest
 
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.analysis.latency import percentile
-from specadapt.orchestration.distributed import plan_jobs, run_spread_probe, split_jobs
+from specadapt.analysis.slo import is_good
+from specadapt.load.spread import closed_jobs, split
 from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
+from specadapt.records.load import LoadSettings
 from specadapt.testing import script, scripted_server
 from specadapt.testing.timing import METRICS, brief, summary, timing_errors
 from specadapt.workloads.prompts import load_prompts
@@ -63,8 +65,8 @@ def test_ray_run_matches_the_one_process_run_and_the_servers_truth(local_ray, sc
     try:
         one = run_probe(server, prompts, settings, concurrency=CONCURRENCY, warmup=0)
         log_one = httpx.get(scripted + "/_script/log?pop=1").json()
-        spread = run_spread_probe([server], prompts, settings, concurrency=CONCURRENCY, warmup=0,
-                                  workers=WORKERS, ray_address="local")
+        spread = run_probe([server], prompts, settings, concurrency=CONCURRENCY, warmup=0,
+                           workers=WORKERS, ray_address="local")
         log_ray = httpx.get(scripted + "/_script/log?pop=1").json()
     finally:
         server.close()
@@ -81,7 +83,7 @@ def test_ray_run_matches_the_one_process_run_and_the_servers_truth(local_ray, sc
     assert spread.latency.output_tokens == one.latency.output_tokens == N * SCRIPT["tokens"]
     assert spread.acceptance.generation_tokens == one.acceptance.generation_tokens
     # times against the truth: each Ray record on its actor's clock (one machine: the server's clock)
-    worker_of = {j.prompt.id: s.worker for s in split_jobs(plan_jobs(prompts, 1), CONCURRENCY, WORKERS)
+    worker_of = {j.prompt.id: s.worker for s in split(closed_jobs(prompts), settings, CONCURRENCY, WORKERS)
                  for j in s.jobs}
     t0 = {w.worker: w.t0_mono_ns for w in layout.workers}
     absolute = [r.model_copy(update={"sent_at_ns": t0[worker_of[r.prompt_id]] + r.sent_at_ns})
@@ -100,11 +102,19 @@ def test_ray_run_on_vllm_gives_the_same_tokens_and_text(vllm_off, local_ray):  #
     prompts = load_prompts(None)[:6]
     settings = RequestSettings(max_tokens=16, request_timeout_s=120)
     one = run_probe(vllm_off, prompts, settings, concurrency=2, warmup=0)
-    spread = run_spread_probe([vllm_off], prompts, settings, concurrency=2, warmup=0, workers=WORKERS,
-                              ray_address="local")
+    spread = run_probe([vllm_off], prompts, settings, concurrency=2, warmup=0, workers=WORKERS, ray_address="local")
     assert spread.scale.executor == "ray" and [w.finished for w in spread.scale.workers] == [3, 3]
     want = {r.prompt_id: (r.output_tokens, r.text) for r in one.requests}
     got = {r.prompt_id: (r.output_tokens, r.text) for r in spread.requests}
     assert all(r.ok for r in one.requests + spread.requests)
     assert got == want
     assert spread.latency.output_tokens == one.latency.output_tokens
+    # at an arrival rate, for a duration, with SLOs: the same open-loop schedule from Ray actors
+    load = LoadSettings(request_rates=[4.0], duration_s=1.0, seed=2, slo_ms={"ttft": 2000.0, "e2e": 10_000.0})
+    rated = run_probe([vllm_off], prompts, settings, warmup=0, load=load, workers=WORKERS, ray_address="local")
+    recs = rated.requests
+    assert len(recs) == 4 and all(r.ok and r.request_rate == 4.0 and r.scheduled_at_ns is not None for r in recs)
+    assert [w.finished for w in rated.scale.workers] == [2, 2]
+    (level,) = rated.rates
+    assert level.send_lag.requests == 4 and level.goodput.requests == 4
+    assert level.goodput.good == sum(1 for r in recs if is_good(r, load.slo_ms))
