@@ -1,7 +1,7 @@
 """How many streams one process vs N worker processes carry with honest timings (not a CI test).
 
 Starts the scripted SSE server (specadapt.testing) and, for each concurrency and worker count,
-runs a probe (orchestration.distributed.run_spread_probe: the code `specadapt probe --workers N` runs)
+runs a probe (orchestration.probe.run_probe: the code `specadapt probe --workers N` runs)
 of staggered streams, then prints the timing error against the server's log (p50/p99 of
 |probe - truth|, ms). "Within 1 ms" is p99 TTFT, ITL and E2E errors all under 1 ms. Send times
 are on the shared monotonic clock (the report's worker t0 plus each record's send time).
@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specadapt.adapters.vllm import VLLMServer  # noqa: E402
-from specadapt.orchestration.distributed import run_spread_probe  # noqa: E402
+from specadapt.orchestration.probe import run_probe  # noqa: E402
 from specadapt.records import Prompt, RequestSettings  # noqa: E402
 from specadapt.testing import script, scripted_server  # noqa: E402
 from specadapt.testing.timing import summary, timing_errors  # noqa: E402
@@ -39,8 +39,8 @@ def one(url: str, concurrency: int, workers: int, rounds: int, itl_ms: float, to
     server = VLLMServer(url)
     cpu0 = os.times()
     try:
-        report = run_spread_probe([server], prompts, RequestSettings(max_tokens=tokens, request_timeout_s=120),
-                                  concurrency=concurrency, warmup=0, workers=workers)
+        report = run_probe([server], prompts, RequestSettings(max_tokens=tokens, request_timeout_s=120),
+                           concurrency=concurrency, warmup=0, workers=workers, layout=True)
     finally:
         server.close()
     log = httpx.get(url + "/_script/log?pop=1", timeout=60).json()

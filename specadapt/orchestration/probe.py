@@ -152,10 +152,11 @@ def counting(*servers: Server) -> Iterator[None]:
 def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], settings: RequestSettings,
               concurrency: int = 1, repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
               progress: Progress | None = None, load: LoadSettings | None = None, *, workers: int = 1,
-              ray_address: str | None = None, ca_bundle: str | None = None) -> ProbeReport:
+              ray_address: str | None = None, ca_bundle: str | None = None, layout: bool = False) -> ProbeReport:
     """Probe one server, or several replicas (requests round robin), with ``prompts``; the load from
     this process, ``workers`` worker processes, or Ray actors at ``ray_address``. ``load``: arrival
     rates (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs.
+    The report describes where the load came from (``scale``) when it was spread, or with ``layout``.
 
     Returns the report; a dead server, a dead worker or Ctrl-C gives a partial report
     (``partial_reason`` says why; after Ctrl-C the KeyboardInterrupt is re-raised with the partial
@@ -165,7 +166,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
         raise ValueError("no server")
     if len({s.base_url for s in servers}) != len(servers):
         raise UsageError("the same --url is given twice: give each replica once")
-    spread = workers > 1 or ray_address is not None or len(servers) > 1
+    spread = workers > 1 or ray_address is not None or len(servers) > 1 or layout
     targets = [target_of(s, ca_bundle) for s in servers]
     infos = {s.base_url: s.describe() for s in servers}
     guard = ServerGuard(servers)
@@ -224,9 +225,9 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
         afters = {url: CounterSnapshot(source="unavailable: the server exited during the run") for url in afters}
     windows = {url: (befores[url], afters[url]) for url in infos}
     before, after = summed_counters(list(windows.values()))
-    layout, notes = None, []
+    scale, notes = None, []
     if spread:
-        layout = ScaleLayout(executor=executor.kind, workers_requested=workers, workers=list(executor.infos.values()),
+        scale = ScaleLayout(executor=executor.kind, workers_requested=workers, workers=list(executor.infos.values()),
                              ray_address=ray_address,
                              replicas=replica_results(records, infos, windows) if len(servers) > 1 else [])
         notes = _spread_notes(workers, max(shares_used, default=workers), len(servers), executor.kind, concurrency,
@@ -234,7 +235,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
     probe_settings = ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
                                    prompts_source=prompts_source, request=settings, load=load)
     client = client_load(*meters[0].figures) if meters and meters[0].figures and not spread else None
-    report = build_probe_report(infos[servers[0].base_url], probe_settings, records, before, after, layout,
+    report = build_probe_report(infos[servers[0].base_url], probe_settings, records, before, after, scale,
                                 partial_reason=partial, log_tail=log_tail, extra_notes=notes, client=client)
     if interrupted is not None:
         interrupted.report = report  # type: ignore[attr-defined]
