@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specadapt.analysis.slo import slo_text
+from specadapt.analysis.text import pct
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
 from specadapt.report.console import goodput_text, lag_text, rate_text
@@ -62,10 +63,6 @@ def all_levels(report: CompareReport) -> list[LevelResult]:
     return [*report.levels, *report.rate_levels]
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
 def identity_line(p: PromptIdentity) -> str:
     d = p.divergence
     if d is None:
@@ -91,7 +88,7 @@ def render_console(report: CompareReport, console: Console) -> None:
     for lv in all_levels(report):
         table.add_row(level_name(lv), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
                       level_verdict(report, lv),
-                      _pct(lv.acceptance.acceptance_rate),
+                      pct(lv.acceptance.acceptance_rate),
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
     if report.crossover and report.levels:
@@ -195,7 +192,7 @@ def to_markdown(report: CompareReport) -> str:
     for lv in all_levels(report):
         a = lv.acceptance
         out.append(f"| {level_name(lv)} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
-                   f"{level_verdict(report, lv)} | {_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
+                   f"{level_verdict(report, lv)} | {pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
     if report.crossover and report.levels:
         out += ["", f"Load: {report.crossover.text}."]
     if report.rate_crossover:

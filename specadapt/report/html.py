@@ -9,6 +9,7 @@ from markupsafe import Markup
 
 from specadapt.analysis.latency import tpot_ns
 from specadapt.analysis.slo import slo_text
+from specadapt.analysis.text import pct
 from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
@@ -168,7 +169,7 @@ def environment() -> Environment:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
-                       pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
+                       pct=pct,
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     return env
 
