@@ -61,11 +61,6 @@ def power_lines(report: SamplingReport) -> list[str]:
     return lines
 
 
-def verdict_line(report: SamplingReport) -> str:
-    g = report.gate
-    return "PASS" if g.passed else "FAIL: " + "; ".join(g.reasons)
-
-
 def histogram_bar(counts: list[int]) -> str:
     """One character per PIT bin, its height relative to the fullest bin."""
     top = max(counts, default=0)
