@@ -11,7 +11,7 @@ from specadapt.analysis.text import pct
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
 from specadapt.report.console import goodput_text, lag_text, rate_text
-from specadapt.report.diagnosis_render import diagnosis_markdown, machine_line, render_diagnosis
+from specadapt.report.sections import render_sections, sections_markdown
 
 INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
                  "off/on pairs at concurrency 1, off+on blocks above")
@@ -106,7 +106,7 @@ def render_console(report: CompareReport, console: Console) -> None:
         console.print(per)
     if first and first.acceptance.known:
         console.print("acceptance per position: " + " / ".join(f"{r:.0%}" for r in first.acceptance.per_position_rate))
-    render_diagnosis(report.diagnosis, console, machine_line(report.on_server, report.settings.dtype))
+    render_sections(report, console)
     c = report.counts
     console.print(f"identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                   f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)")
@@ -198,7 +198,7 @@ def to_markdown(report: CompareReport) -> str:
     if report.rate_crossover:
         out += ["", f"Load by request rate: {report.rate_crossover.text}."]
     out += load_markdown(report)
-    out += diagnosis_markdown(report.diagnosis, machine_line(report.on_server, report.settings.dtype))
+    out += sections_markdown(report)
     c = report.counts
     out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                 f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]

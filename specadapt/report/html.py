@@ -21,7 +21,7 @@ from specadapt.report.compare_render import (
     level_name,
     level_verdict,
 )
-from specadapt.report.diagnosis_render import diagnosis_html, machine_line
+from specadapt.report.sections import sections_html
 
 STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -70,7 +70,7 @@ ratio and share difference over units.</p>
 {% for lv in cats %}{% for name, sr in lv.by_category.items() %}<tr><td class="num">{{ level_name(lv) }}</td><td>{{ name }}</td>
 <td class="num">{{ ci(sr.throughput) }}</td><td class="num">{{ ci(sr.tpot) }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
 <div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
-{{ diagnosis }}
+{{ sections }}
 <h{{ top + 1 }}>Identity</h{{ top + 1 }}>
 <p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
 {{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
@@ -175,8 +175,8 @@ def environment() -> Environment:
 
 
 def _context(report: CompareReport, top: int) -> dict:
-    diagnosis = diagnosis_html(report.diagnosis, machine_line(report.on_server, report.settings.dtype), top + 1)
-    return dict(r=report, plots=_plots(report), levels=all_levels(report), top=top, diagnosis=diagnosis)
+    return dict(r=report, plots=_plots(report), levels=all_levels(report), top=top,
+                sections=sections_html(report, top + 1))
 
 
 def compare_body_html(report: CompareReport, top: int = 2) -> Markup:
