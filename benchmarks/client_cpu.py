@@ -6,6 +6,9 @@ client had it before, against SSEParser + orjson), and the whole event handling
 (SSEParser + StreamState, into a RequestRecord). Best of 5 runs, time.process_time.
 
     python benchmarks/client_cpu.py --chunks 20000
+
+The httpx-sse row is the baseline only: httpx-sse is not a dependency of specadapt, so
+install it beside it to get that row (pip install httpx-sse); without it the row says so.
 """
 
 from __future__ import annotations
@@ -78,7 +81,10 @@ def main() -> None:
     for name, fn in [("httpx-sse decoder + json (framing, JSON)", httpx_sse_json),
                      ("SSEParser + orjson (framing, JSON)", parser_orjson),
                      ("SSEParser + StreamState (into the record)", stream_state)]:
-        print(f"{name:40s} {best_us_per_chunk(fn, reads):8.1f}")
+        try:
+            print(f"{name:40s} {best_us_per_chunk(fn, reads):8.1f}")
+        except ImportError:
+            print(f"{name:40s}        - (httpx-sse is not installed: pip install httpx-sse)")
     print(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "machine": f"{os.cpu_count()}-core {platform.machine()}", "chunks": args.chunks,
                       "load_avg_1m": os.getloadavg()[0]}))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.stats import ratio_ci
+from specadapt.analysis.text import pct
 from specadapt.analysis.tune_model import predict_ratio
 from specadapt.native_reference import theory
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
@@ -241,10 +242,6 @@ def ratio_text(r: RatioCI | None) -> str:
     return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
 
 
-def _pct(v: float) -> str:
-    return f"{100 * v:.0f}%"
-
-
 def _interval(lo: float | None, hi: float | None) -> str:
     return "" if lo is None or hi is None else f" [{lo:.2f}, {hi:.2f}]"
 
@@ -331,9 +328,9 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
             f"decode steps (memory-bound ideal: 1); {reason}"), figures={"verify_cost": vc[0], "low": vc[1]}))
         advice = list(adv)  # the level's first advice
     if f.acceptance_rate is not None and f.acceptance_rate < LOW_ACCEPTANCE:
-        rates = " / ".join(_pct(r) for r in f.per_position_rate)
+        rates = " / ".join(pct(r, 0) for r in f.per_position_rate)
         causes.append(Cause(code="low-acceptance", level=f.level, text=(
-            f"the draft does not match this traffic: {_pct(f.acceptance_rate)} of draft tokens accepted "
+            f"the draft does not match this traffic: {pct(f.acceptance_rate, 0)} of draft tokens accepted "
             f"(per position {rates}), {f.tokens_per_pass:.2f} tokens per pass")
             + _categories(ctx.categories), figures={"acceptance_rate": f.acceptance_rate}))
         advice.append(Advice(code="draft", text="a better-matched draft: EAGLE/MTP heads trained for this target, "
@@ -343,8 +340,8 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
           and f.break_even_acceptance is not None and f.acceptance_rate is not None):
         causes.append(Cause(code="low-acceptance", level=f.level, text=(
             f"acceptance below break-even: at {f.pass_cost:.2f} decode steps per pass it takes "
-            f"{f.break_even_tokens_per_pass:.2f} tokens per pass (acceptance {_pct(f.break_even_acceptance)} per "
-            f"token) to break even; the draft gives {f.tokens_per_pass:.2f} ({_pct(f.acceptance_rate)})"),
+            f"{f.break_even_tokens_per_pass:.2f} tokens per pass (acceptance {pct(f.break_even_acceptance, 0)} per "
+            f"token) to break even; the draft gives {f.tokens_per_pass:.2f} ({pct(f.acceptance_rate, 0)})"),
             figures={"break_even_acceptance": f.break_even_acceptance, "acceptance_rate": f.acceptance_rate}))
     if f.draft_cost_per_pass and f.draft_cost_per_pass >= DRAFT_SHARE * f.pass_cost:
         per = f.draft_cost_per_pass / k  # a draft cost per pass is set only with k
@@ -361,7 +358,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
                     f"turn speculation off at {f.level}: the cost model ({f.model}, c = {f.model_c:.2f}) "
                     f"predicts no k up to {k} beats off (k={k}: {_x(f.model_speedup)})")))
             else:
-                later = " / ".join(_pct(r) for r in f.per_position_rate[f.model_best_k:])
+                later = " / ".join(pct(r, 0) for r in f.per_position_rate[f.model_best_k:])
                 causes.append(Cause(code="k-too-long", level=f.level, text=(
                     f"k={k} drafts too far: positions after {f.model_best_k} are accepted {later} of passes, too "
                     f"little for the {f.model_c:.2f} decode steps each extra draft token costs; the model predicts "
@@ -377,7 +374,7 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
     t = f.ttft_ratio
     if t is not None and t.point is not None and t.low is not None and t.low > 1.0 and t.point > TTFT_OVERHEAD:
         causes.append(Cause(code="overhead", level=f.level, text=(
-            f"the first token comes {_pct(t.point - 1)} later with speculation on (TTFT on/off {ratio_text(t)}): work "
+            f"the first token comes {pct(t.point - 1, 0)} later with speculation on (TTFT on/off {ratio_text(t)}): work "
             "outside the decode steps (prefill, scheduling, the proposer"
             + (", the draft model's own prefill)" if ctx.draft is not None else ")")),
             figures={"ttft_ratio": t.point}))

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 
+from specadapt.analysis.text import k_text
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI
 from specadapt.records.tune import (
     FitPoint,
@@ -40,10 +42,6 @@ _CERTAINTY_ORDER = ("no interval", "leaning", "clear")
 """Least to most certain: the summary names the level whose choice comes first here."""
 
 
-def _k_text(k: int) -> str:
-    return "off" if k == 0 else f"k={k}"
-
-
 def _has_interval(r: RatioCI) -> bool:
     return r.low is not None and r.high is not None
 
@@ -58,6 +56,23 @@ def _ratio_text(r: RatioCI) -> str:
 
 def _sizes(start: int, end: int) -> str:
     return f"{start}" if start == end else f"{start}-{end}"
+
+
+def ranges_text(schedule: Sequence[Sequence[int]], form: Literal["given", "report", "summary"] = "given") -> str:
+    """A schedule's (first batch size, last batch size, k) ranges in words, in one of three forms:
+
+    - "given" (a schedule as written with --schedule): '1-3: k=4, 4-4: k=2', every range as
+      first-last and k as a number (k=0, not off)
+    - "report" (the tune report's Schedule line): 'batch sizes 1-3: k=4; 4: k=2; 16: off', '-'
+      without ranges
+    - "summary" (inside the recommendation's sentence): 'batch sizes 1-3 k=4, 4 k=2, 16 off'
+    """
+    if form == "given":
+        return ", ".join(f"{a}-{b}: k={k}" for a, b, k in schedule)
+    if not schedule:
+        return "-"
+    sep, colon = ("; ", ": ") if form == "report" else (", ", " ")
+    return "batch sizes " + sep.join(f"{_sizes(a, b)}{colon}{k_text(k)}" for a, b, k in schedule)
 
 
 def _and_list(items: Sequence[object]) -> str:
@@ -154,7 +169,7 @@ def choose_level(concurrency: int, options: Mapping[int, RatioCI | None], exclud
     labels = labels or {}
 
     def name(k: int) -> str:
-        return labels.get(k, _k_text(k))
+        return labels.get(k, k_text(k))
 
     out_excluded = dict(excluded)
     measured = {0}
@@ -195,7 +210,7 @@ def choose_level(concurrency: int, options: Mapping[int, RatioCI | None], exclud
     if model_best is not None and model_best not in measured:
         missing = "it was not measured at this level" if model_best in options else \
             "it was not measured: add it to --k to test it"
-        note = f"the model predicts {_k_text(model_best)} at {fit.predicted[model_best]:.2f}x; {missing}"
+        note = f"the model predicts {k_text(model_best)} at {fit.predicted[model_best]:.2f}x; {missing}"
     return LevelChoice(concurrency=concurrency, k=best_k, label=name(best_k), ratio=best_r,
                        runner_up_k=runner[0] if runner else None, runner_up_ratio=runner[1] if runner else None,
                        certainty=certainty, reason=reason, excluded=out_excluded, model_best_k=model_best,
@@ -271,20 +286,20 @@ def recommendation(schedule: Sequence[tuple[int, int, int]], choices: Sequence[L
                               summary="Nothing was measured: there is no recommendation.")
     ks = {k for _, _, k in ranges}
     top = max(ks)
-    shown = ", ".join(f"{_sizes(s, e)} {_k_text(k)}" for s, e, k in ranges)
+    shown = ranges_text(ranges, "summary")
     of_variant = f" ({variant})" if variant else ""
     if top == 0:
-        form, first = "off", f"Speculation off{of_variant}: batch sizes {shown}."
+        form, first = "off", f"Speculation off{of_variant}: {shown}."
     elif len(ks) == 1:
-        form, first = "fixed", f"Fixed k={top}{of_variant}: batch sizes {shown}."
+        form, first = "fixed", f"Fixed k={top}{of_variant}: {shown}."
     else:
-        form, first = "schedule", f"Schedule{of_variant}: batch sizes {shown}; the engine's k is {top}."
+        form, first = "schedule", f"Schedule{of_variant}: {shown}; the engine's k is {top}."
     parts = [first]
     if choices:
         worst = min(choices, key=lambda ch: _CERTAINTY_ORDER.index(ch.certainty))
         parts.append("Every level's choice is clear." if worst.certainty == "clear" else
                      f"Least certain: concurrency {worst.concurrency}, {worst.label} ({worst.certainty}).")
-    parts.append(f"Fixed-k fallback for engines that do not honour schedules: {_k_text(fallback_k)}.")
+    parts.append(f"Fixed-k fallback for engines that do not honour schedules: {k_text(fallback_k)}.")
     return Recommendation(form=form, variant=variant, k=top, schedule=ranges, fixed_fallback_k=fallback_k,
                           summary=" ".join(parts))
 
@@ -363,7 +378,7 @@ def verification_reasons(levels: Sequence[LevelVerify], suspect: int) -> list[st
     it passed (honouring is judged separately)."""
     reasons = []
     for lv in levels:
-        best = _k_text(lv.best_fixed_k)
+        best = k_text(lv.best_fixed_k)
         best_ratio = "1.00x" if lv.best_fixed_ratio is None else _ratio_text(lv.best_fixed_ratio)
         if lv.as_good is False:
             reasons.append(f"At concurrency {lv.concurrency} the emitted config's {_ratio_text(lv.ratio)} falls "

@@ -66,10 +66,6 @@ class Topology:
             raise UsageError(" ".join(p.message for p in problems))
         return topo
 
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
-
 
 def parse_rdma(text: str | None) -> tuple[str, int] | None:
     if text is None:

@@ -248,27 +248,6 @@ def read_trtllm_form(sc: dict[str, Any]) -> SpecConfig:
                       native_extras={"trtllm": extras} if extras else {})
 
 
-def spec_from_trtllm(doc: dict[str, Any], target: str | None = None) -> SpecConfig:
-    """A trtllm-serve config mapping -> SpecConfig (for round trips and explain)."""
-    sc = doc.get("speculative_config")
-    if sc is None:
-        return SpecConfig(target=target, method="off", dtype=doc.get("dtype"))
-    dt = sc.get("decoding_type")
-    if dt not in _METHOD_OF:
-        raise UsageError(f"decoding_type '{dt}' has no specadapt method: use one of "
-                         f"{', '.join(sorted(_METHOD_OF))}.")
-    schedule = sc.get("draft_len_schedule")
-    return SpecConfig(
-        target=target, method=_METHOD_OF[dt],
-        k=sc.get("max_draft_len") or sc.get("num_nextn_predict_layers"),
-        draft=sc.get("speculative_model") or sc.get("speculative_model_dir"),
-        ngram_max=sc.get("max_matching_ngram_size"),
-        max_concurrency=sc.get("max_concurrency"),
-        draft_len_schedule={int(b): int(d) for b, d in schedule.items()} if schedule else None,
-        tp=doc.get("tensor_parallel_size", 1), dtype=doc.get("dtype"),
-        max_model_len=doc.get("max_seq_len"))
-
-
 def check_trtllm_config(doc: Any, engine: str = "pytorch") -> list[Problem]:
     """Rules for a trtllm-serve config mapping (not the JSON schema; see schema_problems)."""
     if not isinstance(doc, dict):

@@ -234,7 +234,8 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                      for v in ("identical", "near-tie", "suspect", "unknown")}
     report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
-    return report
+    from specadapt.analysis.sections import analyse_sections  # the registered report sections
+    return analyse_sections(report)
 
 
 def draft_cost_of(report: CompareReport) -> DraftCost | None:

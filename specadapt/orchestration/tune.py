@@ -28,6 +28,7 @@ from typing import ContextManager
 from specadapt.adapters.base import Server
 from specadapt.analysis import tune_model as tm
 from specadapt.analysis.diagnosis import diagnose_tune
+from specadapt.analysis.tune_model import ranges_text
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
 from specadapt.orchestration.compare import run_compare
@@ -209,11 +210,6 @@ def analyse(report: TuneReport, given_schedule: Sequence[tuple[int, int, int]] |
     if len(_variants(report)) > 1:
         report.notes.append(f"the schedule uses the variant {variant or 'of the base config'}, whose choices "
                             f"scored best over the levels")
-
-
-def ranges_text(schedule: Sequence[Sequence[int]]) -> str:
-    """'1-3: k=4, 4-4: k=2'."""
-    return ", ".join(f"{a}-{b}: k={k}" for a, b, k in schedule)
 
 
 def fixed_candidate(report: TuneReport, k: int, variant: str) -> Candidate | None:

@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,6 +33,8 @@ from specadapt.records.server import CounterSnapshot, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
 SCHEMA_VERSION = 1
+"""Raised when a saved field changes its meaning or goes. A field added with a default (as
+``CompareReport.sections``) keeps the version: older reports read as before, older readers ignore it."""
 
 
 class ProbeSettings(BaseModel):
@@ -178,6 +180,10 @@ class CompareReport(ReportEnvelope):
     gate: Gate | None = None
     diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
                                                           "measured figures (analysis/diagnosis.py).")
+    sections: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, exclude_if=lambda sections: not sections,
+        description="The results of the analyses registered as report sections (analysis/sections.py), as JSON "
+                    "by section name; left out of the JSON when there are none.")
     notes: list[str] = Field(default_factory=list)
     counters_on: dict[int, CounterPair] = Field(default_factory=dict)
     counters_off: dict[int, CounterPair] = Field(default_factory=dict)

@@ -7,10 +7,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specadapt.analysis.slo import slo_text
+from specadapt.analysis.text import pct
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
 from specadapt.report.console import goodput_text, lag_text, rate_text
-from specadapt.report.diagnosis_render import diagnosis_markdown, machine_line, render_diagnosis
+from specadapt.report.sections import render_sections, sections_markdown
 
 INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
                  "off/on pairs at concurrency 1, off+on blocks above")
@@ -62,10 +63,6 @@ def all_levels(report: CompareReport) -> list[LevelResult]:
     return [*report.levels, *report.rate_levels]
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
 def identity_line(p: PromptIdentity) -> str:
     d = p.divergence
     if d is None:
@@ -91,7 +88,7 @@ def render_console(report: CompareReport, console: Console) -> None:
     for lv in all_levels(report):
         table.add_row(level_name(lv), str(lv.pairs), ci(lv.speed.throughput), ci(lv.speed.tpot), ci(lv.speed.e2e),
                       level_verdict(report, lv),
-                      _pct(lv.acceptance.acceptance_rate),
+                      pct(lv.acceptance.acceptance_rate),
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
     if report.crossover and report.levels:
@@ -109,7 +106,7 @@ def render_console(report: CompareReport, console: Console) -> None:
         console.print(per)
     if first and first.acceptance.known:
         console.print("acceptance per position: " + " / ".join(f"{r:.0%}" for r in first.acceptance.per_position_rate))
-    render_diagnosis(report.diagnosis, console, machine_line(report.on_server, report.settings.dtype))
+    render_sections(report, console)
     c = report.counts
     console.print(f"identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                   f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)")
@@ -195,13 +192,13 @@ def to_markdown(report: CompareReport) -> str:
     for lv in all_levels(report):
         a = lv.acceptance
         out.append(f"| {level_name(lv)} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
-                   f"{level_verdict(report, lv)} | {_pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
+                   f"{level_verdict(report, lv)} | {pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
     if report.crossover and report.levels:
         out += ["", f"Load: {report.crossover.text}."]
     if report.rate_crossover:
         out += ["", f"Load by request rate: {report.rate_crossover.text}."]
     out += load_markdown(report)
-    out += diagnosis_markdown(report.diagnosis, machine_line(report.on_server, report.settings.dtype))
+    out += sections_markdown(report)
     c = report.counts
     out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
                 f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from specadapt.analysis.slo import slo_text
+from specadapt.analysis.text import pct
 from specadapt.records import Distribution, ProbeReport
 from specadapt.records.load import Goodput, SendLag
 from specadapt.report.hardware import hardware_source_text
@@ -14,10 +15,6 @@ from specadapt.report.hardware import hardware_source_text
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
 
 
 def rate_text(rate: float | None) -> str:
@@ -37,8 +34,8 @@ def goodput_text(g: Goodput | None) -> str:
     if g is None:
         return "-"
     rate = "-" if g.goodput is None else f"{g.goodput:.2f} req/s"
-    per = ", ".join(f"{m} {_pct(v)}" for m, v in g.share_per_slo.items())
-    return f"{rate} ({_pct(g.share_good)} good; {per})"
+    per = ", ".join(f"{m} {pct(v)}" for m, v in g.share_per_slo.items())
+    return f"{rate} ({pct(g.share_good)} good; {per})"
 
 
 def render_rates(report: ProbeReport, console: Console) -> None:
@@ -113,7 +110,7 @@ def render_probe(report: ProbeReport, console: Console) -> None:
 
     acc = report.acceptance
     if acc.known:
-        console.print(f"acceptance rate [bold]{_pct(acc.acceptance_rate)}[/] "
+        console.print(f"acceptance rate [bold]{pct(acc.acceptance_rate)}[/] "
                       f"({acc.accepted_tokens:.0f} of {acc.draft_tokens:.0f} draft tokens, {acc.drafts:.0f} drafts); "
                       f"mean acceptance length [bold]{acc.mean_acceptance_length:.2f}[/]")
         pos = Table(title="acceptance per position")
@@ -121,7 +118,7 @@ def render_probe(report: ProbeReport, console: Console) -> None:
         pos.add_column("rate (of drafts)", justify="right")
         pos.add_column("conditional", justify="right")
         for i, (r, c) in enumerate(zip(acc.per_position_rate, acc.per_position_conditional)):
-            pos.add_row(str(i), _pct(r), _pct(c))
+            pos.add_row(str(i), pct(r), pct(c))
         console.print(pos)
     else:
         console.print(f"acceptance: unknown ({acc.reason})")

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from specadapt.analysis.diagnosis import ratio_text
+from specadapt.analysis.text import k_text, pct
 from specadapt.records import ServerInfo
 from specadapt.records.diagnosis import Diagnosis, LevelFigures
 from specadapt.report.hardware import hardware_text
@@ -44,15 +45,14 @@ def _break_even(f: LevelFigures) -> str:
         return "-"
     if f.break_even_possible is False:
         return f"{f.break_even_tokens_per_pass:.2f} tokens: > k + 1, impossible"
-    acc = "" if f.break_even_acceptance is None else f" (acceptance {100 * f.break_even_acceptance:.0f}%)"
+    acc = "" if f.break_even_acceptance is None else f" (acceptance {pct(f.break_even_acceptance, 0)})"
     return f"{f.break_even_tokens_per_pass:.2f} tokens{acc}"
 
 
 def _best(f: LevelFigures) -> str:
     if f.model_best_k is None:
         return "-"
-    k = "off" if f.model_best_k == 0 else f"k={f.model_best_k}"
-    return f"{k} ({_num(f.model_best_speedup, '{:.2f}x')}, {f.model})"
+    return f"{k_text(f.model_best_k)} ({_num(f.model_best_speedup, '{:.2f}x')}, {f.model})"
 
 
 def row(f: LevelFigures) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from markupsafe import Markup
 
 from specadapt.analysis.latency import tpot_ns
 from specadapt.analysis.slo import slo_text
+from specadapt.analysis.text import pct
 from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
@@ -20,7 +21,7 @@ from specadapt.report.compare_render import (
     level_name,
     level_verdict,
 )
-from specadapt.report.diagnosis_render import diagnosis_html, machine_line
+from specadapt.report.sections import sections_html
 
 STYLE = """<style>
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -69,7 +70,7 @@ ratio and share difference over units.</p>
 {% for lv in cats %}{% for name, sr in lv.by_category.items() %}<tr><td class="num">{{ level_name(lv) }}</td><td>{{ name }}</td>
 <td class="num">{{ ci(sr.throughput) }}</td><td class="num">{{ ci(sr.tpot) }}</td></tr>{% endfor %}{% endfor %}</table>{% endif %}
 <div class="plots">{{ plots.speedup }}{{ plots.latency }}{{ plots.acceptance }}</div>
-{{ diagnosis }}
+{{ sections }}
 <h{{ top + 1 }}>Identity</h{{ top + 1 }}>
 <p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
 {{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
@@ -168,14 +169,14 @@ def environment() -> Environment:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
-                       pct=lambda v: "-" if v is None else f"{100 * v:.1f}%",
+                       pct=pct,
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     return env
 
 
 def _context(report: CompareReport, top: int) -> dict:
-    diagnosis = diagnosis_html(report.diagnosis, machine_line(report.on_server, report.settings.dtype), top + 1)
-    return dict(r=report, plots=_plots(report), levels=all_levels(report), top=top, diagnosis=diagnosis)
+    return dict(r=report, plots=_plots(report), levels=all_levels(report), top=top,
+                sections=sections_html(report, top + 1))
 
 
 def compare_body_html(report: CompareReport, top: int = 2) -> Markup:

@@ -6,6 +6,7 @@ from junitparser import Failure, JUnitXml, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.analysis.text import pct
 from specadapt.records import ServerInfo
 from specadapt.records.sampling_report import SamplingReport
 
@@ -37,7 +38,7 @@ def acceptance_line(report: SamplingReport) -> str | None:
         return None
     if not a.known:
         return f"acceptance on the spec-on server: unknown ({a.reason})"
-    rate = "-" if a.acceptance_rate is None else f"{100 * a.acceptance_rate:.1f}%"
+    rate = pct(a.acceptance_rate)
     length = "-" if a.mean_acceptance_length is None else f"{a.mean_acceptance_length:.2f}"
     return (f"acceptance on the spec-on server while sampling: {rate} of {a.draft_tokens or 0:g} draft tokens, "
             f"mean acceptance length {length}")
@@ -58,11 +59,6 @@ def power_lines(report: SamplingReport) -> list[str]:
         lines.append(f"tokens needed at {st.power:.0%} power: " + ", ".join(
             f"TV {t.tv:g}: {t.samples_needed:,}" for t in st.samples_needed))
     return lines
-
-
-def verdict_line(report: SamplingReport) -> str:
-    g = report.gate
-    return "PASS" if g.passed else "FAIL: " + "; ".join(g.reasons)
 
 
 def histogram_bar(counts: list[int]) -> str:

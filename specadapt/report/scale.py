@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.analysis.text import pct
 from specadapt.records import ScaleLayout
 
 
@@ -37,7 +38,7 @@ def render_scale(layout: ScaleLayout, console: Console) -> None:
             table.add_column(col, justify="left" if col == "replica" else "right")
         for r in layout.replicas:
             lat, acc = r.latency, r.acceptance
-            accept = f"{100 * acc.acceptance_rate:.1f}%" if acc.known and acc.acceptance_rate is not None else "-"
+            accept = pct(acc.acceptance_rate) if acc.known else "-"
             table.add_row(r.target, f"{lat.succeeded}/{lat.requests}", _f(lat.ttft_ms.p50), _f(lat.itl_ms.p50),
                           _f(lat.tpot_ms.mean), _f(lat.e2e_ms.p99), _f(lat.output_tokens_per_s), accept)
         console.print(table)

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from specadapt.analysis.tune_model import objective_ratio
+from specadapt.analysis.text import k_text, pct
+from specadapt.analysis.tune_model import objective_ratio, ranges_text
 from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
@@ -66,26 +67,12 @@ def num(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def k_name(k: int) -> str:
-    return "off" if k == 0 else f"k={k}"
-
-
 def per_position(rates: list[float]) -> str:
     return " / ".join(f"{r:.0%}" for r in rates) if rates else "-"
 
 
 def interval(point: float, low: float | None, high: float | None) -> str:
     return f"{point:.2f}x" if low is None or high is None else f"{point:.2f}x [{low:.2f}, {high:.2f}]"
-
-
-def ranges_text(schedule: list[tuple[int, int, int]]) -> str:
-    """'batch sizes 1-3: k=4; 4-15: k=2; 16: off'."""
-    parts = [(f"{a}" if a == b else f"{a}-{b}") + f": {k_name(k)}" for a, b, k in schedule]
-    return "batch sizes " + "; ".join(parts) if parts else "-"
 
 
 def identity_counts(counts: dict[str, int]) -> str:
@@ -133,10 +120,10 @@ def _recommendation(report: TuneReport) -> Section:
             "none": "none (nothing was measured)"}[r.form]
     parts = [Line(f"Recommendation: {head}; {'verified' if r.verified else 'not verified'}.", strong=True)]
     if r.schedule:
-        parts.append(Line(f"Schedule: {ranges_text(r.schedule)}."))
+        parts.append(Line(f"Schedule: {ranges_text(r.schedule, 'report')}."))
     if r.fixed_fallback_k is not None:
         parts.append(Line("Fixed-k fallback (for engines that do not honour schedules): "
-                          f"{k_name(r.fixed_fallback_k)}."))
+                          f"{k_text(r.fixed_fallback_k)}."))
     if r.summary:
         parts.append(Line(r.summary))
     if report.schedule_ranges_note:
@@ -189,7 +176,7 @@ def _speed(report: TuneReport) -> Section:
 def _fit_row(f: LevelFit, variants: bool) -> list[str]:
     predicted = ", ".join(f"k={k} {v:.2f}x" for k, v in sorted(f.predicted.items()))
     return [str(f.concurrency), *([f.variant or "-"] if variants else []), f.form, num(f.v), num(f.c),
-            pct(f.max_rel_error), num(f.r2), "-" if f.model_best_k is None else k_name(f.model_best_k),
+            pct(f.max_rel_error), num(f.r2), "-" if f.model_best_k is None else k_text(f.model_best_k),
             per_position(f.per_position_rate), predicted or "-"]
 
 
@@ -203,7 +190,7 @@ def _fits(report: TuneReport) -> Section:
         Grid("fit per level", ["concurrency", *(["variant"] if variants else []), "form", "v", "c", "max rel error",
                                "R2", "model best k", "acceptance per position", "predicted TPOT ratio"],
              [_fit_row(f, variants) for f in report.fits])]
-    points = [[str(f.concurrency), *([f.variant or "-"] if variants else []), k_name(p.k),
+    points = [[str(f.concurrency), *([f.variant or "-"] if variants else []), k_text(p.k),
                interval(p.measured, p.low, p.high), num(p.tokens_per_pass, 2), times(p.predicted),
                yes_no(p.inside, "no interval")]
               for f in report.fits for p in f.points]
@@ -216,9 +203,9 @@ def _fits(report: TuneReport) -> Section:
 
 def _choice_row(ch: LevelChoice) -> list[str]:
     ratio = ci(ch.ratio) if ch.ratio is not None else "1.00x (off)"
-    runner = "-" if ch.runner_up_k is None else f"{k_name(ch.runner_up_k)} ({times(ch.runner_up_ratio)})"
+    runner = "-" if ch.runner_up_k is None else f"{k_text(ch.runner_up_k)} ({times(ch.runner_up_ratio)})"
     excluded = "; ".join(f"k={k}: {why}" for k, why in sorted(ch.excluded.items())) or "-"
-    model = ch.model_note or ("-" if ch.model_best_k is None else f"model best {k_name(ch.model_best_k)}")
+    model = ch.model_note or ("-" if ch.model_best_k is None else f"model best {k_text(ch.model_best_k)}")
     return [str(ch.concurrency), ch.label, ratio, runner, ch.certainty, ch.reason, excluded, model]
 
 
@@ -250,7 +237,7 @@ def _verification(report: TuneReport) -> Section:
     rows = []
     for lv in v.levels:
         h = lv.honour
-        rows.append([str(lv.concurrency), k_name(lv.scheduled_k), ci(lv.ratio), k_name(lv.best_fixed_k),
+        rows.append([str(lv.concurrency), k_text(lv.scheduled_k), ci(lv.ratio), k_text(lv.best_fixed_k),
                      ci(lv.best_fixed_ratio) if lv.best_fixed_ratio is not None else "1.00x (off)",
                      yes_no(lv.as_good, "no interval"),
                      "-" if h is None else f"{h.verdict} (engine k={h.engine_k})"])

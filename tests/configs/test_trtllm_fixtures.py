@@ -10,6 +10,7 @@ import yaml
 
 from specadapt.configs import trtllm
 from specadapt.configs.files import validate_file
+from specadapt.configs.spec_input import load_spec_config
 
 FIX = Path(__file__).parent / "fixtures" / "trtllm"
 # file -> (specadapt accepts, schema at 20e20312 accepts)
@@ -58,6 +59,8 @@ def test_unknown_keys_are_flagged_without_schema(name):
 
 
 def test_docs_examples_read_back_as_spec_configs():
-    for name in ("eagle3-hub.yaml", "ngram-quickstart.yaml", "deepseek-r1-mtp-serve.yaml"):
-        spec = trtllm.spec_from_trtllm(yaml.safe_load((FIX / name).read_text()))
-        assert spec.k and spec.method in ("eagle3", "ngram", "mtp")
+    """A whole trtllm-serve config file given to --spec-config reads as its speculative_config."""
+    read = {name: load_spec_config(str(FIX / name), "trtllm")
+            for name in ("eagle3-hub.yaml", "ngram-quickstart.yaml", "deepseek-r1-mtp-serve.yaml")}
+    assert {name: (s.method, s.k) for name, s in read.items()} == {
+        "eagle3-hub.yaml": ("eagle3", 4), "ngram-quickstart.yaml": ("ngram", 3), "deepseek-r1-mtp-serve.yaml": ("mtp", 1)}

@@ -64,10 +64,10 @@ def test_generated_speculative_config_matches_published_schema(name, schema):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_round_trip_through_spec_from_trtllm(name):
+def test_round_trip_through_the_speculative_config_reader(name):
     spec = CASES[name]
     doc = yaml.safe_load(trtllm.render_trtllm_yaml(spec))
-    back = trtllm.spec_from_trtllm(doc, target="M")
+    back = trtllm.read_trtllm_form(doc["speculative_config"])
     assert (back.method, back.k, back.draft, back.max_concurrency, back.draft_len_schedule) == \
         (spec.method, spec.k, spec.draft, spec.max_concurrency, spec.draft_len_schedule)
 

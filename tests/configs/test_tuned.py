@@ -12,7 +12,7 @@ import yaml
 from specadapt.configs import tuned as T
 from specadapt.configs.render import render
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.trtllm import spec_from_trtllm
+from specadapt.configs.spec_input import load_spec_config
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import UsageError
 from specadapt.records.schedule import k_for_batch
@@ -291,7 +291,7 @@ def test_a_schedule_writes_three_files_validated_and_read_back(tmp_path):
     assert (fixed.k, fixed.k_per_batch_size) == (3, None)
 
     doc = yaml.safe_load((tmp_path / "trtllm-config.yaml").read_text())
-    trt = spec_from_trtllm(doc)
+    trt = load_spec_config(str(tmp_path / "trtllm-config.yaml"), "trtllm")
     assert (trt.method, trt.k, trt.ngram_max, trt.max_concurrency) == ("ngram", 4, 3, None)
     assert trt.draft_len_schedule == {4: 4, 16: 2, T.TRTLLM_MAX_BATCH_SIZE: 1}
     assert [trt_lookup(doc["speculative_config"], b) for b in range(1, 65)] == \
@@ -302,7 +302,7 @@ def test_a_cut_off_schedule_reads_back_as_max_concurrency(tmp_path):
     rec = Recommendation(form="schedule", k=4, schedule=[(1, 8, 4), (9, 64, 0)], fixed_fallback_k=4)
     written = _write(tmp_path, rec)
     assert written[-1].form == "max_concurrency"
-    trt = spec_from_trtllm(yaml.safe_load((tmp_path / "trtllm-config.yaml").read_text()))
+    trt = load_spec_config(str(tmp_path / "trtllm-config.yaml"), "trtllm")
     assert (trt.k, trt.max_concurrency, trt.draft_len_schedule) == (4, 8, None)
     back = spec_from_vllm_json(json.loads((tmp_path / "vllm-speculative-config.json").read_text()))
     assert back.k_per_batch_size == [(1, 8, 4), (9, 64, 0)]
@@ -327,9 +327,10 @@ def test_fixed_writes_both_engines_at_that_k(tmp_path):
     assert [(w.engine, w.form) for w in written] == [("vllm", "fixed"), ("trtllm", "fixed")]
     vllm = spec_from_vllm_json(json.loads((tmp_path / "vllm-speculative-config.json").read_text()))
     assert (vllm.method, vllm.k, vllm.draft, vllm.k_per_batch_size) == ("draft_model", 5, "/models/draft", None)
-    trt = spec_from_trtllm(yaml.safe_load((tmp_path / "trtllm-config.yaml").read_text()))
-    assert (trt.method, trt.k, trt.draft, trt.dtype, trt.draft_len_schedule, trt.max_concurrency) == \
-        ("draft_model", 5, "/models/draft", "bfloat16", None, None)
+    trt = load_spec_config(str(tmp_path / "trtllm-config.yaml"), "trtllm")
+    assert (trt.method, trt.k, trt.draft, trt.draft_len_schedule, trt.max_concurrency) == \
+        ("draft_model", 5, "/models/draft", None, None)
+    assert yaml.safe_load((tmp_path / "trtllm-config.yaml").read_text())["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize("form,note", [("off", T.OFF_NOTE), ("none", T.NONE_NOTE)])

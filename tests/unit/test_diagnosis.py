@@ -9,6 +9,7 @@ import pytest
 
 from specadapt.analysis import diagnosis as dg
 from specadapt.analysis.pairs import pair_records
+from specadapt.analysis.text import pct
 from specadapt.native_reference import theory
 from specadapt.records import (
     AcceptanceSummary,
@@ -696,7 +697,7 @@ def test_small_figures_at_their_edges():
     assert dg.ratio_text(None) == "-" and dg.ratio_text(RatioCI(point=None)) == "-" and dg.ratio_text(RatioCI(point=1.5, low=1.2)) == \
         "1.50x (no interval)"
     assert dg._interval(None, 2.0) == "" and dg._interval(1.0, None) == "" and dg._interval(1.0, 2.0) == " [1.00, 2.00]"
-    assert dg._pct(0.456) == "46%"
+    assert pct(0.456, 0) == "46%" and pct(0.456) == "45.6%" and pct(None) == "-"
     # k from the per-position rates where the server did not say it
     f = dg.level_figures(level(ratio(1.0, 0.9, 1.1)), on_records(300), None, None)
     assert f.k == 4 and f.draft_cost_per_pass == 0.0 and f.draft_cost_source is None

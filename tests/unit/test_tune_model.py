@@ -669,3 +669,16 @@ def test_least_squares_agree_with_polyfit():
     pts = [(int(k), level(ci(2.0 / y), 2.0, [0.5] * 6)) for k, y in zip(ks, ys, strict=True)]
     fit = tm.fit_level(1, pts)
     assert (fit.v, fit.c) == (pytest.approx(v), pytest.approx(c))
+
+
+@pytest.mark.parametrize("form,text", [
+    ("given", "1-3: k=4, 4-4: k=2, 5-16: k=0"),
+    ("report", "batch sizes 1-3: k=4; 4: k=2; 5-16: off"),
+    ("summary", "batch sizes 1-3 k=4, 4 k=2, 5-16 off"),
+])
+def test_ranges_text_in_each_form(form, text):
+    assert tm.ranges_text([(1, 3, 4), (4, 4, 2), (5, 16, 0)], form) == text
+
+
+def test_ranges_text_without_ranges():
+    assert (tm.ranges_text([]), tm.ranges_text([], "report"), tm.ranges_text([], "summary")) == ("", "-", "-")

@@ -169,7 +169,9 @@ def ci_text(x: RatioCI) -> str:
 
 
 def expected(report: TuneReport) -> list[str]:
-    """What every form must show, formatted from the records' own values."""
+    """What every form must show, formatted from the records' own values. A deliberate second copy
+    of the renderers' formatting (ranges, percentages, intervals), written out here as an oracle
+    rather than imported from analysis/text.py or tune_model.ranges_text, so a change there shows."""
     out = [report.recommendation.summary, report.schedule_ranges_note, *report.notes,
            report.verification.honoured, report.verification.reasons[0], f"k={report.recommendation.fixed_fallback_k}"]
     out += [(f"{a}-{b}" if b > a else f"{a}") + f": k={k}" for a, b, k in report.recommendation.schedule]

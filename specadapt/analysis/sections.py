@@ -1,0 +1,104 @@
+"""Sections of the compare report that analyses add: the registry.
+
+A section is one pure analysis of a finished compare report: ``analyse(report)`` returns an
+instance of the section's pydantic ``model``, or None when it has nothing to say about this
+report. The compare runner calls ``analyse_sections`` once, after identity, the notes and the
+diagnosis, so an analysis sees all of them. Each result is kept as JSON in
+``report.sections[name]``: a saved report reads back, and renders, without rerunning anything.
+Its renderers (console, Markdown, HTML) register under the same name in report/sections.py.
+
+An analysis that raises does not lose the report: its section is left out and the report
+gets one note, "the NAME section failed and is left out: ErrorType: first line of the
+message"; the other sections are still computed.
+
+Adding one: a module in this package with the model and the pure ``analyse``, and one line
+in ``BUILT_IN`` below (the order there is the order the reports show them in). The diagnosis
+is not one of them: the runner computes it itself, since it needs the draft's cost, which it
+reads from the models' configs; only its renderers are registered (report/sections.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from specadapt.records import CompareReport
+
+
+@dataclass(frozen=True)
+class Section:
+    """One analysis of the compare report. ``name``: the key in ``report.sections`` (and of its
+    renderers); ``model``: the type ``analyse`` returns, which reads the saved JSON back."""
+
+    name: str
+    model: type[BaseModel]
+    analyse: Callable[[CompareReport], BaseModel | None]
+
+
+BUILT_IN: tuple[Section, ...] = ()
+"""The sections every compare report gets, in the order the reports show them."""
+
+_REGISTRY: dict[str, Section] = {}
+
+
+def register(section: Section) -> Section:
+    """Add a section after those registered so far; ValueError if another one has its name."""
+    known = _REGISTRY.get(section.name)
+    if known is not None and known is not section:
+        raise ValueError(f"a report section named {section.name!r} is registered already")
+    _REGISTRY[section.name] = section
+    return section
+
+
+def unregister(name: str) -> None:
+    """Remove the section called ``name`` (nothing if there is none)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered() -> list[Section]:
+    """The sections, in the order they were registered."""
+    return list(_REGISTRY.values())
+
+
+def section(name: str) -> Section | None:
+    return _REGISTRY.get(name)
+
+
+def one_line(exc: BaseException) -> str:
+    """'ValueError: the first line of its message' (the type alone when the message is empty)."""
+    lines = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {lines[0]}" if lines else "")
+
+
+def analyse_sections(report: CompareReport) -> CompareReport:
+    """Run every registered analysis on ``report`` and keep each result in ``report.sections``
+    (JSON); a section whose analysis raises, or returns something other than its model, is left
+    out with one note saying why."""
+    for s in registered():
+        try:
+            result = s.analyse(report)
+            if result is not None and not isinstance(result, s.model):
+                raise TypeError(f"analyse returned {type(result).__name__}, not {s.model.__name__}")
+        except Exception as exc:  # one analysis must not lose the report or the other sections
+            report.notes.append(f"the {s.name} section failed and is left out: {one_line(exc)}")
+            continue
+        if result is not None:
+            report.sections[s.name] = result.model_dump(mode="json")
+    return report
+
+
+def section_data(report: CompareReport, name: str) -> BaseModel | None:
+    """The section ``name`` of a report read back as its model; None when the report has no such
+    section or no registered section knows its model. ValidationError when the saved data does
+    not fit the model."""
+    data = report.sections.get(name)
+    s = _REGISTRY.get(name)
+    if data is None or s is None:
+        return None
+    return s.model.model_validate(data)
+
+
+for _built_in in BUILT_IN:
+    register(_built_in)

@@ -1,0 +1,147 @@
+"""Renderers of the compare report's sections: the registry (the analyses' side is
+analysis/sections.py).
+
+A ``SectionView`` renders one section in the console, Markdown and HTML forms of a compare
+report, from the section's model: by default the one its analysis left in
+``report.sections[name]``, read back with the model of the analysis section of that name;
+``data`` reads it from elsewhere (the diagnosis, a field of the report of its own). Each form
+may be left out. The compare renderers show the sections where the diagnosis stands: after
+the speed, load and per-prompt tables, before identity; in the order of ``BUILT_IN`` and then
+of registration. JUnit carries none of them (its cases are identity and the gate).
+
+A report without a section's data (the analysis had nothing to say, failed, or is not known
+here) shows nothing for it. A renderer that raises, or saved data that no longer fits its
+model, shows one line instead ("the NAME section could not be shown: ..."), and the rest
+of the report is rendered as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from markupsafe import Markup, escape
+from pydantic import BaseModel
+from rich.console import Console
+from rich.text import Text
+
+from specadapt.analysis.sections import one_line, section_data
+from specadapt.records import CompareReport
+from specadapt.records.diagnosis import Diagnosis
+from specadapt.report.diagnosis_render import diagnosis_html, diagnosis_markdown, machine_line, render_diagnosis
+
+ConsoleRenderer = Callable[[BaseModel, CompareReport, Console], None]
+"""Prints the section (its model, the whole report for context) on the console."""
+MarkdownRenderer = Callable[[BaseModel, CompareReport], list[str]]
+"""The section's Markdown lines (the compare summary's own headings are ##, a section's ###)."""
+HtmlRenderer = Callable[[BaseModel, CompareReport, int], str]
+"""The section's HTML (escaped by the renderer), its heading an h<the int given>."""
+
+
+@dataclass(frozen=True)
+class SectionView:
+    name: str
+    console: ConsoleRenderer | None = None
+    markdown: MarkdownRenderer | None = None
+    html: HtmlRenderer | None = None
+    data: Callable[[CompareReport], BaseModel | None] | None = None
+
+    def model(self, report: CompareReport) -> BaseModel | None:
+        return self.data(report) if self.data is not None else section_data(report, self.name)
+
+
+# ------------------------------------------------------------------------------- the diagnosis
+
+def _machine(report: CompareReport) -> str:
+    return machine_line(report.on_server, report.settings.dtype)
+
+
+def _diagnosis_console(d: Diagnosis, report: CompareReport, console: Console) -> None:
+    render_diagnosis(d, console, _machine(report))
+
+
+def _diagnosis_markdown(d: Diagnosis, report: CompareReport) -> list[str]:
+    return diagnosis_markdown(d, _machine(report))
+
+
+def _diagnosis_html(d: Diagnosis, report: CompareReport, heading: int) -> str:
+    return diagnosis_html(d, _machine(report), heading)
+
+
+DIAGNOSIS = SectionView("diagnosis", console=_diagnosis_console, markdown=_diagnosis_markdown,
+                        html=_diagnosis_html, data=lambda report: report.diagnosis)
+"""Why spec on was faster or slower: computed by the compare runner itself (it needs the draft's
+cost, read from the models' configs) into ``report.diagnosis``."""
+
+BUILT_IN: tuple[SectionView, ...] = (DIAGNOSIS,)
+"""The views every compare report renders, in this order."""
+
+_REGISTRY: dict[str, SectionView] = {}
+
+
+def register_view(view: SectionView) -> SectionView:
+    """Add a view after those registered so far; ValueError if another one has its name."""
+    known = _REGISTRY.get(view.name)
+    if known is not None and known is not view:
+        raise ValueError(f"a view of the report section {view.name!r} is registered already")
+    _REGISTRY[view.name] = view
+    return view
+
+
+def unregister_view(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def views() -> list[SectionView]:
+    return list(_REGISTRY.values())
+
+
+def _failed(view: SectionView, exc: Exception) -> str:
+    return f"the {view.name} section could not be shown: {one_line(exc)}"
+
+
+def render_sections(report: CompareReport, console: Console) -> None:
+    """Every section the report has, on the console."""
+    for view in views():
+        if view.console is None:
+            continue
+        try:
+            data = view.model(report)
+            if data is not None:
+                view.console(data, report, console)
+        except Exception as exc:  # one section must not stop the report
+            console.print(Text(_failed(view, exc)))
+
+
+def sections_markdown(report: CompareReport) -> list[str]:
+    """Every section the report has, as Markdown lines."""
+    out: list[str] = []
+    for view in views():
+        if view.markdown is None:
+            continue
+        try:
+            data = view.model(report)
+            if data is not None:
+                out += view.markdown(data, report)
+        except Exception as exc:
+            out += ["", f"- {_failed(view, exc)}"]
+    return out
+
+
+def sections_html(report: CompareReport, heading: int) -> Markup:
+    """Every section the report has, as HTML, headings h``heading``."""
+    parts: list[str] = []
+    for view in views():
+        if view.html is None:
+            continue
+        try:
+            data = view.model(report)
+            if data is not None:
+                parts.append(str(view.html(data, report, heading)))
+        except Exception as exc:
+            parts.append(f"<p>{escape(_failed(view, exc))}</p>")
+    return Markup("".join(parts))
+
+
+for _view in BUILT_IN:
+    register_view(_view)
