@@ -22,6 +22,7 @@ import time
 from specadapt.adapters.base import Server
 from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
 from specadapt.analysis.identity import default_threshold, identity_report
+from specadapt.analysis.sections import analyse_sections
 from specadapt.analysis.speed import analyse, compare_notes
 from specadapt.configs.checks import load_model_config
 from specadapt.errors import UsageError
@@ -234,7 +235,6 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
                      for v in ("identical", "near-tie", "suspect", "unknown")}
     report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
-    from specadapt.analysis.sections import analyse_sections  # the registered report sections
     return analyse_sections(report)
 
 
