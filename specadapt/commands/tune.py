@@ -17,18 +17,8 @@ from specadapt.adapters.base import Server
 from specadapt.adapters.registry import get_backend
 from specadapt.analysis import tune_model
 from specadapt.analysis.stats import MIN_UNITS
-from specadapt.commands._console import progress_bar, say
-from specadapt.commands._server import (
-    ServerOptions,
-    ServerPlan,
-    Side,
-    api_key_from,
-    launch_options_for,
-    open_servers,
-    resolve_dtype,
-    sweep_server_options,
-    tls_verify,
-)
+from specadapt.commands._console import CONSOLE, progress_bar, say
+from specadapt.commands._server import ServerOptions, open_servers, sweep_server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
 from specadapt.configs.render import validate
@@ -39,6 +29,14 @@ from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.load.engine import turns_of
 from specadapt.orchestration import tune as tuning
 from specadapt.orchestration.compare import total_requests
+from specadapt.orchestration.servers import (
+    ServerPlan,
+    Side,
+    api_key_from,
+    launch_options_for,
+    resolve_dtype,
+    tls_verify,
+)
 from specadapt.records import CompareSettings, RequestSettings
 from specadapt.records.schedule import read_schedule, schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
@@ -167,7 +165,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         raise UsageError(problem)
 
     backend = get_backend(opts.backend)
-    verify = tls_verify(opts.insecure, opts.ca_bundle)
+    verify = tls_verify(opts.insecure, opts.ca_bundle, CONSOLE)
     api_key = api_key_from(opts.api_key)
     plan = ServerPlan(backend_name=opts.backend, backend=backend, sides=(), launch=(), api_key=api_key, verify=verify,
                       startup_timeout_s=opts.startup_timeout)
@@ -195,7 +193,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         if not backend.capabilities.launch:
             raise UsageError(f"backend {opts.backend} cannot start servers: give --off URL, one --on URL per draft "
                              "length and --verify-url (or --no-verify)")
-        opts = resolve_dtype(opts)  # --dtype auto as the started servers will run it
+        opts = resolve_dtype(opts, CONSOLE)  # --dtype auto as the started servers will run it
         model = str(backend.resolve_model(opts.model))
         for c in to_start:  # every candidate's launch checked before anything starts
             launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)
