@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -32,7 +31,8 @@ __all__ = ["ServerOptions", "Side", "open_servers", "plan_servers", "replica_sid
 
 
 # --- the options ------------------------------------------------------------------------------
-BACKEND = click.option("--backend", default="vllm", show_default=True,
+DEFAULTS = ServerOptions()
+BACKEND = click.option("--backend", default=DEFAULTS.backend, show_default=True,
                        help="Server kind (see 'specadapt backends').")
 URL = click.option("--url", "url", multiple=True,
                    help="Base URL of a running server, e.g. http://127.0.0.1:8000; repeat it for replicas of one "
@@ -54,17 +54,19 @@ SPEC_CONFIG = click.option("--spec-config", help="Speculative config (default: o
 LAUNCH = click.option("--launch", type=click.Choice(["parallel", "sequential"]), default="parallel",
                       show_default=True,
                       help="Started servers side by side (requests interleaved), or one after the other.")
-PYTHON = click.option("--python", default=sys.executable, show_default="this interpreter",
+PYTHON = click.option("--python", default=DEFAULTS.python, show_default="this interpreter",
                       help="Interpreter that has the server installed.")
-HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Host a started server binds.")
+HOST = click.option("--host", default=DEFAULTS.host, show_default=True, help="Host a started server binds.")
 PORT = click.option("--port", type=click.IntRange(1, 65535), help="Port for a started server (default: a free one).")
 DTYPE = click.option("--dtype", help="Server dtype (auto: specadapt picks what this machine runs natively and says "
                                      "so; bfloat16, float16, float32).")
-MAX_MODEL_LEN = click.option("--max-model-len", type=click.IntRange(16), default=2048, show_default=True,
+MAX_MODEL_LEN = click.option("--max-model-len", type=click.IntRange(16), default=DEFAULTS.max_model_len,
+                             show_default=True,
                              help="Longest sequence (prompt + output) a started server accepts.")
 SERVER_ARG = click.option("--server-arg", "server_args", multiple=True,
                           help="Extra argument for every started server, verbatim; repeat for several.")
-STARTUP_TIMEOUT = click.option("--startup-timeout", type=click.FloatRange(1), default=900, show_default=True,
+STARTUP_TIMEOUT = click.option("--startup-timeout", type=click.FloatRange(1), default=DEFAULTS.startup_timeout,
+                               show_default=True,
                                help="Seconds to wait for a started server to answer.")
 
 

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import ssl
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,20 +65,22 @@ LOGGED = Messages()
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """The shared server options as the user gave them (one field per option)."""
+    """The shared server options as the user gave them (one field per option; the defaults are
+    the command line's): the backend, how to reach running servers (API key, TLS), and what a
+    started server runs."""
 
-    backend: str
-    api_key: str | None
-    insecure: bool
-    ca_bundle: Path | None
-    model: str | None
-    spec_config: str | None
-    python: str
-    host: str
-    dtype: str | None
-    max_model_len: int
-    server_args: tuple[str, ...]
-    startup_timeout: float
+    backend: str = "vllm"
+    api_key: str | None = None
+    insecure: bool = False
+    ca_bundle: Path | None = None
+    model: str | None = None
+    spec_config: str | None = None
+    python: str = field(default_factory=lambda: sys.executable)
+    host: str = "127.0.0.1"
+    dtype: str | None = None
+    max_model_len: int = 2048
+    server_args: tuple[str, ...] = ()
+    startup_timeout: float = 900
 
 
 @dataclass(frozen=True)
