@@ -1,4 +1,5 @@
-"""`specadapt compare` and `specadapt equiv`: spec off against spec on (orchestration.compare does the work)."""
+"""`specadapt compare` and `specadapt equiv`: spec off against spec on (orchestration.ab.compare_servers does the
+work; the command parses the options, applies the gate and prints)."""
 
 from __future__ import annotations
 
