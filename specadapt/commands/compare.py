@@ -1,4 +1,5 @@
-"""`specadapt compare` and `specadapt equiv`: spec off against spec on (orchestration.compare does the work)."""
+"""`specadapt compare` and `specadapt equiv`: spec off against spec on (orchestration.ab.compare_servers does the
+work; the command parses the options, applies the gate and prints)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import click
 from rich.console import Console
 
 from specadapt.analysis.gate import apply_gate
-from specadapt.commands._console import progress_bar, stderr
+from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options
-from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers, server_options
+from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import UsageError
-from specadapt.orchestration.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
-from specadapt.records import CompareReport, CompareSettings, Prompt, RequestSettings, WorkloadInfo
+from specadapt.orchestration.ab import compare_servers
+from specadapt.orchestration.servers import ab_sides, plan_servers
+from specadapt.records import CompareSettings, RequestSettings, WorkloadInfo
 from specadapt.report.compare_render import render_console
 from specadapt.report.outputs import write_outputs
 
@@ -67,11 +69,6 @@ def ab_options(f):
     return workload_options(load_options(f))
 
 
-def _sides(off_url: str | None, on_url: str | None) -> list[Side]:
-    return [Side(url=off_url, spec=False, label="spec-off", url_flag="--off"),
-            Side(url=on_url, spec=True, label="spec-on", url_flag="--on")]
-
-
 def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
               workload: WorkloadInfo | None = None) -> CompareSettings:
     request = RequestSettings(max_tokens=kw["max_tokens"], seed=kw["seed"], top_logprobs=0, logprobs=True,
@@ -96,12 +93,10 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
         raise UsageError(f"--reference {kw['reference']} is not a local HF model directory (no config.json)")
     prompts, workload = load_workload(**kw["workload_opts"])
     settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel", workload=workload)
-    plan = plan_servers(server_opts, _sides(off_url, on_url))
-    settings = settings.model_copy(update={"dtype": plan.dtype})  # --dtype auto as the started servers run it
-    if settings.interleaved:
-        report = _side_by_side(plan, prompts, settings)
-    else:
-        report = _one_after_the_other(plan, prompts, settings)
+    with ConsoleRun() as console:
+        plan = plan_servers(server_opts, ab_sides(off_url, on_url), console.messages)
+        settings = settings.model_copy(update={"dtype": plan.dtype})  # --dtype auto as the started servers run it
+        report = compare_servers(plan, prompts, settings, console.bars, console.messages)
     if gate is not None:
         apply_gate(report, **gate)
     out = kw["out_dir"]
@@ -115,29 +110,6 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
     if gate is not None:
         return 0 if report.gate.passed else 1
     return 0
-
-
-def _side_by_side(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
-    """Both servers up at once, requests interleaved."""
-    with open_servers(plan) as (off, on), progress_bar() as bar:
-        task = bar.add_task("comparing", total=total_requests(len(prompts), settings, prompts))
-        return run_compare(off, on, prompts, settings, lambda rec: bar.advance(task))
-
-
-def _one_after_the_other(plan: ServerPlan, prompts: list[Prompt], settings: CompareSettings) -> CompareReport:
-    """Spec on alone first, then spec off alone (kept up until its triage is done)."""
-    per_side = total_requests(len(prompts), settings, prompts) // 2
-    with open_servers(plan.only("spec-on")) as (on,), progress_bar() as bar:
-        task = bar.add_task("spec on", total=per_side)
-        on_info, on_recs, on_counters = run_one_side(on, "on", prompts, settings, lambda rec: bar.advance(task))
-    with open_servers(plan.only("spec-off")) as (off,):
-        with progress_bar() as bar:
-            task = bar.add_task("spec off", total=per_side)
-            off_info, off_recs, off_counters = run_one_side(off, "off", prompts, settings,
-                                                            lambda rec: bar.advance(task))
-        report = CompareReport(settings=settings, off_server=off_info, on_server=on_info,
-                               requests=off_recs + on_recs, counters_on=on_counters, counters_off=off_counters)
-        return finish_compare(report, off, prompts, side_settings(off, settings.request))
 
 
 @click.command("compare")

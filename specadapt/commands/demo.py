@@ -13,7 +13,8 @@ from rich.console import Console
 
 from specadapt.adapters.base import LaunchPlan
 from specadapt.commands._console import progress_bar, say, stderr
-from specadapt.orchestration.demo import DRAFT_LAYERS, DTYPES, DemoOptions, DemoProgress, Progress, plan_demo, run_demo
+from specadapt.load.progress import Progress
+from specadapt.orchestration.demo import DRAFT_LAYERS, DTYPES, DemoOptions, DemoProgress, plan_demo, run_demo
 from specadapt.report.demo_render import render_console, timing_line, write_demo_outputs
 
 

@@ -80,19 +80,10 @@ def generate(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence
              prompt, chat, max_tokens, temperature, top_k, top_p, check, as_json) -> None:
     """Generate with speculative decoding; print the text and the statistics."""
     ref = _open(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed)
-    from specadapt.native_reference.engine import SpecEngine  # torch
+    from specadapt.native_reference.runtime import generate as generate_text  # torch
     from specadapt.native_reference.sampling import SamplingParams
 
-    ids = ref.encode(prompt, chat)
-    params = SamplingParams(temperature, top_k, top_p)
-    gen = ref.engine.generate(ids, max_tokens, params, ref.stop_ids)
-    result = {"text": ref.decode(gen.tokens), "tokens": gen.tokens, "method": ref.method,
-              "k": ref.engine.k, "dtype": str(ref.dtype).removeprefix("torch."),
-              "device": str(ref.device), "stats": gen.stats.as_dict()}
-    if check:
-        alone = SpecEngine(ref.engine.target.model, seed=seed)
-        base = alone.generate(ids, max_tokens, params, ref.stop_ids)
-        result["check"] = _compare(gen.tokens, base.tokens, params.greedy)
+    result = generate_text(ref, prompt, chat, max_tokens, SamplingParams(temperature, top_k, top_p), check, seed)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -101,19 +92,6 @@ def generate(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence
     click.echo(_format_stats(result))
     if check:
         click.echo(result["check"]["summary"])
-
-
-def _compare(spec: list[int], base: list[int], greedy: bool) -> dict:
-    first = next((i for i, (a, b) in enumerate(zip(spec, base, strict=False)) if a != b), None)
-    if first is None and len(spec) != len(base):
-        first = min(len(spec), len(base))
-    identical = first is None
-    summary = (f"check: IDENTICAL to the target alone ({len(base)} tokens)" if identical else
-               f"check: DIFFERENT from the target alone at token {first} "
-               f"(speculative {spec[first:first + 1]}, target alone {base[first:first + 1]})")
-    if not greedy:
-        summary += " [sampling: identity is only expected with greedy decoding]"
-    return {"identical": identical, "first_difference": first, "summary": summary}
 
 
 def _format_stats(result: dict) -> str:

@@ -1,51 +1,31 @@
 """`specadapt tune`: measure draft lengths at each load, choose k per batch size, write the configs
-for vLLM and TensorRT-LLM, and verify the emitted one (orchestration.tune does the work)."""
+for vLLM and TensorRT-LLM, and verify the emitted one (orchestration.tune_run runs it as library calls)."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 
-from specadapt.adapters.base import Server
-from specadapt.adapters.registry import get_backend
 from specadapt.analysis import tune_model
 from specadapt.analysis.stats import MIN_UNITS
-from specadapt.commands._console import progress_bar, say
-from specadapt.commands._server import (
-    ServerOptions,
-    ServerPlan,
-    Side,
-    api_key_from,
-    launch_options_for,
-    open_servers,
-    resolve_dtype,
-    sweep_server_options,
-    tls_verify,
-)
+from specadapt.commands._console import ConsoleRun, say
+from specadapt.commands._server import ServerOptions, sweep_server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
-from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import load_spec_config, neutral_form
-from specadapt.configs.tuned import write_tuned_configs
 from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.load.engine import turns_of
-from specadapt.orchestration import tune as tuning
-from specadapt.orchestration.compare import total_requests
-from specadapt.records import CompareSettings, RequestSettings
+from specadapt.orchestration import tune_run
+from specadapt.orchestration.tune import exit_code
+from specadapt.records import RequestSettings
 from specadapt.records.schedule import read_schedule, schedule_problems
-from specadapt.records.tune import TuneReport, TuneSettings, Verification
+from specadapt.records.tune import TuneReport, TuneSettings
 from specadapt.report.tune_render import render_console, write_tune_outputs
-
-SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
-CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds
 
 
 def parse_ks(value: str) -> list[int]:
@@ -165,80 +145,27 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
     problem = tune_model.units_problem(levels, per_set, kw["repeat"], MIN_UNITS)
     if problem:
         raise UsageError(problem)
-
-    backend = get_backend(opts.backend)
-    verify = tls_verify(opts.insecure, opts.ca_bundle)
-    api_key = api_key_from(opts.api_key)
-    plan = ServerPlan(backend_name=opts.backend, backend=backend, sides=(), launch=(), api_key=api_key, verify=verify,
-                      startup_timeout_s=opts.startup_timeout)
-
-    # which candidates run where: given ones first (their k read from the server), the rest started
-    connected: dict[int, str] = {}
-    for k, url in given:
-        if k is None:
-            with open_servers(replace(plan, sides=(Side(url=url, label="spec-on"),), launch=(None,))) as (server,):
-                k = server.describe().num_speculative_tokens
-            if not k:
-                raise UsageError(f"cannot tell the draft length of --on {url}: write it as --on K={url}")
-        if k in connected:
-            raise UsageError(f"two --on servers have k={k}: give one server per draft length")
-        connected[k] = url
-    all_ks = sorted(set(ks) | set(connected) | {0})
-    candidates = tuning.candidates_for(base, all_ks, windows)
-    candidates = [replace(c, url=connected.get(c.k)) if (c.k in connected and not c.variant) else c
-                  for c in candidates]
-    to_start = [c for c in candidates if c.k > 0 and not c.url]
-    need_start = bool(to_start) or not off_url or (not verify_url and not kw["no_verify"])
-    model = None
-    launches: dict[str, Any] = {}
-    if need_start:
-        if not backend.capabilities.launch:
-            raise UsageError(f"backend {opts.backend} cannot start servers: give --off URL, one --on URL per draft "
-                             "length and --verify-url (or --no-verify)")
-        opts = resolve_dtype(opts)  # --dtype auto as the started servers will run it
-        model = str(backend.resolve_model(opts.model))
-        for c in to_start:  # every candidate's launch checked before anything starts
-            launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)
-            if opts.backend in CONFIG_BACKENDS:  # the configs package's rules, model directories included
-                validate(c.spec.model_copy(update={"target": model}), opts.backend)
-        if not off_url:
-            launches["off"] = launch_options_for(backend, opts, model, None, None)
-        for launch in launches.values():
-            backend.check_launch(launch)
-        if not verify_url and not kw["no_verify"] and opts.backend not in SCHEDULE_BACKENDS:
-            raise UsageError(f"tune starts the verification server with a per-batch-size schedule, which backend "
-                             f"{opts.backend} does not take: give --verify-url of a running server with the emitted "
-                             "config, or --no-verify")
-
     request = RequestSettings(max_tokens=kw["max_tokens"], seed=kw["seed"], top_logprobs=0, logprobs=True,
                               request_timeout_s=kw["request_timeout"])
-    compare_settings = CompareSettings(concurrency=levels, repeat=kw["repeat"], warmup=kw["warmup"], request=request,
-                                       prompts_source=workload.source, near_tie_threshold=kw["near_tie_threshold"],
-                                       dtype=opts.dtype, triage=not kw["no_triage"], interleaved=True,
-                                       workload=workload)
-    settings = TuneSettings(backend=opts.backend, base_spec=neutral_form(base), ks=all_ks, ngram_max=windows,
+    settings = TuneSettings(backend=opts.backend, base_spec=neutral_form(base), ks=ks, ngram_max=windows,
                             concurrency=levels, repeat=kw["repeat"], warmup=kw["warmup"], request=request,
                             objective=kw["objective"], prompts_source=workload.source, workload=workload,
                             near_tie_threshold=kw["near_tie_threshold"], dtype=opts.dtype, triage=not kw["no_triage"],
                             verify=not kw["no_verify"], max_batch_size=kw["max_batch_size"],
                             given_schedule=given_schedule)
-    report = TuneReport(settings=settings)
-    per_side = total_requests(len(prompts), compare_settings, prompts) // 2
-    measured = [c for c in candidates if c.k > 0]
-    say(f"tune: {len(measured)} candidate(s) ({', '.join(c.label for c in measured)}) beside the spec-off server, "
-        f"one at a time, at concurrency {','.join(map(str, levels))}; {per_side} requests per server "
-        f"({len(to_start)} candidate server(s) to start)")
 
     out_dir: Path = kw["out_dir"]
+    plan = None
     try:
-        _sweep_and_verify(report, plan, off_url, launches, candidates, verify_url, base, prompts, compare_settings,
-                          per_side, opts, model, given_schedule)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM/SIGHUP arrive as SystemExit
-        report.partial, report.partial_reason = True, "interrupted (Ctrl-C or a signal); the candidates measured " \
-                                                      "before are kept"
-        _finish(report, base, out_dir, model or opts.model, quiet=True)
+        with ConsoleRun() as console:
+            plan = tune_run.plan_tune(opts, base, settings, off_url, given, verify_url, console.messages)
+            report = tune_run.run_tune(plan, prompts, console.bars, console.messages)
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM/SIGHUP arrive as SystemExit
+        partial = getattr(exc, "report", None)
+        if plan is not None and partial is not None:
+            _finish(partial, plan, out_dir, quiet=True)
         raise
-    written = _finish(report, base, out_dir, model or opts.model)
+    written = _finish(report, plan, out_dir)
     if report.recommendation.form == "none":
         failed = next((c.error for c in report.candidates if c.error), "no candidate ran")
         raise ServerError(f"no candidate could be measured ({failed}); the report is in {out_dir}")
@@ -246,73 +173,12 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         raise ServerDied(f"{report.partial_reason}; the partial report is in {out_dir}")
     for path in written:
         say(f"wrote {path}")
-    return tuning.exit_code(report)
+    return exit_code(report)
 
 
-def _sweep_and_verify(report: TuneReport, plan: ServerPlan, off_url: str | None, launches: dict[str, Any],
-                      candidates: list[tuning.SweepCandidate], verify_url: str | None, base: SpecConfig,
-                      prompts, compare_settings: CompareSettings, per_side: int, opts: ServerOptions,
-                      model: str | None, given_schedule: list | None) -> None:
-    off_plan = replace(plan, sides=(Side(url=off_url, spec=False, label="spec-off"),),
-                       launch=(None if off_url else launches["off"],))
-
-    def one(url: str | None, launch) -> contextlib.AbstractContextManager[list[Server]]:
-        return open_servers(replace(plan, sides=(Side(url=url, label="spec-on"),), launch=(launch,)))
-
-    @contextlib.contextmanager
-    def open_candidate(cand: tuning.SweepCandidate) -> Iterator[Server]:
-        with one(cand.url, None if cand.url else launches[cand.label]) as (server,):
-            yield server
-
-    @contextlib.contextmanager
-    def open_verify(spec: SpecConfig) -> Iterator[Server]:
-        launch = None if verify_url else launch_options_for(plan.backend, opts, model or "", spec, None)
-        with one(verify_url, launch) as (server,):
-            yield server
-
-    @contextlib.contextmanager
-    def progress(description: str, total: int):
-        with progress_bar() as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda rec: bar.advance(task)
-
-    with open_servers(off_plan) as (off,):
-        report.off_server = off.describe()
-        tuning.run_sweep(report, off, candidates, open_candidate, prompts, compare_settings, progress, per_side)
-        tuning.analyse(report, given_schedule)
-        if report.partial:
-            return
-        spec = tuning.verification_spec(report, base)
-        if spec is None:
-            report.verification = Verification(status="not run", reason=(
-                "speculation off is the recommendation: the spec-off server is the baseline itself"
-                if report.recommendation.form == "off" else "nothing to verify"))
-        elif not report.settings.verify:
-            report.verification = Verification(status="not run", reason="--no-verify")
-        else:
-            say(f"verifying the emitted configuration: {_describe(report)}")
-            tuning.run_verification(report, off, open_verify, spec, prompts, compare_settings, progress, per_side)
-        tuning.settle_recommendation(report)
-
-
-def _describe(report: TuneReport) -> str:
-    rec = report.recommendation
-    if rec.form == "schedule":
-        return "k per batch size " + tuning.ranges_text(rec.schedule)
-    return f"fixed k={rec.k}"
-
-
-def _finish(report: TuneReport, base: SpecConfig, out_dir: Path, model: str | None, quiet: bool = False) -> list:
+def _finish(report: TuneReport, plan: tune_run.TunePlan, out_dir: Path, quiet: bool = False) -> list[Path]:
     """Configs (for a finished analysis), then the report in every format; the console summary."""
-    written: list = []
-    if not report.partial and report.recommendation.form != "none":
-        spec = tuning.recommended_spec(report, base)
-        spec = spec.model_copy(update={"target": spec.target or model})
-        try:
-            report.configs = write_tuned_configs(spec, report.recommendation, out_dir)
-        except UsageError as err:
-            report.notes.append(f"the configs could not be written: {err}")
-        written += [Path(c.path) for c in report.configs if c.path]
+    written = tune_run.write_configs(report, plan, out_dir)
     written += write_tune_outputs(report, json_path=out_dir / "report.json", markdown_path=out_dir / "summary.md",
                                   html_path=out_dir / "report.html")
     if not quiet:

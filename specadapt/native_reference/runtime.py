@@ -17,6 +17,7 @@ from specadapt.native_reference.models import (
     pick_dtype,
 )
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
+from specadapt.native_reference.sampling import SamplingParams
 
 
 def generation_eos_ids(model_dir: Path) -> list[int]:
@@ -105,3 +106,35 @@ def open_reference(target: Path, draft: Path | None = None, ngram: bool = False,
                         schedule=schedule, max_model_len=max_model_len)
     return Reference(engine, load_tokenizer(target), Path(target), Path(draft) if draft else None,
                      method, dt, dev)
+
+
+def generate(ref: Reference, prompt: str, chat: bool, max_tokens: int, params: SamplingParams,
+             check: bool = False, seed: int = 0) -> dict:
+    """One generation with speculative decoding: its text, tokens, method, k, precision, device and
+    statistics; with ``check``, the target alone (seeded with ``seed``) on the same prompt, compared
+    token by token (``"check"``, see ``identity_check``)."""
+    ids = ref.encode(prompt, chat)
+    gen = ref.engine.generate(ids, max_tokens, params, ref.stop_ids)
+    result = {"text": ref.decode(gen.tokens), "tokens": gen.tokens, "method": ref.method,
+              "k": ref.engine.k, "dtype": str(ref.dtype).removeprefix("torch."),
+              "device": str(ref.device), "stats": gen.stats.as_dict()}
+    if check:
+        alone = SpecEngine(ref.engine.target.model, seed=seed)
+        base = alone.generate(ids, max_tokens, params, ref.stop_ids)
+        result["check"] = identity_check(gen.tokens, base.tokens, params.greedy)
+    return result
+
+
+def identity_check(spec: list[int], base: list[int], greedy: bool) -> dict:
+    """Speculative tokens against the target alone's: identical or not, the first token that
+    differs, and a one-line summary (identity is only expected with greedy decoding)."""
+    first = next((i for i, (a, b) in enumerate(zip(spec, base, strict=False)) if a != b), None)
+    if first is None and len(spec) != len(base):
+        first = min(len(spec), len(base))
+    identical = first is None
+    summary = (f"check: IDENTICAL to the target alone ({len(base)} tokens)" if identical else
+               f"check: DIFFERENT from the target alone at token {first} "
+               f"(speculative {spec[first:first + 1]}, target alone {base[first:first + 1]})")
+    if not greedy:
+        summary += " [sampling: identity is only expected with greedy decoding]"
+    return {"identical": identical, "first_difference": first, "summary": summary}

@@ -30,9 +30,10 @@ from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_au
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
+from specadapt.load.progress import Progress
 from specadapt.models import decoder_layers, is_complete, resolve_model_dir, truncated_model_dir
 from specadapt.orchestration.compare import run_compare, total_requests
-from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestRecord, RequestSettings
+from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
 from specadapt.workloads.prompts import load_builtin
 
@@ -44,7 +45,6 @@ DRAFT_LAYERS = 8
 DTYPES = ("auto", "bfloat16", "float32")
 EAGER = "--enforce-eager"
 
-Progress = Callable[[RequestRecord], None]
 # (launch options, startup timeout, on_plan) -> servers, stopped when the context exits
 Launcher = Callable[[Sequence[VLLMLaunch], float, Callable[[LaunchPlan, Path], None]], ContextManager[list[Server]]]
 Compare = Callable[[Server, Server, list[Prompt], CompareSettings, Progress], CompareReport]

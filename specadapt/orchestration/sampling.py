@@ -20,6 +20,8 @@ asks a *source* of the target's distribution p how likely each sampled token was
 
 The statistics (randomized PIT over the top K by probability plus the lumped rest, tests,
 power) are analysis/sampling_stats.py's; this module gets the TokenDraws to it.
+``check_sampling`` runs the whole check on planned servers (orchestration/servers.py) and
+returns the report.
 
 Temperature 1 and top_p 1 only: prompt logprobs are the raw distribution of the model, so
 they are the distribution the server samples only when nothing reshapes it.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,18 +40,21 @@ from typing import Any
 import httpx
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
 from specadapt.analysis.sides import side_differences
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
-from specadapt.records import AcceptanceSummary, Prompt, ServerInfo
+from specadapt.load.client import run as run_loop
+from specadapt.load.progress import Progress, ProgressBars, no_bars
+from specadapt.orchestration.probe import counting, settle_counters
+from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, Side, open_servers
+from specadapt.records import AcceptanceSummary, Prompt, RequestRecord, ServerInfo
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings
 
 TEMPERATURE = 1.0
 TOP_P = 1.0
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
-
-Progress = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,14 @@ async def tokenize_on_server(server: Server, prompts: Sequence[Prompt], timeout_
         return out
 
 
+def finished(prompt_id: str, category: str, output_tokens: int, finish_reason: str | None,
+             status_code: int | None) -> RequestRecord:
+    """The record a Progress gets for one finished request of the check (a sample, a scoring request,
+    or one sample scored on the reference): what it was for and how many tokens it returned."""
+    return RequestRecord(prompt_id=prompt_id, category=category, api="completions", ok=True, status_code=status_code,
+                         output_tokens=output_tokens, finish_reason=finish_reason)
+
+
 def inputs_for(prompts: Sequence[Prompt], ids: Sequence[Sequence[int]], max_tokens: int) -> list[PromptInput]:
     return [PromptInput(prompt=p, ids=tuple(i), max_tokens=p.max_tokens or max_tokens) for p, i in zip(prompts, ids,
                                                                                                          strict=True)]
@@ -282,7 +295,7 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
                                   f"(HTTP {status}: {msg})")
             tokens, finish = parse_sample(data)
             if progress:
-                progress()
+                progress(finished(inp.prompt.id, inp.prompt.category, len(tokens), finish, status))
             return Sample(prompt_id=inp.prompt.id, index=index, seed=s, prompt_ids=inp.ids, tokens=tuple(tokens),
                           finish_reason=finish)
 
@@ -306,7 +319,7 @@ async def score_on_server(server: Server, samples: Sequence[Sample], k: int, con
                                   "it needs prompt_logprobs as vLLM has them, or give --reference DIR")
             draws = parse_scores(data, sample, k)
             if progress:
-                progress()
+                progress(finished(sample.prompt_id, "", 1, None, status))
             return draws
 
         return await _bounded([lambda s=s: one(s) for s in samples], concurrency)
@@ -391,7 +404,7 @@ def score_on_reference(reference: ReferenceDistribution, samples: Sequence[Sampl
     for s in samples:
         out.append(reference.score(s, k))
         if progress:
-            progress()
+            progress(finished(s.prompt_id, "", 0, None, None))
     return out
 
 
@@ -478,3 +491,93 @@ def sampling_report(settings: SamplingSettings, on_info: ServerInfo, source_info
                           notes=[*side_notes(on_info, source_info),
                                  *sampling_notes(acceptance, samples, spec_looks_off=on_info.spec_enabled is False)],
                           gate=sampling_gate(stats))
+
+
+# --- the whole check ------------------------------------------------------------------------------
+def sampling_sides(off_url: str | None, on_url: str | None, reference: str | Path | None) -> list[Side]:
+    """The servers the check needs: spec on always; spec off unless ``reference`` gives p (and no
+    spec-off URL is given). Each side at its URL, or started where it has none."""
+    if off_url and not on_url:
+        raise UsageError("--sampling samples the spec-on server: give --on URL (with --off URL or --reference DIR), "
+                         "or neither URL to start the servers")
+    if on_url and not off_url and not reference:
+        raise UsageError("--sampling needs the target's distribution: give --off URL (its prompt_logprobs) or "
+                         "--reference DIR (recomputed in float64)")
+    on = Side(url=on_url, spec=True, label="spec-on", url_flag="--on")
+    if (on_url and off_url) or (not on_url and not reference):
+        return [Side(url=off_url, spec=False, label="spec-off", url_flag="--off"), on]
+    return [on]
+
+
+def tokenizer_text(two_servers: bool, sequential: bool, reference: str | Path | None) -> str:
+    """What turns the prompts into ids in check_sampling (the settings' ``tokenizer``): the spec-off
+    server, the spec-on one when the two run one after the other, or the reference's own tokenizer."""
+    if two_servers and not sequential:
+        return "the spec-off server's /tokenize"
+    if two_servers:
+        return "the spec-on server's /tokenize (servers started one after the other)"
+    return f"the local tokenizer of {reference}"
+
+
+def check_sampling(plan: ServerPlan, prompts: list[Prompt], settings: SamplingSettings,
+                   reference: ReferenceDistribution | None = None, sequential: bool = False,
+                   bars: ProgressBars = no_bars, messages: Messages = LOGGED) -> SamplingReport:
+    """The whole check on the servers of ``plan`` (e.g. ``sampling_sides``): the spec-on server samples,
+    and the target's distribution comes from ``reference`` when given, else from the spec-off server.
+    Both servers up at once (the spec-off server, or the reference, tokenizes), or with ``sequential``
+    one after the other: spec on alone first (it tokenizes and samples), then spec off alone (it
+    scores). Every server started here is stopped when this returns or raises."""
+    labels = [s.label for s in plan.sides]
+    if "spec-on" not in labels or not set(labels) <= {"spec-on", "spec-off"}:
+        raise ValueError(f"check_sampling needs a plan of a spec-on side and, optionally, a spec-off side, "
+                         f"not {labels}")
+    if "spec-off" not in labels and reference is None:
+        raise ValueError("check_sampling without a spec-off side needs the reference distribution")
+    if sequential and len(labels) == 2:
+        with open_servers(plan.only("spec-on"), messages) as (on,):
+            inputs = prompt_inputs(on, prompts, settings)
+            samples, acceptance = sample_on(on, inputs, settings, bars)
+            on_info = on.describe()
+        with open_servers(plan.only("spec-off"), messages) as (off,):
+            draws = score(reference or off, samples, settings, bars)
+            return sampling_report(settings, on_info, off.describe(), inputs, samples, draws, acceptance)
+    with open_servers(plan, messages) as opened:
+        by = dict(zip(labels, opened, strict=True))
+        off, on = by.get("spec-off"), by["spec-on"]
+        inputs = prompt_inputs(off or reference, prompts, settings)
+        samples, acceptance = sample_on(on, inputs, settings, bars)
+        draws = score(reference or off, samples, settings, bars)
+        return sampling_report(settings, on.describe(), off.describe() if off else None, inputs, samples, draws,
+                               acceptance)
+
+
+def prompt_inputs(tokenizer: Server | ReferenceDistribution, prompts: Sequence[Prompt],
+                  settings: SamplingSettings) -> list[PromptInput]:
+    """The prompts as ids, by a server's /tokenize or the reference's tokenizer."""
+    if isinstance(tokenizer, ReferenceDistribution):
+        ids = [tokenizer.tokenize(p) for p in prompts]
+    else:
+        ids = run_loop(tokenize_on_server(tokenizer, prompts, settings.request_timeout_s))
+    return inputs_for(prompts, ids, settings.max_tokens)
+
+
+def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSettings,
+              bars: ProgressBars = no_bars) -> tuple[list[Sample], AcceptanceSummary]:
+    """The samples from the spec-on server (one bar, 'sampling'), with its acceptance over them."""
+    with counting(on):
+        before = settle_counters(on)
+        samples = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
+                                        settings.request_timeout_s, bars("sampling", len(inputs) * settings.samples)))
+        after = settle_counters(on)
+    return samples, acceptance_summary(before, after)
+
+
+def score(source: Server | ReferenceDistribution, samples: Sequence[Sample], settings: SamplingSettings,
+          bars: ProgressBars = no_bars) -> list[list[TokenDraw]]:
+    """The target's top K at every sampled position (one bar, 'scoring'): from the source server's
+    prompt logprobs, or the float64 reference."""
+    progress = bars("scoring", len(samples))
+    if isinstance(source, ReferenceDistribution):
+        return score_on_reference(source, samples, settings.top_logprobs, progress)
+    return run_loop(score_on_server(source, samples, settings.top_logprobs, settings.concurrency,
+                                    settings.request_timeout_s, progress))

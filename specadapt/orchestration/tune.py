@@ -31,13 +31,12 @@ from specadapt.analysis.diagnosis import diagnose_tune
 from specadapt.analysis.tune_model import ranges_text
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
+from specadapt.load.progress import ProgressBars
 from specadapt.orchestration.compare import run_compare
-from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI, RequestRecord
+from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI
 from specadapt.records.schedule import k_for_batch
 from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
 
-Progress = Callable[[RequestRecord], None]
-ProgressFactory = Callable[[str, int], ContextManager[Progress]]
 OpenServer = Callable[["SweepCandidate"], ContextManager[Server]]
 
 
@@ -88,10 +87,10 @@ def _copy(settings: CompareSettings) -> CompareSettings:
 
 
 def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandidate], open_candidate: OpenServer,
-              prompts: list[Prompt], settings: CompareSettings, progress: ProgressFactory,
+              prompts: list[Prompt], settings: CompareSettings, bars: ProgressBars,
               requests_per_side: int) -> None:
-    """Measure every candidate beside ``off``, appending to ``report.candidates`` as each ends (so an
-    interrupted run keeps what it measured). Marks the report partial when ``off`` dies."""
+    """Measure every candidate beside ``off`` (one bar each), appending to ``report.candidates`` as each
+    ends (so an interrupted run keeps what it measured). Marks the report partial when ``off`` dies."""
     for i, cand in enumerate(candidates):
         if cand.k == 0:
             report.candidates.append(Candidate(label="off", variant=cand.variant, k=0, status="baseline",
@@ -100,7 +99,8 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
         entry = Candidate(label=cand.label, variant=cand.variant, k=cand.k, url=cand.url,
                           spec=cand.spec.model_dump(exclude_defaults=True) if cand.spec else None)
         try:
-            with open_candidate(cand) as server, progress(f"{cand.label} vs off", 2 * requests_per_side) as tick:
+            with open_candidate(cand) as server:
+                tick = bars(f"{cand.label} vs off", 2 * requests_per_side)
                 entry.url = server.base_url
                 compare = run_compare(off, server, prompts, _copy(settings), tick)
                 if died(server):
@@ -288,12 +288,13 @@ def settle_recommendation(report: TuneReport) -> None:
 
 
 def run_verification(report: TuneReport, off: Server, open_verify: Callable[[SpecConfig], ContextManager[Server]],
-                     spec: SpecConfig, prompts: list[Prompt], settings: CompareSettings, progress: ProgressFactory,
+                     spec: SpecConfig, prompts: list[Prompt], settings: CompareSettings, bars: ProgressBars,
                      requests_per_side: int) -> None:
-    """Run the emitted config beside ``off`` and judge it; a server failure makes the verification
-    'failed' with the reason (the sweep's results stay)."""
+    """Run the emitted config beside ``off`` (one bar) and judge it; a server failure makes the
+    verification 'failed' with the reason (the sweep's results stay)."""
     try:
-        with open_verify(spec) as server, progress("verifying", 2 * requests_per_side) as tick:
+        with open_verify(spec) as server:
+            tick = bars("verifying", 2 * requests_per_side)
             compare = run_compare(off, server, prompts, _copy(settings), tick)
             if died(server):
                 raise ServerError(_exit_reason(server, "verification"))

@@ -16,12 +16,13 @@ from pydantic import BaseModel
 from specadapt.adapters.base import LaunchPlan
 from specadapt.cli import cli
 from specadapt.commands import _server
-from specadapt.commands._server import ServerOptions
 from specadapt.commands._workload import WORKLOAD_PARAMS
 from specadapt.commands.compare import compare, equiv
 from specadapt.commands.probe import probe
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
+from specadapt.orchestration import servers
+from specadapt.orchestration.servers import ServerOptions
 
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})  # vLLM's own form
 NGRAM_SPEC = SpecConfig(method="ngram", k=4)  # what the parser makes of it
@@ -126,7 +127,7 @@ class StubBackend:
 @pytest.fixture
 def stub(monkeypatch) -> StubBackend:
     backend = StubBackend()
-    monkeypatch.setattr(_server, "get_backend", lambda name: backend)
+    monkeypatch.setattr(servers, "get_backend", lambda name: backend)
     return backend
 
 
@@ -199,15 +200,15 @@ def test_dtype_auto_is_resolved_for_the_started_servers_and_the_report(stub, mon
     from specadapt.commands import compare as compare_module
     from specadapt.records import HardwareInfo
 
-    monkeypatch.setattr(_server, "local_hardware", lambda source: HardwareInfo(
+    monkeypatch.setattr(servers, "local_hardware", lambda source: HardwareInfo(
         source=source, cpu_model="AMD EPYC", cpu_flags=["avx2", "avx512_bf16"], native_dtypes=["float32", "bfloat16"]))
     recorded = []
 
-    def side_by_side(plan, prompts, settings):
+    def compare_servers(plan, prompts, settings, bars, messages):
         recorded.append(settings.dtype)
         raise UsageError("stop before any request")
 
-    monkeypatch.setattr(compare_module, "_side_by_side", side_by_side)
+    monkeypatch.setattr(compare_module, "compare_servers", compare_servers)
     code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--dtype", "auto")
     assert code == 2
     assert lines == ["dtype auto: bfloat16 (this CPU (AMD EPYC) has AVX512-BF16: bfloat16 runs natively)",

@@ -117,11 +117,11 @@ def mtp_target(tmp_path) -> str:
 
 
 def test_dtype_auto_is_resolved_before_the_servers_start(tmp_path, monkeypatch, embedded_dir):
-    from specadapt.commands import _server
     from specadapt.errors import UsageError
+    from specadapt.orchestration import servers
     from specadapt.records import HardwareInfo
 
-    monkeypatch.setattr(_server, "local_hardware", lambda source: HardwareInfo(source=source, cpu_model="AMD EPYC",
+    monkeypatch.setattr(servers, "local_hardware", lambda source: HardwareInfo(source=source, cpu_model="AMD EPYC",
                                                                                cpu_flags=["avx2"]))
     started = []
 

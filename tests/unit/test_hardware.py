@@ -20,8 +20,8 @@ from specadapt.adapters.hardware import (
 )
 from specadapt.adapters.vllm import VLLMServer, server_device
 from specadapt.analysis.sides import side_differences
-from specadapt.commands import _server
-from specadapt.commands._server import ServerOptions, Side
+from specadapt.orchestration import servers
+from specadapt.orchestration.servers import Messages, ServerOptions, Side
 from specadapt.records import GpuInfo, HardwareInfo, ServerInfo
 from specadapt.report.hardware import hardware_source_text, hardware_text
 
@@ -269,16 +269,18 @@ def options(dtype: str | None) -> ServerOptions:
 
 
 @pytest.fixture
-def said(monkeypatch) -> list[str]:
-    lines: list[str] = []
-    monkeypatch.setattr(_server, "say", lines.append)
-    return lines
+def said() -> list[str]:
+    return []
+
+
+def plan_servers(opts: ServerOptions, sides: list[Side], said: list[str]):
+    return servers.plan_servers(opts, sides, Messages(say=said.append))
 
 
 @pytest.mark.parametrize("text, dtype", [(EPYC_BF16, "bfloat16"), (EPYC_AVX2, "float32")])
 def test_plan_servers_resolves_auto_for_a_started_server(monkeypatch, said, text, dtype):
-    monkeypatch.setattr(_server, "local_hardware", lambda source: hw_from(text))
-    plan = _server.plan_servers(options("auto"), [Side()])
+    monkeypatch.setattr(servers, "local_hardware", lambda source: hw_from(text))
+    plan = plan_servers(options("auto"), [Side()], said)
     (launch,) = plan.launch
     assert launch.dtype == dtype and plan.dtype == dtype
     assert said == [f"dtype auto: {dtype} ({resolve_auto_dtype(hw_from(text))[1]})"]
@@ -289,12 +291,12 @@ def test_plan_servers_leaves_dtype_alone_unless_auto_and_started(monkeypatch, sa
     def no(source):
         raise AssertionError("the hardware is not asked")
 
-    monkeypatch.setattr(_server, "local_hardware", no)
-    unset = _server.plan_servers(options(None), [Side()])
+    monkeypatch.setattr(servers, "local_hardware", no)
+    unset = plan_servers(options(None), [Side()], said)
     assert unset.launch[0].dtype is None and unset.dtype is None
-    given = _server.plan_servers(options("float16"), [Side()])
+    given = plan_servers(options("float16"), [Side()], said)
     assert given.launch[0].dtype == "float16" and given.dtype == "float16"
-    urls = _server.plan_servers(options("auto"), [Side(url="http://127.0.0.1:1")])
+    urls = plan_servers(options("auto"), [Side(url="http://127.0.0.1:1")], said)
     assert urls.launch == (None,) and urls.dtype == "auto"
     assert said == []
 

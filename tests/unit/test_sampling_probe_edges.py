@@ -96,12 +96,13 @@ def test_scoring_on_the_server_gives_one_draw_per_sampled_token():
         return httpx.Response(200, json={"choices": [{"text": "", "prompt_logprobs": plps,
                                                       "prompt_token_ids": [1, 2, 3]}]})
 
-    draws = asyncio.run(S.score_on_server(FakeServer(), [sample], 2, 1, 7, progress=lambda: ticks.append(1),
+    draws = asyncio.run(S.score_on_server(FakeServer(), [sample], 2, 1, 7,
+                                          progress=lambda rec: ticks.append((rec.prompt_id, rec.ok)),
                                           transport=httpx.MockTransport(handler)))
     assert seen == [("POST", "/v1/completions", [1, 2, 3], 2, TIMEOUT_7)]
     assert draws == [[TokenDraw(top={2: -0.5, 4: -1.2}, token=2, logprob=-0.5, position=0, prompt_id="p"),
                       TokenDraw(top={5: -0.1, 6: -2.4}, token=3, logprob=-2.5, position=1, prompt_id="p")]]
-    assert ticks == [1]
+    assert ticks == [("p", True)]
 
 
 def test_the_client_times_out_reads_at_the_request_timeout_and_connects_at_ten_seconds():

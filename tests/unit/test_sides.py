@@ -20,10 +20,10 @@ from specadapt.adapters.plan import LaunchPlan, launch_record, record_argv, reco
 from specadapt.adapters.process import free_port
 from specadapt.analysis.sides import launch_differences, side_differences
 from specadapt.cli import cli
-from specadapt.commands import _server
-from specadapt.commands._server import plan_differences
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
+from specadapt.orchestration import servers
+from specadapt.orchestration.servers import plan_differences
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.server import PER_SERVER, LaunchRecord
 from specadapt.testing import scripted_plan
@@ -392,7 +392,7 @@ class _StubBackend:
 
 @pytest.mark.parametrize("launch", ["parallel", "sequential"])
 def test_compare_warns_when_the_two_plans_differ_beyond_speculation(monkeypatch, launch):
-    monkeypatch.setattr(_server, "get_backend", lambda name: _StubBackend())
+    monkeypatch.setattr(servers, "get_backend", lambda name: _StubBackend())
     result = CliRunner().invoke(cli, ["compare", "--model", "m", "--launch", launch,
                                       "--spec-config", json.dumps({"method": "ngram", "num_speculative_tokens": 4})])
     lines = result.stderr.splitlines()
