@@ -15,6 +15,7 @@ from rich.console import Console
 
 from specadapt.adapters.base import Server
 from specadapt.adapters.registry import get_backend
+from specadapt.adapters.spec_config import load_spec_config
 from specadapt.analysis import tune_model
 from specadapt.analysis.stats import MIN_UNITS
 from specadapt.commands._console import progress_bar, say
@@ -33,7 +34,7 @@ from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
 from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.spec_input import load_spec_config, neutral_form
+from specadapt.configs.spec_input import neutral_form
 from specadapt.configs.tuned import write_tuned_configs
 from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.load.engine import turns_of
@@ -43,9 +44,6 @@ from specadapt.records import CompareSettings, RequestSettings
 from specadapt.records.schedule import read_schedule, schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
 from specadapt.report.tune_render import render_console, write_tune_outputs
-
-SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
-CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds
 
 
 def parse_ks(value: str) -> list[int]:
@@ -199,13 +197,13 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
         model = str(backend.resolve_model(opts.model))
         for c in to_start:  # every candidate's launch checked before anything starts
             launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)
-            if opts.backend in CONFIG_BACKENDS:  # the configs package's rules, model directories included
-                validate(c.spec.model_copy(update={"target": model}), opts.backend)
+            if backend.spec_support.rules:  # the configs package's rules, model directories included
+                validate(c.spec.model_copy(update={"target": model}), backend.spec_support.rules)
         if not off_url:
             launches["off"] = launch_options_for(backend, opts, model, None, None)
         for launch in launches.values():
             backend.check_launch(launch)
-        if not verify_url and not kw["no_verify"] and opts.backend not in SCHEDULE_BACKENDS:
+        if not verify_url and not kw["no_verify"] and not backend.spec_support.batch_schedule:
             raise UsageError(f"tune starts the verification server with a per-batch-size schedule, which backend "
                              f"{opts.backend} does not take: give --verify-url of a running server with the emitted "
                              "config, or --no-verify")

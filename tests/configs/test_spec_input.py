@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specadapt.adapters.spec_config import forms_for, load_spec_config
 from specadapt.configs import llamacpp, sglang, trtllm, vllm
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import (
@@ -21,8 +22,6 @@ from specadapt.configs.spec_input import (
     NEUTRAL_FIELDS,
     detect_form,
     flags_to_mapping,
-    forms_for,
-    load_spec_config,
     neutral_form,
 )
 from specadapt.errors import UsageError
