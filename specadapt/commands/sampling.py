@@ -12,6 +12,7 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
+from specadapt.adapters.base import TokenRequests
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.commands._console import progress_bar, stderr
 from specadapt.commands._server import ServerOptions, ServerPlan, Side, open_servers, plan_servers
@@ -99,6 +100,7 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
                                 source="reference" if reference else "server",
                                 reference=str(reference) if reference else None, tokenizer=tokenizer)
     plan = plan_servers(server_opts, sides)
+    sampling.check_token_requests(plan.backend_name, plan.backend.token_requests, scoring=reference is None)
     if len(sides) == 2 and not on_url and launch == "sequential":
         report = _sampling_one_after_the_other(plan, prompts, settings, ref)
     else:
@@ -113,7 +115,7 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
     return 0 if report.gate.passed else 1
 
 
-def _sample_on(on, inputs: list[sampling.PromptInput], settings: SamplingSettings):
+def _sample_on(on, inputs: list[sampling.PromptInput], settings: SamplingSettings, requests: TokenRequests):
     """Samples from the spec-on server (a progress bar), with its acceptance over them."""
     with counting(on):
         before = settle_counters(on)
@@ -121,19 +123,20 @@ def _sample_on(on, inputs: list[sampling.PromptInput], settings: SamplingSetting
             task = bar.add_task("sampling", total=len(inputs) * settings.samples)
             samples = asyncio.run(sampling.draw_samples(on, inputs, settings.samples, settings.seed,
                                                         settings.concurrency, settings.request_timeout_s,
-                                                        lambda: bar.advance(task)))
+                                                        lambda: bar.advance(task), requests=requests))
         after = settle_counters(on)
     return samples, acceptance_summary(before, after)
 
 
-def _score(source, samples: list[sampling.Sample], settings: SamplingSettings):
+def _score(source, samples: list[sampling.Sample], settings: SamplingSettings, requests: TokenRequests):
     """The target's top K at every sampled position: from the source server, or the float64 reference."""
     with progress_bar() as bar:
         task = bar.add_task("scoring", total=len(samples))
         if isinstance(source, sampling.ReferenceDistribution):
             return sampling.score_on_reference(source, samples, settings.top_logprobs, lambda: bar.advance(task))
         return asyncio.run(sampling.score_on_server(source, samples, settings.top_logprobs, settings.concurrency,
-                                                    settings.request_timeout_s, lambda: bar.advance(task)))
+                                                    settings.request_timeout_s, lambda: bar.advance(task),
+                                                    requests=requests))
 
 
 def _prompt_inputs(tokenizer, prompts: list[Prompt], settings: SamplingSettings) -> list[sampling.PromptInput]:
@@ -149,8 +152,8 @@ def _sampling_side_by_side(plan: ServerPlan, prompts: list[Prompt], settings: Sa
     with open_servers(plan) as servers:
         off, on = (servers[0], servers[1]) if len(servers) == 2 else (None, servers[0])
         inputs = _prompt_inputs(off or ref, prompts, settings)
-        samples, acceptance = _sample_on(on, inputs, settings)
-        draws = _score(ref or off, samples, settings)
+        samples, acceptance = _sample_on(on, inputs, settings, plan.backend.token_requests)
+        draws = _score(ref or off, samples, settings, plan.backend.token_requests)
         return sampling.sampling_report(settings, on.describe(), off.describe() if off else None, inputs, samples,
                                         draws, acceptance)
 
@@ -160,8 +163,8 @@ def _sampling_one_after_the_other(plan: ServerPlan, prompts: list[Prompt], setti
     """Spec on alone (tokenize and sample), then spec off alone (score)."""
     with open_servers(plan.only("spec-on")) as (on,):
         inputs = _prompt_inputs(on, prompts, settings)
-        samples, acceptance = _sample_on(on, inputs, settings)
+        samples, acceptance = _sample_on(on, inputs, settings, plan.backend.token_requests)
         on_info = on.describe()
     with open_servers(plan.only("spec-off")) as (off,):
-        draws = _score(ref or off, samples, settings)
+        draws = _score(ref or off, samples, settings, plan.backend.token_requests)
         return sampling.sampling_report(settings, on_info, off.describe(), inputs, samples, draws, acceptance)
