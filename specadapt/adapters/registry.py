@@ -37,8 +37,8 @@ CONTRACT = ("name", "capabilities", "launch_options", "connect", "resolve_model"
             "version")
 # what a Backend declares besides its capabilities (the base class has defaults for them)
 DECLARATIONS = {"spec_support": SpecSupport, "token_requests": TokenRequests}
-__all__ = ["BUILTIN", "CAPABILITIES", "CONTRACT", "GROUP", "BackendEntry", "BackendPluginWarning", "available",
-           "get_backend", "installed", "load"]
+__all__ = ["BUILTIN", "CAPABILITIES", "CONTRACT", "DECLARATIONS", "GROUP", "BackendEntry", "BackendPluginWarning",
+           "available", "get_backend", "installed", "load"]
 
 
 class BackendPluginWarning(UserWarning):
