@@ -6,7 +6,10 @@ server has even when they do nothing (``identity_extras``, ``start_run()``/``end
 ``verify``, ``process``). ``ServerBase`` holds those defaults.
 
 ``Backend`` is one kind of server (vLLM, TensorRT-LLM, a plugin's): its ``name``, what it
-can do as data (``Capabilities``), its ``launch_options`` model, ``connect()``,
+can do as data (``Capabilities``), what it takes in ``--spec-config`` and honours when it
+starts a server (``spec_support``, a ``SpecSupport``), how its completions are asked for
+token ids and whole-vocabulary log-probabilities (``token_requests``, a ``TokenRequests``),
+its ``launch_options`` model, ``connect()``,
 ``resolve_model()``, ``version()``, and ``launched()`` / ``launched_many()``, which every
 backend has: a backend without the ``launch`` capability refuses them with a UsageError.
 A launching backend writes ``launch_plan()`` (and, when it needs them, ``check_launch()``
@@ -34,6 +37,7 @@ from specadapt.adapters.managed import launched_many as start_and_connect
 from specadapt.adapters.plan import REDACTED, SECRET_ENV, SECRET_FLAGS, LaunchPlan, launch_record, redact_argv
 from specadapt.adapters.process import ManagedProcess
 from specadapt.configs.spec import SpecConfig
+from specadapt.configs.spec_input import SpecSupport
 from specadapt.errors import UsageError
 from specadapt.models import resolve_model_dir
 from specadapt.records import CounterSnapshot, ServerInfo
@@ -41,7 +45,7 @@ from specadapt.records.server import LaunchRecord
 
 __all__ = ["Backend", "Capabilities", "CAPABILITIES", "CounterSnapshot", "LaunchOptions", "LaunchPlan", "LaunchRecord",
            "OnPlan", "OnWait", "REDACTED", "SECRET_ENV", "SECRET_FLAGS", "Server", "ServerBase", "ServerInfo",
-           "Verify", "redact_argv"]
+           "SpecSupport", "TokenRequests", "Verify", "redact_argv"]
 
 Verify = bool | str | ssl.SSLContext  # httpx's verify: on, a CA bundle path, a context, or off
 OnWait = Callable[[float, str], None]  # (seconds waited, last server log line)
@@ -135,6 +139,25 @@ class Capabilities(BaseModel):
 CAPABILITIES: tuple[str, ...] = tuple(Capabilities.model_fields)
 
 
+class TokenRequests(BaseModel):
+    """How to ask a backend's completions for token ids and whole-vocabulary log-probabilities,
+    answered in the shapes of vLLM's OpenAI-compatible API (which ``equiv --sampling`` reads):
+    each field holds the request-body keys to add, or None when the server cannot answer so.
+    The defaults are vLLM's own keys, which servers that copy its API take too."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sampled_ids: dict[str, Any] | None = Field(
+        default_factory=lambda: {"return_tokens_as_token_ids": True},
+        description="Added to a completion request that has logprobs 0, so that its logprobs.tokens name each "
+                    "sampled token as 'token_id:N'. None: the server cannot return sampled token ids.")
+    prompt_logprobs: dict[str, Any] | None = Field(
+        default_factory=lambda: {"return_token_ids": True},
+        description="Added to a completion request that has prompt_logprobs K, so that the answer holds at every "
+                    "prompt position the top K of the whole vocabulary and the token there ({id: {logprob, rank}}) "
+                    "(and prompt_token_ids, checked when present). None: the server cannot score a prompt so.")
+
+
 class LaunchOptions(BaseModel):
     """How to start one server: the fields every launching backend takes. Each backend
     subclasses it with its own extras (and may narrow a field's type or default)."""
@@ -159,6 +182,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    spec_support: ClassVar[SpecSupport] = SpecSupport()  # default: the neutral form, every field, no schedule
+    token_requests: ClassVar[TokenRequests] = TokenRequests()  # default: vLLM's request keys
     launch_options: ClassVar[type[LaunchOptions]] = LaunchOptions
     startup_timeout_s: ClassVar[float] = 900.0  # how long launched() waits when the caller says nothing
 

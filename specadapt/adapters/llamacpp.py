@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 from pydantic import Field
 
-from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.process import free_port
 from specadapt.configs.llamacpp import llamacpp_spec_flags
@@ -128,6 +128,8 @@ class LlamaCppBackend(Backend):
 
     name = "llamacpp"
     capabilities = Capabilities(launch=True, logprobs=True)
+    spec_support = SpecSupport(form="llamacpp", fields=frozenset({"method", "k"}))  # prompt-lookup drafting, k
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # logprobs name tokens as text
     launch_options = LlamaCppLaunch
     startup_timeout_s = 300.0
 

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import Field
 
 from specadapt import __version__
-from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.process import free_port
-from specadapt.adapters.vllm import VLLMServer
+from specadapt.adapters.vllm import TOKEN_IDS, VLLMServer
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 
@@ -95,6 +95,11 @@ class ReferenceBackend(Backend):
 
     name = "reference"
     capabilities = Capabilities(launch=True, counters=True, logprobs=True, token_ids=True)
+    # vLLM's JSON, read for ngram and draft_model (k, the n-gram window, the draft, a k per batch size);
+    # vLLM's other keys are refused
+    spec_support = SpecSupport(form="vllm", fields=frozenset({"method", "k", "draft", "ngram_min", "ngram_max",
+                                                              "k_per_batch_size"}), batch_schedule=True)
+    token_requests = TokenRequests(sampled_ids=TOKEN_IDS, prompt_logprobs={"return_token_ids": True})
     launch_options = ReferenceLaunch
     startup_timeout_s = 600.0
 

@@ -5,6 +5,8 @@ from a source tree without being installed (or from an install older than the so
 the built-ins are still found. An entry point names a ``Backend`` subclass (adapters/base.py;
 instantiated without arguments) or a ready instance; an object that is not a Backend is
 taken only if it has every attribute of the contract, and refused naming what it lacks.
+Its declarations are checked too: ``capabilities``, ``spec_support`` and ``token_requests``
+of the contract's own types, valid, and consistent with each other.
 
 A plugin that fails to load never crashes the CLI: ``installed()`` reports it with the
 reason, and ``get_backend`` names it in the error.
@@ -17,9 +19,9 @@ import warnings
 from importlib import metadata
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from specadapt.adapters.base import CAPABILITIES, Backend, Capabilities, LaunchOptions
+from specadapt.adapters.base import CAPABILITIES, Backend, Capabilities, LaunchOptions, SpecSupport, TokenRequests
 from specadapt.errors import UsageError
 
 GROUP = "specadapt.backends"
@@ -33,8 +35,10 @@ BUILTIN = {
 # what get_backend() promises its callers: a Backend has them all
 CONTRACT = ("name", "capabilities", "launch_options", "connect", "resolve_model", "launched", "launched_many",
             "version")
-__all__ = ["BUILTIN", "CAPABILITIES", "CONTRACT", "GROUP", "BackendEntry", "BackendPluginWarning", "available",
-           "get_backend", "installed", "load"]
+# what a Backend declares besides its capabilities (the base class has defaults for them)
+DECLARATIONS = {"spec_support": SpecSupport, "token_requests": TokenRequests}
+__all__ = ["BUILTIN", "CAPABILITIES", "CONTRACT", "DECLARATIONS", "GROUP", "BackendEntry", "BackendPluginWarning",
+           "available", "get_backend", "installed", "load"]
 
 
 class BackendPluginWarning(UserWarning):
@@ -49,6 +53,9 @@ class BackendEntry(BaseModel):
     distribution: str | None = Field(None, description="The installed package that registered it.")
     version: str | None = Field(None, description="Version of the server software it drives, when known.")
     capabilities: list[str] = Field(default_factory=list)
+    spec_support: SpecSupport | None = Field(None, description="What it takes in --spec-config; None when broken.")
+    token_requests: TokenRequests | None = Field(None, description="How its completions are asked for token ids "
+                                                                  "and prompt logprobs; None when broken.")
     error: str | None = Field(None, description="Why it could not be loaded; None when it loaded.")
 
 
@@ -69,11 +76,16 @@ def _as_backend(obj: Any, name: str) -> Backend:
         if missing:
             raise TypeError(f"it is not a specadapt Backend and lacks {', '.join(missing)} (subclass "
                             "specadapt.adapters.base.Backend, which has them all)")
+        lacks = [attr for attr in DECLARATIONS if not hasattr(obj, attr)]
+        if lacks:
+            raise TypeError(f"it is not a specadapt Backend and lacks {', '.join(lacks)} (declare them, or subclass "
+                            "specadapt.adapters.base.Backend, which has their defaults)")
         if isinstance(obj, type):
             obj = obj()
     if not isinstance(obj.capabilities, Capabilities):
         raise TypeError(f"capabilities must be a specadapt.adapters.base.Capabilities, not "
                         f"{type(obj.capabilities).__name__}")
+    _check_declarations(obj)
     if not (isinstance(obj.launch_options, type) and issubclass(obj.launch_options, LaunchOptions)):
         raise TypeError("launch_options must be a subclass of specadapt.adapters.base.LaunchOptions")
     if obj.name != name:
@@ -84,6 +96,30 @@ def _as_backend(obj: Any, name: str) -> Backend:
             and cls.launched_many is Backend.launched_many:
         raise TypeError("it declares the launch capability but defines no launch_plan()")
     return obj
+
+
+def _check_declarations(obj: Backend) -> None:
+    """TypeError naming the first declaration that is not of its type, not valid (one built
+    without validation), or at odds with the capabilities."""
+    for attr, model in DECLARATIONS.items():
+        value = getattr(obj, attr)
+        if not isinstance(value, model):
+            raise TypeError(f"{attr} must be a specadapt.adapters.base.{model.__name__}, not {type(value).__name__}")
+        try:
+            model.model_validate(value.model_dump())
+        except ValidationError as exc:
+            raise TypeError(f"{attr}: {_invalid(exc)}") from None
+    if obj.spec_support.batch_schedule and not obj.capabilities.launch:
+        raise TypeError("spec_support declares batch_schedule (servers it starts apply a per-batch-size draft "
+                        "length) but the backend starts no servers: drop it, or declare the launch capability")
+
+
+def _invalid(exc: ValidationError) -> str:
+    """The first error of a declaration as ``field: what is wrong``."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
 
 
 def load(name: str, ref: str) -> Backend:
@@ -104,6 +140,8 @@ def available() -> dict[str, str]:
 
 
 def _error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):  # a declaration refused as the plugin built it
+        return f"{type(exc).__name__}: {exc.title}: {_invalid(exc)}"
     first = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {first}".rstrip(": ")
 
@@ -113,6 +151,7 @@ def _describe(name: str, ref: str, dist: str | None) -> BackendEntry:
     try:
         backend = load(name, ref)
         entry.capabilities = backend.capabilities.names()
+        entry.spec_support, entry.token_requests = backend.spec_support, backend.token_requests
         entry.version = backend.version()
     except Exception as exc:  # noqa: BLE001 - a third-party plugin may raise anything on import
         entry.error = _error(exc)

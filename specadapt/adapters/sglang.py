@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import parse_samples, total
 from specadapt.adapters.process import free_port
@@ -152,6 +152,9 @@ class SGLangBackend(Backend):
 
     name = "sglang"
     capabilities = Capabilities(launch=True, logprobs=True)
+    # the --speculative-* flags; the tree's top-k and draft-token budget stay in native_extras
+    spec_support = SpecSupport(form="sglang", fields=frozenset({"method", "k", "draft"}), native_extras=True)
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # not in vLLM's answer shapes
     launch_options = SGLangLaunch
     startup_timeout_s = 1800.0
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, Field
 
-from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import parse_samples, total
 from specadapt.adapters.process import free_port
@@ -376,6 +376,11 @@ class TRTLLMBackend(Backend):
 
     name = "trtllm"
     capabilities = Capabilities(launch=True, counters=True, logprobs=True, draining_counters=True)
+    # speculative_config: no minimum n-gram match, and draft_len_schedule rather than vLLM's k_per_batch_size
+    spec_support = SpecSupport(form="trtllm", fields=frozenset({"method", "k", "draft", "ngram_max", "draft_tp",
+                                                                "max_concurrency", "draft_len_schedule"}),
+                               native_extras=True, rules="trtllm")
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # not in vLLM's answer shapes
     launch_options = TRTLLMLaunch
     startup_timeout_s = 1800.0
 

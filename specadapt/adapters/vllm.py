@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from pydantic import Field
 
-from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, Verify
+from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import by_label, parse_samples, total
 from specadapt.adapters.plan import record_settings
@@ -49,12 +49,16 @@ def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus tex
         source=source)
 
 
+# the request keys that make vLLM's completions name each token as "token_id:N"
+TOKEN_IDS = {"return_tokens_as_token_ids": True}
+
+
 class VLLMServer(OpenAIServer):
     """A vLLM OpenAI-compatible server at ``base_url`` (launched by us or already running)."""
 
     backend = "vllm"
     # vLLM extension: logprob tokens as "token_id:N", so identity is decided on ids.
-    identity_extras = {"return_tokens_as_token_ids": True}
+    identity_extras = TOKEN_IDS
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
@@ -316,6 +320,11 @@ class VLLMBackend(Backend):
 
     name = "vllm"
     capabilities = Capabilities(launch=True, counters=True, logprobs=True, token_ids=True)
+    # the speculative-config JSON; TensorRT-LLM's max_concurrency / draft_len_schedule have no vLLM key
+    spec_support = SpecSupport(form="vllm", fields=frozenset({"method", "k", "draft", "ngram_min", "ngram_max",
+                                                              "draft_tp", "k_per_batch_size"}),
+                               native_extras=True, batch_schedule=True, rules="vllm")
+    token_requests = TokenRequests(sampled_ids=TOKEN_IDS, prompt_logprobs={"return_token_ids": True})
     launch_options = VLLMLaunch
 
     def connect(self, url: str, api_key: str | None = None, verify: Verify = True) -> VLLMServer:

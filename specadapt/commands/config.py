@@ -126,9 +126,8 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
                                     namespace=namespace):
             click.echo(str(path))
         return
-    if backend == "trtllm" and "argv" in fmts and "yaml" not in fmts:
-        click.echo("note: the command reads trtllm-config.yaml: write it with --format yaml "
-                   "(or --out DIR)", err=True)
+    for note in R.unread_notes(backend, fmts):
+        click.echo(note, err=True)
     for fmt in fmts:
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
@@ -156,9 +155,8 @@ def _multinode(spec, backend, version, engine, formats, port, image, out_dir, na
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
         click.echo(text, nl=False)
-    if backend == "trtllm" and "slurm" in fmts and "yaml" not in fmts:
-        click.echo("note: the script reads trtllm-config.yaml from the submit directory: "
-                   "write it with --format yaml (or --out DIR)", err=True)
+    for note in R.unread_notes(backend, fmts):
+        click.echo(note, err=True)
     click.echo(MN.probe_hint(spec, topo, backend, namespace=namespace, port=port), err=True,
                nl=False)
 

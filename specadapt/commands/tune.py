@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from specadapt.adapters.spec_config import load_spec_config
 from specadapt.analysis import tune_model
 from specadapt.analysis.stats import MIN_UNITS
 from specadapt.commands._console import ConsoleRun, say
@@ -17,7 +18,7 @@ from specadapt.commands._server import ServerOptions, sweep_server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.spec_input import load_spec_config, neutral_form
+from specadapt.configs.spec_input import neutral_form
 from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.load.engine import turns_of
 from specadapt.orchestration import tune_run

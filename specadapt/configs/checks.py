@@ -12,7 +12,7 @@ Sources of the rules (checked against upstream, not copied):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -104,41 +104,56 @@ def _phrase(err: Any) -> str:
 
 # --------------------------------------------------------------------------- SpecConfig
 
+@dataclass(frozen=True)
+class Rules:
+    """What one server of `specadapt config` checks: the methods a version (and TensorRT-LLM
+    engine) runs, how to say so, and the rules for an enabled spec."""
+
+    where: Callable[[V.Version, str], str]  # (version, engine) -> "vLLM 0.32.0"
+    methods: Callable[[V.Version, str], tuple[str, ...]]  # UsageError for an engine it does not have
+    hint: Callable[[SpecConfig, V.Version, str], str]  # why an unsupported method is not run there ("" or " ...")
+    rules: Callable[[SpecConfig, V.Version, str], Iterator[Problem]]
+
+
 def check_spec(spec: SpecConfig, backend: str, version: str | None = None,
                engine: str = "pytorch") -> list[Problem]:
     """All rules for ``spec`` on ``backend`` at ``version`` (default: newest)."""
-    if backend not in V.BACKENDS:
+    rules = RULES.get(backend)
+    if rules is None:
         raise UsageError(f"Unknown backend '{backend}': use one of {', '.join(V.BACKENDS)}.")
     ver = V.resolve_version(backend, version)
-    problems = list(_method_supported(spec, backend, ver, engine))
+    problems = list(_method_supported(spec, rules, ver, engine))
     if spec.method == "off":
         return problems + list(_off_rules(spec))
     problems += list(_common_rules(spec))
-    rules = _vllm_rules(spec, ver) if backend == "vllm" else _trtllm_rules(spec, engine)
-    return problems + list(rules)
+    return problems + list(rules.rules(spec, ver, engine))
 
 
-def _method_supported(spec: SpecConfig, backend: str, ver: V.Version,
-                      engine: str) -> Iterator[Problem]:
-    if backend == "vllm":
-        supported, where = V.vllm_methods(ver), f"vLLM {V.fmt(ver)}"
-    else:
-        if engine not in V.TRTLLM_ENGINE_METHODS:
-            raise UsageError(f"Unknown TensorRT-LLM engine backend '{engine}': "
-                             "use pytorch or tensorrt.")
-        supported, where = V.trtllm_methods(engine), f"TensorRT-LLM ({engine} backend)"
+def _method_supported(spec: SpecConfig, rules: Rules, ver: V.Version, engine: str) -> Iterator[Problem]:
+    supported = rules.methods(ver, engine)
     if spec.method in supported:
         return
-    hint = ""
-    if backend == "trtllm" and spec.method == "eagle3":
-        hint = " Eagle3 runs only on the PyTorch backend: use --trtllm-backend pytorch."
-    elif backend == "trtllm" and spec.method == "eagle" and engine == "pytorch":
-        hint = (" The PyTorch backend reads only EAGLE-3 heads: use method eagle3 with an "
+    yield Problem(f"{rules.where(ver, engine)} does not support method '{spec.method}'; it supports: "
+                  f"{', '.join(supported)}.{rules.hint(spec, ver, engine)}")
+
+
+def _vllm_hint(spec: SpecConfig, ver: V.Version, engine: str) -> str:
+    return " Newer methods need vLLM >= 0.8 (--backend-version)." if ver < V.VLLM_JSON_SINCE else ""
+
+
+def _trtllm_methods(ver: V.Version, engine: str) -> tuple[str, ...]:
+    if engine not in V.TRTLLM_ENGINE_METHODS:
+        raise UsageError(f"Unknown TensorRT-LLM engine backend '{engine}': use pytorch or tensorrt.")
+    return V.trtllm_methods(engine)
+
+
+def _trtllm_hint(spec: SpecConfig, ver: V.Version, engine: str) -> str:
+    if spec.method == "eagle3":
+        return " Eagle3 runs only on the PyTorch backend: use --trtllm-backend pytorch."
+    if spec.method == "eagle" and engine == "pytorch":
+        return (" The PyTorch backend reads only EAGLE-3 heads: use method eagle3 with an "
                 "EAGLE-3 checkpoint.")
-    elif backend == "vllm" and ver < V.VLLM_JSON_SINCE:
-        hint = " Newer methods need vLLM >= 0.8 (--backend-version)."
-    yield Problem(f"{where} does not support method '{spec.method}'; it supports: "
-                  f"{', '.join(supported)}.{hint}")
+    return ""
 
 
 def _off_rules(spec: SpecConfig) -> Iterator[Problem]:
@@ -182,7 +197,7 @@ def _common_rules(spec: SpecConfig) -> Iterator[Problem]:
         yield Problem(f"Method '{m}' has no draft model to parallelize: remove --draft-tp.")
 
 
-def _vllm_rules(spec: SpecConfig, ver: V.Version) -> Iterator[Problem]:
+def _vllm_rules(spec: SpecConfig, ver: V.Version, engine: str = "pytorch") -> Iterator[Problem]:
     if spec.max_concurrency is not None or spec.draft_len_schedule is not None:
         yield Problem("max_concurrency and draft_len_schedule are TensorRT-LLM settings: on "
                       "vLLM use k_per_batch_size ([[1, END, K], ...]) to turn speculation "
@@ -212,7 +227,7 @@ def check_batch_schedule(schedule: list, k: int | None) -> Iterator[Problem]:
         yield Problem(message)
 
 
-def _trtllm_rules(spec: SpecConfig, engine: str) -> Iterator[Problem]:
+def _trtllm_rules(spec: SpecConfig, ver: V.Version, engine: str) -> Iterator[Problem]:
     if spec.k_per_batch_size is not None:
         yield Problem("k_per_batch_size is a vLLM setting: on TensorRT-LLM use "
                       "max_concurrency or draft_len_schedule.")
@@ -254,6 +269,15 @@ def check_draft_len_schedule(schedule: dict, k: int | None) -> Iterator[Problem]
     if k is not None and items[smallest] != k:
         yield Problem(f"draft_len_schedule[{smallest}] (the smallest batch size) must equal "
                       f"k={k}: set it to {k}.")
+
+
+# the servers whose configs `specadapt config` writes, and the rules it checks them by
+RULES: dict[str, Rules] = {
+    "vllm": Rules(where=lambda ver, engine: f"vLLM {V.fmt(ver)}", methods=lambda ver, engine: V.vllm_methods(ver),
+                  hint=_vllm_hint, rules=_vllm_rules),
+    "trtllm": Rules(where=lambda ver, engine: f"TensorRT-LLM ({engine} backend)", methods=_trtllm_methods,
+                    hint=_trtllm_hint, rules=_trtllm_rules),
+}
 
 
 # ------------------------------------------------------------------------ model dirs

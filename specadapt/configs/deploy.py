@@ -20,25 +20,34 @@ TRTLLM_CONFIG_NAME = "trtllm-config.yaml"
 
 
 
+# each server's published container image, by version
+IMAGES = {"vllm": "vllm/vllm-openai:v{}", "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:{}"}
+
+
 def default_image(backend: str, version: str | None) -> str:
-    ver = V.fmt(V.resolve_version(backend, version))
-    if backend == "vllm":
-        return f"vllm/vllm-openai:v{ver}"
-    return f"nvcr.io/nvidia/tensorrt-llm/release:{ver}"
+    return IMAGES[backend].format(V.fmt(V.resolve_version(backend, version)))
+
+
+def _vllm_launch(spec: SpecConfig, version: str | None, engine: str, port: int) -> dict[str, Any]:
+    argv = vllm.render_vllm_argv(spec, version, python="python3", port=port)
+    return {"command": argv, "health": vllm.HEALTH_ROUTE, "config": None}
+
+
+def _trtllm_launch(spec: SpecConfig, version: str | None, engine: str, port: int) -> dict[str, Any]:
+    path = f"{CONFIG_MOUNT}/{TRTLLM_CONFIG_NAME}"
+    argv = trtllm.render_trtllm_argv(spec, path, version, engine, port=port)
+    return {"command": argv, "health": trtllm.HEALTH_ROUTE, "config": trtllm.render_trtllm_yaml(spec, version, engine)}
+
+
+LAUNCHES = {"vllm": _vllm_launch, "trtllm": _trtllm_launch}
 
 
 def launch(spec: SpecConfig, backend: str, version: str | None = None,
            engine: str = "pytorch", port: int = 8000) -> dict[str, Any]:
     """Container command, health route and (TRT-LLM) config file text for one server."""
-    if backend == "vllm":
-        argv = vllm.render_vllm_argv(spec, version, python="python3", port=port)
-        return {"command": argv, "health": vllm.HEALTH_ROUTE, "config": None}
-    if backend == "trtllm":
-        path = f"{CONFIG_MOUNT}/{TRTLLM_CONFIG_NAME}"
-        argv = trtllm.render_trtllm_argv(spec, path, version, engine, port=port)
-        return {"command": argv, "health": trtllm.HEALTH_ROUTE,
-                "config": trtllm.render_trtllm_yaml(spec, version, engine)}
-    raise UsageError(f"Unknown backend '{backend}': use vllm or trtllm.")
+    if backend not in LAUNCHES:
+        raise UsageError(f"Unknown backend '{backend}': use vllm or trtllm.")
+    return LAUNCHES[backend](spec, version, engine, port)
 
 
 def _name(spec: SpecConfig, backend: str, name: str | None) -> str:

@@ -14,9 +14,11 @@ its keys; every backend takes the neutral form, and its own:
     sglang    SGLang's --speculative-* flags, as a string or a mapping
     llamacpp  llama-cpp-python's --draft_model / --draft_model_num_pred_tokens flags
 
-The result is one SpecConfig, which each adapter renders into its own form. Anything wrong
-is one UsageError line naming the field: ``--spec-config: num_speculative_tokens: must be
->= 1``.
+Which forms a backend takes, and which neutral fields it honours, it declares itself: a
+``SpecSupport`` on its Backend class (adapters/base.py); ``read_spec_config`` reads a value
+for one backend's declaration. The result is one SpecConfig, which each adapter renders
+into its own form. Anything wrong is one UsageError line naming the field:
+``--spec-config: num_speculative_tokens: must be >= 1``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from specadapt.configs import llamacpp, sglang, trtllm, vllm
+from specadapt.configs import versions as V
 from specadapt.configs.checks import FieldError, UnknownField, check_batch_schedule, raise_on_errors, validate_fields
 from specadapt.configs.spec import METHODS, NEEDS_DRAFT, NO_DRAFT, SpecConfig
 from specadapt.errors import UsageError
@@ -52,6 +56,8 @@ class Form:
     read: Callable[[dict[str, Any]], SpecConfig]
     names: dict[str, str] = field(default_factory=dict)  # SpecConfig field -> this form's key
     canonical: Callable[[str], str] = str  # a user's spelling of a key -> the form's spelling
+    fields_in: Callable[[dict[str, Any]], tuple[str, ...] | None] = lambda data: None  # the keys ``data`` may
+    # have, where they depend on what it says (TensorRT-LLM's decoding_type); None: ``fields``
 
 
 def _read_neutral(d: dict[str, Any]) -> SpecConfig:
@@ -69,11 +75,17 @@ def _read_neutral(d: dict[str, Any]) -> SpecConfig:
     return validate_fields(SpecConfig, d)
 
 
+def _trtllm_fields(data: dict[str, Any]) -> tuple[str, ...] | None:
+    """The keys of TensorRT-LLM's speculative_config for the decoding_type ``data`` names."""
+    kind = data.get("decoding_type")
+    return (*trtllm.BASE_KEYS, *trtllm.TYPE_KEYS[kind]) if kind in trtllm.TYPE_KEYS else None
+
+
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("neutral", NEUTRAL_FIELDS, _read_neutral, canonical=lambda k: k.replace("-", "_")),
     Form("vllm", tuple(vllm.SPEC_KEYS), vllm.read_vllm_form, vllm.NEUTRAL_KEYS),
     Form("trtllm", tuple(dict.fromkeys([*trtllm.BASE_KEYS, *(k for t in trtllm.TYPE_KEYS.values() for k in t)])),
-         trtllm.read_trtllm_form, trtllm.NEUTRAL_KEYS),
+         trtllm.read_trtllm_form, trtllm.NEUTRAL_KEYS, fields_in=_trtllm_fields),
     Form("sglang", sglang.SPEC_FLAGS, sglang.read_sglang_flags, sglang.NEUTRAL_KEYS,
          canonical=lambda k: "--" + k.lstrip("-").replace("_", "-")),
     Form("llamacpp", llamacpp.SPEC_FLAGS, llamacpp.read_llamacpp_flags, llamacpp.NEUTRAL_KEYS,
@@ -81,33 +93,87 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 )}
 # keys recognised by their form though the form does not list them (retired or alias names)
 _ALSO = {"vllm": tuple(vllm.GONE_KEYS), "trtllm": tuple(trtllm.OLD_KEYS)}
-# each built-in backend's own form; any other backend (a plugin) takes the neutral form only
-NATIVE_FORM = {"vllm": "vllm", "reference": "vllm", "trtllm": "trtllm", "sglang": "sglang", "llamacpp": "llamacpp"}
-# the neutral fields each built-in backend can honour (the others would be silently dropped)
-SUPPORTED: dict[str, frozenset[str]] = {
-    "vllm": frozenset(NEUTRAL_FIELDS) - {"max_concurrency", "draft_len_schedule"},
-    "trtllm": frozenset(NEUTRAL_FIELDS) - {"ngram_min", "k_per_batch_size"},
-    "sglang": frozenset({"method", "k", "draft"}),
-    "llamacpp": frozenset({"method", "k"}),
-    "reference": frozenset({"method", "k", "draft", "ngram_min", "ngram_max", "k_per_batch_size"}),
-}
 
 
-def forms_for(backend: str) -> list[str]:
-    """The forms ``--backend backend`` takes: the neutral one, then its own."""
-    native = NATIVE_FORM.get(backend)
-    return ["neutral", native] if native else ["neutral"]
+class SpecSupport(BaseModel):
+    """What a backend takes in ``--spec-config`` and honours when it starts a server, as its
+    Backend class declares it (``spec_support``). The defaults: the neutral form only, every
+    neutral field, no per-batch-size schedule, no configs-package rules."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    form: str | None = Field(None, description="Its server's own form, taken beside the neutral one (one of "
+                                               "vllm, trtllm, sglang, llamacpp); None: the neutral form only.")
+    fields: frozenset[str] | None = Field(None, description="The neutral fields it honours (method among them); a "
+                                                            "setting outside them is refused rather than dropped. "
+                                                            "None: every neutral field.")
+    native_extras: bool = Field(False, description="Keys of its own form that no neutral field holds reach its "
+                                                   "server (SpecConfig.native_extras); False: they are refused.")
+    batch_schedule: bool = Field(False, description="A server it starts applies k_per_batch_size, a draft length "
+                                                    "per batch-size range (tune verifies a schedule on one).")
+    rules: str | None = Field(None, description="The `specadapt config` target whose rules check a spec config "
+                                                "before a server starts (vllm, trtllm); None: no such rules.")
+
+    @field_validator("form")
+    @classmethod
+    def _known_form(cls, form: str | None) -> str | None:
+        own = [name for name in FORMS if name != "neutral"]
+        if form is not None and form not in own:
+            raise ValueError(f"{form!r} is not a --spec-config form: use one of {', '.join(own)}, or None for the "
+                             "neutral form only")
+        return form
+
+    @field_validator("fields")
+    @classmethod
+    def _neutral_fields(cls, fields: frozenset[str] | None) -> frozenset[str] | None:
+        if fields is None:
+            return None
+        unknown = sorted(fields - set(NEUTRAL_FIELDS))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a neutral field (choose from {', '.join(NEUTRAL_FIELDS)})")
+        if "method" not in fields:
+            raise ValueError("must hold method (every spec config has one)")
+        return fields
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, rules: str | None) -> str | None:
+        if rules is not None and rules not in V.BACKENDS:
+            raise ValueError(f"{rules!r} has no rules in specadapt: use one of {', '.join(V.BACKENDS)}, or None")
+        return rules
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpecSupport:
+        if self.batch_schedule and not self.honours("k_per_batch_size"):
+            raise ValueError("batch_schedule is declared but fields leave out k_per_batch_size, the schedule's field")
+        if self.native_extras and self.form is None:
+            raise ValueError("native_extras is declared without a form whose keys they would be")
+        return self
+
+    @field_serializer("fields")
+    def _listed(self, fields: frozenset[str] | None) -> list[str] | None:
+        return None if fields is None else [f for f in NEUTRAL_FIELDS if f in fields]
+
+    @property
+    def forms(self) -> list[str]:
+        """The forms it takes: the neutral one, then its own."""
+        return ["neutral", self.form] if self.form else ["neutral"]
+
+    def honours(self, field: str) -> bool:
+        """Whether a server it starts applies the neutral ``field``."""
+        return self.fields is None or field in self.fields
 
 
 # ---------------------------------------------------------------------------- reading the value
 
-def load_spec_config(value: str, backend: str) -> SpecConfig:
-    """``--spec-config`` VALUE for ``--backend backend`` -> SpecConfig, or one UsageError line."""
+def read_spec_config(value: str, backend: str, support: SpecSupport) -> SpecConfig:
+    """``--spec-config`` VALUE for ``--backend backend``, which declares ``support`` -> SpecConfig,
+    or one UsageError line."""
     data = read_value(value)
     try:
-        return parse_spec_config(data, backend)
+        return parse_spec_config(data, backend, support)
     except FieldError as exc:
-        raise UsageError(f"{FLAG}: {_field_message(exc, data, backend)}") from None
+        raise UsageError(f"{FLAG}: {_field_message(exc, data, backend, support)}") from None
     except UsageError as exc:
         raise UsageError(f"{FLAG}: {str(exc).rstrip('.')}") from None
 
@@ -197,17 +263,18 @@ def _knows(form: Form, key: str) -> bool:
     return k in form.fields or k in _ALSO.get(form.name, ())
 
 
-def parse_spec_config(data: dict[str, Any], backend: str) -> SpecConfig:
-    """A mapping in any form -> SpecConfig for ``backend``; FieldError or UsageError (unprefixed)."""
+def parse_spec_config(data: dict[str, Any], backend: str, support: SpecSupport) -> SpecConfig:
+    """A mapping in any form -> SpecConfig for ``backend`` (which declares ``support``); FieldError
+    or UsageError (unprefixed)."""
     if not isinstance(data, dict):
         raise UsageError(f"must be a JSON object (a mapping) or server flags, not {type(data).__name__}")
     name = detect_form(data)
     form = FORMS[name]
-    if name not in forms_for(backend):
-        raise _foreign(form, data, backend)
+    if name not in support.forms:
+        raise _foreign(form, data, backend, support)
     spec = form.read({form.canonical(k): v for k, v in data.items()})
     check_fields(spec, form.names)
-    check_backend(spec, backend, form.names)
+    check_backend(spec, backend, support, form.names)
     return spec
 
 
@@ -238,15 +305,13 @@ def check_fields(spec: SpecConfig, names: dict[str, str]) -> None:
         raise_on_errors(list(check_batch_schedule([list(e) for e in spec.k_per_batch_size], spec.k)))
 
 
-def check_backend(spec: SpecConfig, backend: str, names: dict[str, str]) -> None:
+def check_backend(spec: SpecConfig, backend: str, support: SpecSupport, names: dict[str, str]) -> None:
     """FieldError for a setting ``backend`` cannot honour (it would be dropped silently)."""
-    supported = SUPPORTED.get(backend)
-    if supported is not None:
-        for f in _given(spec):
-            if f not in supported:
-                raise FieldError(names.get(f, f), f"--backend {backend} has no such setting: remove it")
+    for f in _given(spec):
+        if not support.honours(f):
+            raise FieldError(names.get(f, f), f"--backend {backend} has no such setting: remove it")
     for owner, extras in spec.native_extras.items():
-        if owner != backend and extras:
+        if extras and not (support.native_extras and owner == support.form):
             raise FieldError(next(iter(extras)), f"--backend {backend} has no such setting: remove it")
 
 
@@ -256,10 +321,10 @@ def _given(spec: SpecConfig) -> list[str]:
     return [f for f in NEUTRAL_FIELDS if values[f] is not None]
 
 
-def _foreign(form: Form, data: dict[str, Any], backend: str) -> UsageError:
+def _foreign(form: Form, data: dict[str, Any], backend: str, support: SpecSupport) -> UsageError:
     """The error for a form this backend does not take, with the neutral equivalent when there is one."""
     key = next(k for k in data if _knows(form, k) and not _knows(FORMS["neutral"], k))
-    takes = " or ".join(f"the {f} form" for f in forms_for(backend))
+    takes = " or ".join(f"the {f} form" for f in support.forms)
     hint = ""
     try:
         spec = form.read({form.canonical(k): v for k, v in data.items()})
@@ -271,17 +336,17 @@ def _foreign(form: Form, data: dict[str, Any], backend: str) -> UsageError:
     return UsageError(f"{key}: a {form.name} form field; --backend {backend} takes {takes}{hint}")
 
 
-def _field_message(exc: FieldError, data: Any, backend: str) -> str:
+def _field_message(exc: FieldError, data: Any, backend: str, support: SpecSupport) -> str:
     if not isinstance(exc, UnknownField):
         return f"{exc.field}: {exc.problem}"
-    listed = "; ".join(f"{name} form fields: {', '.join(_fields_of(name, data))}" for name in forms_for(backend))
+    listed = "; ".join(f"{name} form fields: {', '.join(_fields_of(name, data))}" for name in support.forms)
     return f"unknown field {exc.field!r} ({listed})"
 
 
 def _fields_of(name: str, data: Any) -> tuple[str, ...]:
-    if name == "trtllm" and isinstance(data, dict) and data.get("decoding_type") in trtllm.TYPE_KEYS:
-        return (*trtllm.BASE_KEYS, *trtllm.TYPE_KEYS[data["decoding_type"]])
-    return FORMS[name].fields
+    form = FORMS[name]
+    return (form.fields_in(data) if isinstance(data, dict) else None) or form.fields
+
 
 
 def neutral_form(spec: SpecConfig) -> dict[str, Any]:

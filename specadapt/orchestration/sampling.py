@@ -9,9 +9,12 @@ asks a *source* of the target's distribution p how likely each sampled token was
 2. samples: ``/v1/completions`` on the spec-on server with the prompt as token ids,
    temperature 1, top_p 1, a distinct seed per sample (base seed + sample index),
    ``ignore_eos`` (stopping at EOS would select samples on their own values) and
-   ``logprobs: 0`` with ``return_tokens_as_token_ids``, so the sampled ids come back;
+   ``logprobs: 0`` with the keys the backend declares for sampled ids
+   (``TokenRequests.sampled_ids``; vLLM: ``return_tokens_as_token_ids``), so the sampled
+   ids come back;
 3. scoring, one request per sample on the source server: the prompt is the prompt ids plus
-   the sampled ids, ``max_tokens`` 1, ``prompt_logprobs`` K, temperature 0. vLLM answers,
+   the sampled ids, ``max_tokens`` 1, ``prompt_logprobs`` K (with the keys of
+   ``TokenRequests.prompt_logprobs``), temperature 0. vLLM answers,
    for every prompt position after the first, ``{token id: {"logprob", "rank",
    "decoded_token"}}`` holding the top K *and* the token actually at that position; the top
    K (rank <= K) is the distribution's fixed head, and the token at the position is the
@@ -25,6 +28,9 @@ returns the report.
 
 Temperature 1 and top_p 1 only: prompt logprobs are the raw distribution of the model, so
 they are the distribution the server samples only when nothing reshapes it.
+
+A backend that declares it cannot do either (None) is refused before any server starts
+(``check_token_requests``).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from specadapt.adapters.base import Server
+from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
 from specadapt.analysis.sides import side_differences
@@ -55,6 +61,7 @@ from specadapt.records.sampling_report import PromptTokens, SamplingGate, Sampli
 TEMPERATURE = 1.0
 TOP_P = 1.0
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
+_ASKED = TokenRequests()  # what the request builders add when the caller names no backend's declaration
 
 
 @dataclass(frozen=True)
@@ -94,14 +101,32 @@ def parse_tokenize(data: Any) -> list[int]:
     return list(tokens)
 
 
-def sample_body(ids: Sequence[int], model: str, max_tokens: int, seed: int) -> dict[str, Any]:
-    """One sample from the spec-on server: the raw distribution, a seed of its own, no stop at EOS."""
+def check_token_requests(backend: str, requests: TokenRequests, scoring: bool) -> None:
+    """UsageError, before any server starts, when ``backend`` declares that its servers cannot
+    return the sampled token ids, or (``scoring``: the spec-off server is the source) the
+    prompt logprobs."""
+    if requests.sampled_ids is None:
+        raise UsageError(f"--sampling needs the sampled token ids, which backend {backend} cannot return: run it "
+                         "on a backend that can (specadapt backends --json lists token_requests)")
+    if scoring and requests.prompt_logprobs is None:
+        raise UsageError(f"--sampling scores the samples with the spec-off server's prompt logprobs, which backend "
+                         f"{backend} cannot return: give --reference DIR to recompute them from the target")
+
+
+def sample_body(ids: Sequence[int], model: str, max_tokens: int, seed: int,
+                requests: TokenRequests = _ASKED) -> dict[str, Any]:
+    """One sample from the spec-on server: the raw distribution, a seed of its own, no stop at EOS,
+    the sampled ids in the logprobs (the keys ``requests.sampled_ids`` declares)."""
     return {"model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": TEMPERATURE,
-            "top_p": TOP_P, "seed": seed, "ignore_eos": True, "logprobs": 0,
-            "return_tokens_as_token_ids": True, "stream": False}
+            "top_p": TOP_P, "seed": seed, "ignore_eos": True, "logprobs": 0, **(requests.sampled_ids or {}),
+            "stream": False}
 
 
-def parse_sample(data: Any) -> tuple[list[int], str | None]:
+def _keys(extras: dict[str, Any] | None) -> str:
+    return " and ".join(f"'{k}'" for k in extras or {}) or "its declared keys"
+
+
+def parse_sample(data: Any, requests: TokenRequests = _ASKED) -> tuple[list[int], str | None]:
     """(sampled token ids, finish reason) of a non-streamed completion with token-id logprobs."""
     try:
         choice = data["choices"][0]
@@ -110,21 +135,22 @@ def parse_sample(data: Any) -> tuple[list[int], str | None]:
     tokens = (choice.get("logprobs") or {}).get("tokens")
     if not isinstance(tokens, list) or not tokens:
         raise NotAServer("the spec-on server returned no logprobs tokens: it must honour 'logprobs' and "
-                         "'return_tokens_as_token_ids' (vLLM does)")
+                         f"{_keys(requests.sampled_ids)} (vLLM does)")
     ids = []
     for t in tokens:
         m = _TOKEN_ID.match(t) if isinstance(t, str) else None
         if m is None:
             raise NotAServer(f"the spec-on server returned token {t!r}, not 'token_id:N': it must honour "
-                             "'return_tokens_as_token_ids' (vLLM does)")
+                             f"{_keys(requests.sampled_ids)} (vLLM does)")
         ids.append(int(m.group(1)))
     return ids, choice.get("finish_reason")
 
 
-def score_body(sample: Sample, model: str, k: int) -> dict[str, Any]:
-    """The source's log-probabilities at every sampled position: prompt logprobs of prompt + sample."""
+def score_body(sample: Sample, model: str, k: int, requests: TokenRequests = _ASKED) -> dict[str, Any]:
+    """The source's log-probabilities at every sampled position: prompt logprobs of prompt + sample
+    (with the keys ``requests.prompt_logprobs`` declares)."""
     return {"model": model, "prompt": [*sample.prompt_ids, *sample.tokens], "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": k, "return_token_ids": True, "stream": False}
+            "prompt_logprobs": k, **(requests.prompt_logprobs or {}), "stream": False}
 
 
 def _entries(raw: Any, where: str) -> dict[int, tuple[float, int | None]]:
@@ -283,17 +309,19 @@ def plan_samples(inputs: Sequence[PromptInput], samples: int, seed: int) -> list
 
 async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
                        timeout_s: float, progress: Progress | None = None,
-                       transport: httpx.AsyncBaseTransport | None = None) -> list[Sample]:
-    """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight."""
+                       transport: httpx.AsyncBaseTransport | None = None,
+                       requests: TokenRequests = _ASKED) -> list[Sample]:
+    """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight;
+    ``requests``: how the server's backend is asked for the sampled ids."""
     async with async_client(server, timeout_s, concurrency, transport) as client:
         async def one(inp: PromptInput, index: int, s: int) -> Sample:
             status, data, msg = await _post(client, "/v1/completions",
-                                            sample_body(inp.ids, server.model_id, inp.max_tokens, s),
+                                            sample_body(inp.ids, server.model_id, inp.max_tokens, s, requests),
                                             "spec-on server")
             if status != 200:
                 raise ServerError(f"the spec-on server refused a sampling request for prompt {inp.prompt.id!r} "
                                   f"(HTTP {status}: {msg})")
-            tokens, finish = parse_sample(data)
+            tokens, finish = parse_sample(data, requests)
             if progress:
                 progress(finished(inp.prompt.id, inp.prompt.category, len(tokens), finish, status))
             return Sample(prompt_id=inp.prompt.id, index=index, seed=s, prompt_ids=inp.ids, tokens=tuple(tokens),
@@ -305,12 +333,14 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
 
 async def score_on_server(server: Server, samples: Sequence[Sample], k: int, concurrency: int, timeout_s: float,
                           progress: Progress | None = None,
-                          transport: httpx.AsyncBaseTransport | None = None) -> list[list[TokenDraw]]:
-    """The source server's top-K prompt logprobs at every sampled position (one request per sample)."""
+                          transport: httpx.AsyncBaseTransport | None = None,
+                          requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
+    """The source server's top-K prompt logprobs at every sampled position (one request per sample);
+    ``requests``: how the server's backend is asked for them."""
     async with async_client(server, timeout_s, concurrency, transport) as client:
         async def one(sample: Sample) -> list[TokenDraw]:
-            status, data, msg = await _post(client, "/v1/completions", score_body(sample, server.model_id, k),
-                                            "source server")
+            status, data, msg = await _post(client, "/v1/completions",
+                                            score_body(sample, server.model_id, k, requests), "source server")
             if status != 200:
                 if status == 400 and refuses_k(msg):
                     raise UsageError(f"the source server refused prompt_logprobs={k} ({msg}): lower --top-logprobs, "
@@ -533,20 +563,22 @@ def check_sampling(plan: ServerPlan, prompts: list[Prompt], settings: SamplingSe
                          f"not {labels}")
     if "spec-off" not in labels and reference is None:
         raise ValueError("check_sampling without a spec-off side needs the reference distribution")
+    requests = plan.backend.token_requests
+    check_token_requests(plan.backend_name, requests, scoring=reference is None)
     if sequential and len(labels) == 2:
         with open_servers(plan.only("spec-on"), messages) as (on,):
             inputs = prompt_inputs(on, prompts, settings)
-            samples, acceptance = sample_on(on, inputs, settings, bars)
+            samples, acceptance = sample_on(on, inputs, settings, bars, requests)
             on_info = on.describe()
         with open_servers(plan.only("spec-off"), messages) as (off,):
-            draws = score(reference or off, samples, settings, bars)
+            draws = score(reference or off, samples, settings, bars, requests)
             return sampling_report(settings, on_info, off.describe(), inputs, samples, draws, acceptance)
     with open_servers(plan, messages) as opened:
         by = dict(zip(labels, opened, strict=True))
         off, on = by.get("spec-off"), by["spec-on"]
         inputs = prompt_inputs(off or reference, prompts, settings)
-        samples, acceptance = sample_on(on, inputs, settings, bars)
-        draws = score(reference or off, samples, settings, bars)
+        samples, acceptance = sample_on(on, inputs, settings, bars, requests)
+        draws = score(reference or off, samples, settings, bars, requests)
         return sampling_report(settings, on.describe(), off.describe() if off else None, inputs, samples, draws,
                                acceptance)
 
@@ -562,22 +594,23 @@ def prompt_inputs(tokenizer: Server | ReferenceDistribution, prompts: Sequence[P
 
 
 def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSettings,
-              bars: ProgressBars = no_bars) -> tuple[list[Sample], AcceptanceSummary]:
+              bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> tuple[list[Sample], AcceptanceSummary]:
     """The samples from the spec-on server (one bar, 'sampling'), with its acceptance over them."""
     with counting(on):
         before = settle_counters(on)
         samples = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
-                                        settings.request_timeout_s, bars("sampling", len(inputs) * settings.samples)))
+                                        settings.request_timeout_s, bars("sampling", len(inputs) * settings.samples),
+                                        requests=requests))
         after = settle_counters(on)
     return samples, acceptance_summary(before, after)
 
 
 def score(source: Server | ReferenceDistribution, samples: Sequence[Sample], settings: SamplingSettings,
-          bars: ProgressBars = no_bars) -> list[list[TokenDraw]]:
+          bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
     """The target's top K at every sampled position (one bar, 'scoring'): from the source server's
     prompt logprobs, or the float64 reference."""
     progress = bars("scoring", len(samples))
     if isinstance(source, ReferenceDistribution):
         return score_on_reference(source, samples, settings.top_logprobs, progress)
     return run_loop(score_on_server(source, samples, settings.top_logprobs, settings.concurrency,
-                                    settings.request_timeout_s, progress))
+                                    settings.request_timeout_s, progress, requests=requests))

@@ -28,9 +28,9 @@ from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
 from specadapt.adapters.plan import launch_record
 from specadapt.adapters.registry import get_backend
+from specadapt.adapters.spec_config import load_spec_config
 from specadapt.analysis.sides import launch_differences
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.spec_input import load_spec_config
 from specadapt.errors import UsageError
 
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")

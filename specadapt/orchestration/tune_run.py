@@ -45,8 +45,6 @@ from specadapt.orchestration.tune import (
 from specadapt.records import CompareSettings, Prompt
 from specadapt.records.tune import TuneReport, TuneSettings, Verification
 
-SCHEDULE_BACKENDS = ("vllm", "reference")  # backends whose launch takes a per-batch-size schedule
-CONFIG_BACKENDS = ("vllm", "trtllm")  # backends whose rules the configs package holds
 INTERRUPTED = "interrupted (Ctrl-C or a signal); the candidates measured before are kept"
 
 
@@ -122,13 +120,13 @@ def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off
         model = str(backend.resolve_model(opts.model))
         for c in to_start:  # every candidate's launch checked before anything starts
             launches[c.label] = launch_options_for(backend, opts, model, c.spec, None)
-            if opts.backend in CONFIG_BACKENDS:  # the configs package's rules, model directories included
-                validate(c.spec.model_copy(update={"target": model}), opts.backend)
+            if backend.spec_support.rules:  # the configs package's rules, model directories included
+                validate(c.spec.model_copy(update={"target": model}), backend.spec_support.rules)
         if not off_url:
             launches["off"] = launch_options_for(backend, opts, model, None, None)
         for launch in launches.values():
             backend.check_launch(launch)
-        if not verify_url and settings.verify and opts.backend not in SCHEDULE_BACKENDS:
+        if not verify_url and settings.verify and not backend.spec_support.batch_schedule:
             raise UsageError(f"tune starts the verification server with a per-batch-size schedule, which backend "
                              f"{opts.backend} does not take: give --verify-url of a running server with the emitted "
                              "config, or --no-verify")

@@ -189,3 +189,30 @@ def test_malformed_files_never_trace_back(tmp_path, text, code):
         assert r.exception is None or isinstance(r.exception, SystemExit), r.output
         assert "Traceback" not in r.output
     assert run("config", "validate", str(f)).exit_code == code
+
+
+@pytest.mark.parametrize("backend, args, note", [
+    ("trtllm", ["--format", "argv"], "note: the command reads trtllm-config.yaml: write it with --format yaml "
+                                     "(or --out DIR)"),
+    ("trtllm", ["--nodes", "2", "--tp", "2", "--format", "slurm"], "note: the script reads trtllm-config.yaml from the submit "
+                                                      "directory: write it with --format yaml (or --out DIR)"),
+    ("trtllm", ["--format", "argv", "--format", "yaml"], None),
+    ("vllm", ["--format", "argv"], None),
+])
+def test_a_printed_file_that_reads_another_says_which(backend, args, note):
+    r = run("config", "--backend", backend, "--target", "M", "--method", "ngram", "--k", "3", "--ngram-max", "4",
+            *args)
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ([note] if note else [])
+
+
+@pytest.mark.parametrize("backend, fmt, written", [
+    ("trtllm", "argv", ["serve.sh", "trtllm-config.yaml"]),
+    ("vllm", "argv", ["serve.sh"]),
+])
+def test_a_written_file_that_reads_another_is_written_with_it(tmp_path, backend, fmt, written):
+    r = run("config", "--backend", backend, "--target", "M", "--method", "ngram", "--k", "3", "--ngram-max", "4",
+            "--format", fmt, "--out", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == written

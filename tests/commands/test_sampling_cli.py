@@ -269,6 +269,16 @@ def test_usage_errors_are_one_line(args, message):
     assert error_line(run(*args)) == message
 
 
+@pytest.mark.parametrize("backend", ["trtllm", "sglang", "llamacpp"])
+def test_a_backend_without_token_ids_is_refused_before_any_request(off, backend):
+    with FakeVLLM(spec=True) as on:
+        line = error_line(run("--backend", backend, "--off", off.url, "--on", on.url))
+        sent = on.bodies + off.bodies
+    assert line == (f"error: --sampling needs the sampled token ids, which backend {backend} cannot return: run it "
+                    "on a backend that can (specadapt backends --json lists token_requests)")
+    assert sent == []
+
+
 def test_sampling_options_without_sampling_are_refused():
     result = CliRunner().invoke(cli, ["equiv", "--off", "http://h:1", "--on", "http://h:2", "--samples", "3",
                                       "--alpha", "0.05"])

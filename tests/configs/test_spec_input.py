@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specadapt.adapters.spec_config import forms_for, load_spec_config
 from specadapt.configs import llamacpp, sglang, trtllm, vllm
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import (
     FORMS,
     NEUTRAL_FIELDS,
+    SpecSupport,
     detect_form,
     flags_to_mapping,
-    forms_for,
-    load_spec_config,
     neutral_form,
+    read_spec_config,
 )
 from specadapt.errors import UsageError
 
@@ -325,3 +326,42 @@ def test_a_file_that_holds_no_mapping(tmp_path):
 def test_neutral_fields_are_the_spec_config_fields_the_config_command_takes():
     assert set(NEUTRAL_FIELDS) == set(SpecConfig.model_fields) - {"target", "tp", "dtype", "max_model_len",
                                                                   "native_extras"}
+
+
+# ------------------------------------------------------------------ what a backend declares
+
+@pytest.mark.parametrize("declared, message", [
+    ({"form": "neutral"}, "form: 'neutral' is not a --spec-config form: use one of vllm, trtllm, sglang, llamacpp, "
+                          "or None for the neutral form only"),
+    ({"fields": {"k", "draft"}}, "fields: must hold method (every spec config has one)"),
+    ({"fields": {"method", "k", "temperature"}},
+     f"fields: temperature: not a neutral field (choose from {', '.join(NEUTRAL_FIELDS)})"),
+    ({"rules": "sglang"}, "rules: 'sglang' has no rules in specadapt: use one of vllm, trtllm, or None"),
+    ({"batch_schedule": True, "fields": {"method", "k"}},
+     "batch_schedule is declared but fields leave out k_per_batch_size, the schedule's field"),
+    ({"native_extras": True}, "native_extras is declared without a form whose keys they would be"),
+])
+def test_a_malformed_declaration_is_refused_naming_what_is_wrong(declared, message):
+    with pytest.raises(ValueError) as err:
+        SpecSupport(**declared)
+    e = err.value.errors()[0]
+    got = str(e["msg"]).removeprefix("Value error, ")
+    assert (f"{e['loc'][0]}: {got}" if e["loc"] else got) == message
+
+
+def test_a_declaration_decides_the_forms_and_fields_a_backend_takes():
+    support = SpecSupport(form="sglang", fields=frozenset({"method", "k"}))
+    assert support.forms == ["neutral", "sglang"] and SpecSupport().forms == ["neutral"]
+    spec = read_spec_config("--speculative-algorithm NGRAM --speculative-num-draft-tokens 5", "x", support)
+    assert (spec.method, spec.k) == ("ngram", 4)
+    with pytest.raises(UsageError) as err:
+        read_spec_config('{"method": "eagle3", "k": 3, "draft": "/h"}', "x", support)
+    assert str(err.value) == "--spec-config: draft: --backend x has no such setting: remove it"
+    # every field, and the form's own keys kept, when so declared
+    wide = SpecSupport(form="sglang", native_extras=True)
+    tree = read_spec_config("--speculative-algorithm EAGLE --speculative-draft-model-path /h "
+                            "--speculative-num-steps 3 --speculative-eagle-topk 4", "x", wide)
+    assert tree.native_extras == {"sglang": {"--speculative-eagle-topk": 4}} and tree.draft == "/h"
+    with pytest.raises(UsageError, match="--backend x has no such setting"):
+        read_spec_config("--speculative-algorithm EAGLE --speculative-draft-model-path /h "
+                         "--speculative-num-steps 3 --speculative-eagle-topk 4", "x", support)

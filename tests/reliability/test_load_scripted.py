@@ -114,8 +114,9 @@ def test_a_share_replays_conversations_like_one_process(scripted_url):
     """What a worker runs (execute_share): each conversation's turns in order with the server's
     own answers as history, one record per turn, a failed turn's later turns recorded as not sent,
     every record handed to on_record and paired with its job's index."""
-    from specadapt.load.client import run as run_loop
     from specadapt.load.share import Share, Target, execute_share, plan_jobs
+
+    from specadapt.load.client import run as run_loop
 
     prompts = [conversation("w1"), conversation("w2", fail_turn=1)]
     share = Share(worker=0, jobs=tuple(plan_jobs(prompts, repeat=1)), concurrency=2)

@@ -6,6 +6,7 @@ in examples/minimal_backend loads through the entry-point machinery and measures
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import sys
 import warnings
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from specadapt.adapters import registry
 from specadapt.adapters.base import (
@@ -23,8 +25,12 @@ from specadapt.adapters.base import (
     LaunchPlan,
     Server,
     ServerBase,
+    TokenRequests,
 )
 from specadapt.adapters.http import OpenAIServer
+from specadapt.adapters.spec_config import forms_for, load_spec_config
+from specadapt.cli import cli
+from specadapt.configs.spec_input import NEUTRAL_FIELDS, SpecSupport
 from specadapt.errors import ServerStartError, UsageError
 from specadapt.orchestration.probe import run_probe
 from specadapt.records import CounterSnapshot, Prompt, RequestSettings, ServerInfo
@@ -61,6 +67,35 @@ def test_builtin_keeps_the_contract(name):
         assert caps.launch == (type(backend).launch_plan is not Backend.launch_plan)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_declarations_say_what_its_servers_take_and_answer(name):
+    backend = registry.get_backend(name)
+    support, requests = backend.spec_support, backend.token_requests
+    server = backend.connect("http://127.0.0.1:9")
+    try:
+        # identity runs and the sampling probe ask for token ids with the same keys, or neither can
+        assert (requests.sampled_ids or {}) == server.identity_extras
+        assert backend.capabilities.token_ids == (requests.sampled_ids is not None)
+    finally:
+        server.close()
+    # a per-batch-size schedule only where servers start, and only through the field that carries it
+    assert not support.batch_schedule or (backend.capabilities.launch and support.honours("k_per_batch_size"))
+    # a setting outside the declared fields is refused, in the backend's name
+    refused = sorted(set(NEUTRAL_FIELDS) - set(support.fields))
+    assert refused  # every built-in leaves some out
+    for field in refused:
+        spec = {"method": "draft_model", "k": 2, "draft": "/d"} if field == "draft" else \
+            {"method": "ngram", "k": 2, field: _VALUES[field]}
+        with pytest.raises(UsageError) as err:
+            load_spec_config(json.dumps(spec), name)
+        assert str(err.value) == f"--spec-config: {field}: --backend {name} has no such setting: remove it"
+
+
+# a value each neutral field takes beside method ngram and k 2
+_VALUES = {"ngram_min": 1, "ngram_max": 3, "draft_tp": 1, "k_per_batch_size": [[1, 4, 2]], "max_concurrency": 4,
+           "draft_len_schedule": {"1": 2}}
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -129,6 +164,73 @@ def test_registry_refuses_what_breaks_the_contract(monkeypatch, name, obj, messa
         registry.get_backend(name)
     assert str(err.value) == (f"backend {name!r} ({__name__}:{obj.__name__}) could not be loaded: TypeError: "
                               f"{message}; reinstall or remove the package that registers it")
+
+
+class DictSupport(Good):
+    name = "dictsupport"
+    spec_support = {"form": "vllm"}
+
+
+class TupleRequests(Good):
+    name = "tuplerequests"
+    token_requests = ("return_tokens_as_token_ids",)
+
+
+class Unvalidated(Good):
+    name = "unvalidated"
+    spec_support = SpecSupport.model_construct(form="vlm")  # built around the validators
+
+
+class ScheduleWithoutLaunch(Good):
+    name = "schedulewithoutlaunch"
+    spec_support = SpecSupport(batch_schedule=True)
+
+
+class FullDuck(Duck):  # every member of the contract, but none of the declarations
+    name = "fullduck"
+    launch_options = LaunchOptions
+    resolve_model = version = launched = launched_many = Backend.version
+
+
+@pytest.mark.parametrize("name, obj, message", [
+    ("dictsupport", DictSupport, "spec_support must be a specadapt.adapters.base.SpecSupport, not dict"),
+    ("tuplerequests", TupleRequests, "token_requests must be a specadapt.adapters.base.TokenRequests, not tuple"),
+    ("unvalidated", Unvalidated, "spec_support: form: 'vlm' is not a --spec-config form: use one of vllm, trtllm, "
+                                 "sglang, llamacpp, or None for the neutral form only"),
+    ("schedulewithoutlaunch", ScheduleWithoutLaunch,
+     "spec_support declares batch_schedule (servers it starts apply a per-batch-size draft length) but the backend "
+     "starts no servers: drop it, or declare the launch capability"),
+    ("fullduck", FullDuck, "it is not a specadapt Backend and lacks spec_support, token_requests (declare them, or "
+                           "subclass specadapt.adapters.base.Backend, which has their defaults)"),
+])
+def test_registry_refuses_malformed_declarations(monkeypatch, name, obj, message):
+    monkeypatch.setitem(registry.BUILTIN, name, f"{__name__}:{obj.__name__}")
+    with pytest.raises(UsageError) as err:
+        registry.get_backend(name)
+    assert str(err.value) == (f"backend {name!r} ({__name__}:{obj.__name__}) could not be loaded: TypeError: "
+                              f"{message}; reinstall or remove the package that registers it")
+    entry = {e.name: e for e in registry.installed(warn=False)}[name]
+    assert entry.error == f"TypeError: {message}" and entry.spec_support is None
+
+
+def test_a_declaration_refused_as_the_plugin_builds_it_is_one_line_naming_the_field(tmp_path, monkeypatch):
+    (tmp_path / "bad_declaration.py").write_text(
+        "from specadapt.adapters.base import Backend, Capabilities, SpecSupport\n"
+        "class Bad(Backend):\n"
+        "    name = 'bad'\n"
+        "    capabilities = Capabilities()\n"
+        "    spec_support = SpecSupport(fields=frozenset({'method', 'k', 'speculate_harder'}))\n"
+        "    def connect(self, url, api_key=None, verify=True):\n"
+        "        raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.BUILTIN, "bad", "bad_declaration:Bad")
+    with pytest.raises(UsageError) as err:
+        registry.get_backend("bad")
+    assert str(err.value) == (
+        "backend 'bad' (bad_declaration:Bad) could not be loaded: ValidationError: SpecSupport: fields: "
+        f"speculate_harder: not a neutral field (choose from {', '.join(NEUTRAL_FIELDS)}); reinstall or remove the "
+        "package that registers it")
+    sys.modules.pop("bad_declaration", None)
 
 
 def test_registry_gives_instances_of_classes_and_takes_ready_instances(monkeypatch):
@@ -290,6 +392,44 @@ def test_the_example_backend_describes_and_probes_the_scripted_server(minimal_in
             server.close()
     assert report.server.backend == "minimal" and report.latency.output_tokens == 8
     assert report.acceptance.known is False  # no counters, as declared
+
+
+def test_the_example_backend_s_spec_support_decides_what_its_spec_config_takes(minimal_installed, monkeypatch,
+                                                                               tmp_path):
+    assert forms_for("minimal") == ["neutral"]
+    assert load_spec_config('{"method": "ngram", "k": 4}', "minimal").k == 4
+    tune = ["tune", "--backend", "minimal", "--off", "http://127.0.0.1:9", "--on", "4=http://127.0.0.1:9",
+            "--no-verify", "--out", str(tmp_path / "tune")]
+    result = CliRunner().invoke(cli, [*tune, "--spec-config", '{"method": "ngram", "k": 4, "ngram_max": 3}'])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: --spec-config: ngram_max: --backend minimal has no such setting: remove it"]
+    result = CliRunner().invoke(cli, [*tune, "--spec-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        'error: --spec-config: num_speculative_tokens: a vllm form field; --backend minimal takes the neutral form: '
+        'write {"method": "ngram", "k": 4}']
+    # declared otherwise, the same values pass: the declaration decides, not the backend's name
+    plugin = type(registry.get_backend("minimal"))
+    monkeypatch.setattr(plugin, "spec_support", SpecSupport(form="vllm"))
+    assert load_spec_config('{"method": "ngram", "k": 4, "ngram_max": 3}', "minimal").ngram_max == 3
+    assert load_spec_config('{"method": "ngram", "num_speculative_tokens": 4}', "minimal").k == 4
+
+
+def test_the_example_backend_s_token_requests_keep_it_from_sampling(minimal_installed, monkeypatch, tmp_path):
+    sampling = ["equiv", "--sampling", "--backend", "minimal", "--off", "http://127.0.0.1:9", "--on",
+                "http://127.0.0.1:9"]
+    result = CliRunner().invoke(cli, sampling)
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: --sampling needs the sampled token ids, which backend minimal cannot return: run it on a backend "
+        "that can (specadapt backends --json lists token_requests)"]
+    plugin = type(registry.get_backend("minimal"))
+    monkeypatch.setattr(plugin, "token_requests", TokenRequests(prompt_logprobs=None))
+    result = CliRunner().invoke(cli, sampling)
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: --sampling scores the samples with the spec-off server's prompt logprobs, which backend minimal "
+        "cannot return: give --reference DIR to recompute them from the target"]
+    entry = {e.name: e for e in registry.installed(warn=False)}["minimal"]
+    assert entry.token_requests == TokenRequests(prompt_logprobs=None)
+    assert entry.spec_support.fields == frozenset({"method", "k", "draft"})
 
 
 def test_the_how_to_shows_the_example_as_it_is():

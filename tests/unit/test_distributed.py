@@ -4,6 +4,7 @@ server, and merged reports (no server; records made by hand)."""
 from __future__ import annotations
 
 import pytest
+from specadapt.orchestration.distributed import Job, merge_records, plan_jobs, split_jobs
 
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.latency import latency_summary
@@ -11,7 +12,6 @@ from specadapt.analysis.merge import merge_reports, setting_difference
 from specadapt.analysis.probe_report import build_probe_report as build_report
 from specadapt.analysis.scale_report import replica_results, server_window, summed_counters
 from specadapt.errors import UsageError
-from specadapt.orchestration.distributed import Job, merge_records, plan_jobs, split_jobs
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,

@@ -15,9 +15,9 @@ import time
 import httpx
 import psutil
 import pytest
+from specadapt.orchestration.distributed import run_spread_probe
 
 from specadapt.adapters.vllm import VLLMServer
-from specadapt.orchestration.distributed import run_spread_probe
 from specadapt.records import Prompt, RequestSettings, read_report
 from specadapt.testing import script, scripted_server
 

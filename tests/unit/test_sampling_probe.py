@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
+from specadapt.adapters.base import TokenRequests
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
 from specadapt.orchestration import sampling as S
@@ -61,6 +62,39 @@ def test_scoring_asks_the_prompt_logprobs_of_prompt_plus_sample_for_one_token():
     assert S.score_body(sample, "m", 7) == {"model": "m", "prompt": [1, 2, 9, 8], "max_tokens": 1,
                                             "temperature": 0.0, "prompt_logprobs": 7, "return_token_ids": True,
                                             "stream": False}
+
+
+def test_the_bodies_carry_the_keys_the_backend_declares_instead_of_vllm_s():
+    asked = TokenRequests(sampled_ids={"ids_please": 1}, prompt_logprobs={"echo_ids": True, "full_vocab": True})
+    body = S.sample_body((5,), "m", 4, 1, asked)
+    assert body["ids_please"] == 1 and "return_tokens_as_token_ids" not in body and body["logprobs"] == 0
+    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
+    body = S.score_body(sample, "m", 3, asked)
+    assert body["echo_ids"] is True and body["full_vocab"] is True and "return_token_ids" not in body
+    assert body["prompt_logprobs"] == 3
+    with pytest.raises(NotAServer) as err:
+        S.parse_sample({"choices": [{"logprobs": {"tokens": ["a"]}}]}, asked)
+    assert str(err.value) == ("the spec-on server returned token 'a', not 'token_id:N': it must honour 'ids_please' "
+                              "(vLLM does)")
+
+
+@pytest.mark.parametrize("requests, scoring, refusal", [
+    (TokenRequests(), True, None),
+    (TokenRequests(prompt_logprobs=None), False, None),  # --reference scores: no prompt logprobs needed
+    (TokenRequests(prompt_logprobs=None), True, "--sampling scores the samples with the spec-off server's prompt "
+                                                "logprobs, which backend b cannot return: give --reference DIR to "
+                                                "recompute them from the target"),
+    (TokenRequests(sampled_ids=None), False, "--sampling needs the sampled token ids, which backend b cannot return: "
+                                             "run it on a backend that can (specadapt backends --json lists "
+                                             "token_requests)"),
+])
+def test_a_backend_that_cannot_answer_is_refused_in_one_line(requests, scoring, refusal):
+    if refusal is None:
+        S.check_token_requests("b", requests, scoring)
+        return
+    with pytest.raises(UsageError) as err:
+        S.check_token_requests("b", requests, scoring)
+    assert str(err.value) == refusal
 
 
 def test_every_sample_has_its_own_seed_base_plus_index():

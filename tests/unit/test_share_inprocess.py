@@ -16,10 +16,10 @@ import time
 
 import pytest
 from aiohttp import web
+from specadapt.load.share import Job, Share, Target, client_for, execute_share, worker_main
 
 from specadapt.load import share as share_mod
 from specadapt.load.client import stream_request
-from specadapt.load.share import Job, Share, Target, client_for, execute_share, worker_main
 from specadapt.records import Prompt, RequestSettings
 
 
