@@ -535,12 +535,20 @@ class WorkerPool(Executor):
         except (asyncio.CancelledError, WorkerStopped):
             self.cancel.set()
             deadline = time.monotonic() + self.stop_grace_s
-            while busy and time.monotonic() < deadline and not self._dead(busy):  # what finished is in the pipe
+            # What finished is in the pipe: take it until every worker still alive says done (a dead
+            # one never will, but what it sent before it died is there too).
+            busy = {w for w in busy if self.procs[w].exitcode is None}
+            while busy and time.monotonic() < deadline:
                 msg = self._pump(0.05)
-                if msg is not None and msg[0] == "record":
+                if msg is None:
+                    busy = {w for w in busy if self.procs[w].exitcode is None}
+                elif msg[0] == "record":
                     emit(msg[1], msg[2], msg[3])
-                elif msg is not None and msg[0] == "done":
+                elif msg[0] == "done":
                     busy.discard(msg[1])
+            while (msg := self._next()) is not None:
+                if msg[0] == "record":
+                    emit(msg[1], msg[2], msg[3])
             raise
 
     def close(self) -> None:

@@ -584,3 +584,97 @@ def test_an_error_that_is_not_a_stopped_worker_is_raised(fresh):
     share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat("x", "hi"), target=1),))
     with pytest.raises(IndexError):
         run_in_process([share], [Target(fresh.url, "m")], watch=lambda: None)
+
+
+# --- the worker pool's parent side, with stand-ins for its processes and queues ----------------------
+class FakeProcess:
+    def __init__(self, pid: int):
+        self.pid, self.exitcode = pid, None
+
+
+class Pipe:
+    """The workers' queue to the parent; ``when_empty(queue, n)`` runs each time the parent finds it
+    empty (the n-th time: what the workers do meanwhile)."""
+
+    def __init__(self, when_empty):
+        self.q: queue.Queue = queue.Queue()
+        self.when_empty, self.empty_reads = when_empty, 0
+
+    def get_nowait(self):
+        try:
+            return self.q.get_nowait()
+        except queue.Empty:
+            self.empty_reads += 1
+            self.when_empty(self.q, self.empty_reads)
+            raise
+
+    def get(self, timeout=None):
+        return self.get_nowait()
+
+
+def pool_parent(when_empty) -> spread.WorkerPool:
+    """A WorkerPool's parent side for two workers, without processes (nothing is spawned)."""
+    pool = object.__new__(spread.WorkerPool)
+    spread.Executor.__init__(pool)
+    pool.n, pool.stop_grace_s = 2, 5.0
+    pool.cancel = threading.Event()
+    pool.inboxes = {0: queue.Queue(), 1: queue.Queue()}
+    pool.procs = {0: FakeProcess(100), 1: FakeProcess(101)}
+    pool.infos = {w: spread.WorkerInfo(worker=w, kind="process", jobs=0, concurrency=0) for w in range(2)}
+    pool.out = Pipe(when_empty)
+    return pool
+
+
+def test_a_dead_worker_stops_the_run_and_keeps_what_the_others_had_finished():
+    """Worker 1 dies while worker 0's finished request is still on its way in the pipe: the run
+    stops with the reason and keeps that request (only the requests in flight are lost)."""
+    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = spread.split(jobs, SETTINGS, 2, 2)
+    finished = spread.RequestRecord(prompt_id="a", category="c", api="completions", ok=True, text="done")
+    pool: spread.WorkerPool
+
+    def worker_1_dies(pipe, n):
+        if n > 1:
+            return
+        pool.procs[1].exitcode = -9
+        pipe.put(("record", 0, jobs[0], finished))
+        pipe.put(("done", 0, None, None))
+
+    pool = pool_parent(worker_1_dies)
+    seen = []
+    result = asyncio.run(pool.run(shares, [Target("http://h", "m")], progress=seen.append, t0_ns=7))
+    assert result.partial_reason == "worker 1 (pid 101) exited with code -9 after 0 of 1 requests; every worker " \
+                                    "was stopped"
+    assert result.records == [finished] and seen == [finished] and pool.cancel.is_set()
+    assert [(i.worker, i.jobs, i.finished, i.error, i.t0_mono_ns) for i in pool.infos.values()] == [
+        (0, 1, 1, None, 7), (1, 1, 0, "exited with code -9", 7)]
+    sent = [pool.inboxes[w].get_nowait() for w in (0, 1)]
+    assert [(m[0], m[1], m[3]) for m in sent] == [("run", shares[0], 7), ("run", shares[1], 7)]
+
+
+def record(pid: str) -> spread.RequestRecord:
+    return spread.RequestRecord(prompt_id=pid, category="c", api="completions", ok=True, text=pid)
+
+
+def test_a_stopped_run_takes_what_the_workers_finished_until_each_says_done_or_dies():
+    """The run is stopped (its watch names a reason): worker 0 hands in what it had finished and says
+    done; worker 1 dies without a word, and the parent stops waiting for it at once."""
+    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = spread.split(jobs, SETTINGS, 2, 2)
+    late = record("a")
+    pool: spread.WorkerPool
+    died_at: list[int] = []
+
+    def workers(pipe, n):
+        if pool.cancel.is_set() and not died_at:
+            pipe.put(("record", 0, jobs[0], late))
+            pipe.put(("done", 0, None, None))
+            pool.procs[1].exitcode = 1
+            died_at.append(n)
+
+    pool = pool_parent(workers)
+    pool.stop_grace_s = 30.0
+    result = asyncio.run(pool.run(shares, [Target("http://h", "m")], watch=lambda: "the vllm server exited"))
+    assert result.partial_reason == "the vllm server exited" and result.records == [late]
+    assert pool.out.empty_reads - died_at[0] <= 3  # no waiting out the grace period for the dead worker
+    assert [i.finished for i in pool.infos.values()] == [1, 0]
