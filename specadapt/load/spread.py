@@ -306,9 +306,15 @@ class Executor:
         count from their own start instant."""
         result = self.last = RunResult(planned=planned_turns(shares))
         inbox: asyncio.Queue = asyncio.Queue()
+        dropped: set[tuple[int, int, int]] = set()  # conversations whose failed turn was not accepted
 
         async def take(worker: int, job: Job, rec: RequestRecord) -> None:
-            if rec.error_kind != "not_sent" and not rec.ok and accept is not None and not await accept(rec):
+            conversation = (job.repeat, job.copy_index, job.index)
+            if rec.error_kind == "not_sent":
+                if conversation in dropped:
+                    return  # left unsent by a turn that did not count: it goes with it
+            elif not rec.ok and accept is not None and not await accept(rec):
+                dropped.add(conversation)
                 return  # it failed because the run is stopping (its server died): not a finished request
             result.pairs.append((job, rec))
             self.infos[worker].finished += 1

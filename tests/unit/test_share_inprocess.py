@@ -559,6 +559,24 @@ def test_accept_drops_a_failed_record_and_is_asked_about_failures_only(fresh):
     assert executor.infos[0].finished == 2 and result.partial_reason is None
 
 
+def test_the_unsent_turns_of_a_dropped_turn_go_with_it(fresh):
+    """A turn that failed because the run is stopping is no finished request, and neither are the
+    turns it left unsent; a conversation whose failure counts keeps its unsent turns."""
+    asked = []
+
+    async def accept(rec):
+        asked.append((rec.prompt_id, rec.turn))
+        return rec.prompt_id != "dying"
+
+    share = Share(worker=0, settings=SETTINGS, concurrency=2, jobs=(
+        Job(index=0, prompt=chat("dying", "hi", turns=["fail", "third"])),
+        Job(index=1, prompt=chat("bad", "fail", turns=["second"]))))
+    _, result = run_in_process([share], [Target(fresh.url, "m")], accept=accept)
+    assert [(r.prompt_id, r.turn, r.error_kind) for r in result.records] == [
+        ("dying", 0, None), ("bad", 0, "http_status"), ("bad", 1, "not_sent")]
+    assert sorted(asked) == [("bad", 0), ("dying", 1)]  # unsent turns are never asked about
+
+
 def test_a_run_cancelled_like_ctrl_c_keeps_what_finished_in_last(fresh):
     executor = InProcess()
     seen = []
