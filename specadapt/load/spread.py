@@ -306,9 +306,15 @@ class Executor:
         count from their own start instant."""
         result = self.last = RunResult(planned=planned_turns(shares))
         inbox: asyncio.Queue = asyncio.Queue()
+        dropped: set[tuple[int, int, int]] = set()  # conversations whose failed turn was not accepted
 
         async def take(worker: int, job: Job, rec: RequestRecord) -> None:
-            if rec.error_kind != "not_sent" and not rec.ok and accept is not None and not await accept(rec):
+            conversation = (job.repeat, job.copy_index, job.index)
+            if rec.error_kind == "not_sent":
+                if conversation in dropped:
+                    return  # left unsent by a turn that did not count: it goes with it
+            elif not rec.ok and accept is not None and not await accept(rec):
+                dropped.add(conversation)
                 return  # it failed because the run is stopping (its server died): not a finished request
             result.pairs.append((job, rec))
             self.infos[worker].finished += 1
@@ -535,12 +541,20 @@ class WorkerPool(Executor):
         except (asyncio.CancelledError, WorkerStopped):
             self.cancel.set()
             deadline = time.monotonic() + self.stop_grace_s
-            while busy and time.monotonic() < deadline and not self._dead(busy):  # what finished is in the pipe
+            # What finished is in the pipe: take it until every worker still alive says done (a dead
+            # one never will, but what it sent before it died is there too).
+            busy = {w for w in busy if self.procs[w].exitcode is None}
+            while busy and time.monotonic() < deadline:
                 msg = self._pump(0.05)
-                if msg is not None and msg[0] == "record":
+                if msg is None:
+                    busy = {w for w in busy if self.procs[w].exitcode is None}
+                elif msg[0] == "record":
                     emit(msg[1], msg[2], msg[3])
-                elif msg is not None and msg[0] == "done":
+                elif msg[0] == "done":
                     busy.discard(msg[1])
+            while (msg := self._next()) is not None:
+                if msg[0] == "record":
+                    emit(msg[1], msg[2], msg[3])
             raise
 
     def close(self) -> None:

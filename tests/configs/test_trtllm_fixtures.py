@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specadapt.adapters.spec_config import load_spec_config
 from specadapt.configs import trtllm
 from specadapt.configs.files import validate_file
-from specadapt.configs.spec_input import load_spec_config
 
 FIX = Path(__file__).parent / "fixtures" / "trtllm"
 # file -> (specadapt accepts, schema at 20e20312 accepts)

@@ -9,10 +9,10 @@ from bisect import bisect_left
 import pytest
 import yaml
 
+from specadapt.adapters.spec_config import load_spec_config
 from specadapt.configs import tuned as T
 from specadapt.configs.render import render
 from specadapt.configs.spec import SpecConfig
-from specadapt.configs.spec_input import load_spec_config
 from specadapt.configs.vllm import spec_from_vllm_json
 from specadapt.errors import UsageError
 from specadapt.records.schedule import k_for_batch

@@ -113,23 +113,24 @@ def test_probe_reports_the_clients_own_load_and_flags_a_client_limited_run(serve
 def test_a_share_replays_conversations_like_one_process(scripted_url):
     """What a worker runs (execute_share): each conversation's turns in order with the server's
     own answers as history, one record per turn, a failed turn's later turns recorded as not sent,
-    every record handed to on_record and paired with its job's index."""
-    from specadapt.load.share import Share, Target, execute_share, plan_jobs
-
+    every record handed to on_record with its job, and each record marked with its target."""
     from specadapt.load.client import run as run_loop
+    from specadapt.load.spread import Share, Target, closed_jobs, execute_share
 
     prompts = [conversation("w1"), conversation("w2", fail_turn=1)]
-    share = Share(worker=0, jobs=tuple(plan_jobs(prompts, repeat=1)), concurrency=2)
+    share = Share(worker=0, jobs=tuple(closed_jobs(prompts)), settings=RequestSettings(max_tokens=8), concurrency=2)
     handed: list[tuple[int, int, str | None]] = []
-    pairs = run_loop(execute_share(share, [Target(base_url=scripted_url, model="scripted")],
-                                   RequestSettings(max_tokens=8), 0,
+    pairs = run_loop(execute_share(share, [Target(base_url=scripted_url, model="scripted")], 0,
                                    on_record=lambda job, rec: handed.append((job.index, rec.turn, rec.error_kind))))
-    got = [(i, r.prompt_id, r.turn, r.ok, r.error_kind) for i, r in pairs]
+    got = sorted((j.index, r.prompt_id, r.turn, r.ok, r.error_kind) for j, r in pairs)
     assert got == [(0, "w1", 0, True, None), (0, "w1", 1, True, None), (0, "w1", 2, True, None),
                    (1, "w2", 0, True, None), (1, "w2", 1, False, "http_status"), (1, "w2", 2, False, "not_sent")]
-    assert sorted(handed) == sorted((i, r.turn, r.error_kind) for i, r in pairs)
+    assert sorted(handed) == sorted((j.index, r.turn, r.error_kind) for j, r in pairs)
     assert {r.target for _, r in pairs} == {scripted_url}
+    w1 = sorted((r for j, r in pairs if j.index == 0), key=lambda r: r.turn)
     log = httpx.get(scripted_url + "/_script/log").json()
     history = log["w1-t2"]["messages"]
     assert [role for role, _ in history] == ["user", "assistant", "user", "assistant", "user"]
-    assert [text for role, text in history if role == "assistant"] == [r.text for _, r in pairs[:2]]
+    assert [text for role, text in history if role == "assistant"] == [r.text for r in w1[:2]]
+    assert all(r.text for r in w1[:2])
+    assert "w2-t2" not in log or log["w2-t2"]["attempt"] == 0  # never sent

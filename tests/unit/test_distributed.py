@@ -1,10 +1,14 @@
-"""Spreading a probe: the job split, the exact merge of records, counters summed per distinct
-server, and merged reports (no server; records made by hand)."""
+"""Spreading a run: the plan (``closed_jobs``, ``rate_jobs``), the split over workers, the
+one-process order of a run's records (``RunResult``), counters summed per distinct server, and
+merged reports (no server; records made by hand)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import pickle
+
 import pytest
-from specadapt.orchestration.distributed import Job, merge_records, plan_jobs, split_jobs
 
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.latency import latency_summary
@@ -12,6 +16,9 @@ from specadapt.analysis.merge import merge_reports, setting_difference
 from specadapt.analysis.probe_report import build_probe_report as build_report
 from specadapt.analysis.scale_report import replica_results, server_window, summed_counters
 from specadapt.errors import UsageError
+from specadapt.load.arrivals import schedule_ns
+from specadapt.load.engine import Job
+from specadapt.load.spread import RunResult, Stamp, Target, closed_jobs, portable, rate_jobs, split
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -22,50 +29,143 @@ from specadapt.records import (
     ScaleLayout,
     ServerInfo,
 )
+from specadapt.records.load import LoadSettings
 
 PROMPTS = [Prompt(id=f"p{i}", prompt=f"text {i}", category="a" if i % 2 else "b") for i in range(5)]
+REQ = RequestSettings(max_tokens=7, request_timeout_s=9)
+
+
+# --- the plan: closed loop --------------------------------------------------------------------------
+def test_closed_jobs_are_the_one_process_order_round_robin_over_replicas():
+    jobs = closed_jobs(PROMPTS, repeat=2, replicas=3)
+    assert [(j.index, j.prompt.id, j.repeat, j.copy_index, j.offset_ns) for j in jobs] == [
+        (i, f"p{i % 5}", i // 5, 0, None) for i in range(10)]
+    assert [j.target for j in jobs] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    assert {j.target for j in closed_jobs(PROMPTS, repeat=2)} == {0}  # one server by default
+    with pytest.raises(ValueError, match="^at least one replica$"):
+        closed_jobs(PROMPTS, 1, replicas=0)
+
+
+def test_closed_jobs_go_repeat_by_repeat_then_copy_by_copy_then_prompt_by_prompt():
+    jobs = closed_jobs(PROMPTS[:2], repeat=2, copies=3, replicas=2, first_repeat=4)
+    assert [(j.index, j.repeat, j.copy_index, j.prompt.id, j.target) for j in jobs] == [
+        (0, 4, 0, "p0", 0), (1, 4, 0, "p1", 1), (2, 4, 1, "p0", 0), (3, 4, 1, "p1", 1),
+        (4, 4, 2, "p0", 0), (5, 4, 2, "p1", 1), (6, 5, 0, "p0", 0), (7, 5, 0, "p1", 1),
+        (8, 5, 1, "p0", 0), (9, 5, 1, "p1", 1), (10, 5, 2, "p0", 0), (11, 5, 2, "p1", 1)]
+    assert closed_jobs([], repeat=3) == [] and closed_jobs(PROMPTS, repeat=0) == []
+
+
+# --- the plan: arrival rates ------------------------------------------------------------------------
+def test_rate_jobs_of_a_probe_count_passes_as_repeats_on_the_seeded_schedule():
+    load = LoadSettings(request_rates=[5.0], seed=11, burstiness=0.5)
+    jobs = rate_jobs(PROMPTS[:3], 5.0, load, passes=2, replicas=2)
+    assert [j.offset_ns for j in jobs] == schedule_ns(5.0, 6, 0.5, 11)
+    assert [(j.index, j.prompt.id, j.repeat, j.copy_index, j.target) for j in jobs] == [
+        (0, "p0", 0, 0, 0), (1, "p1", 0, 0, 1), (2, "p2", 0, 0, 0),
+        (3, "p0", 1, 0, 1), (4, "p1", 1, 0, 0), (5, "p2", 1, 0, 1)]
+    assert len({j.offset_ns for j in jobs}) == 6  # a real schedule, not all at once
+    assert [j.offset_ns for j in rate_jobs(PROMPTS[:3], 5.0, load.model_copy(update={"seed": 12}))] != \
+        [j.offset_ns for j in jobs[:3]]  # another seed, another schedule
+
+
+def test_rate_jobs_of_an_ab_block_are_one_repeat_seeded_per_block_with_the_pass_as_copy():
+    load = LoadSettings(request_rates=[5.0], seed=11)
+    jobs = rate_jobs(PROMPTS[:2], 5.0, load, block=3, passes=2)
+    assert [j.offset_ns for j in jobs] == schedule_ns(5.0, 4, 1.0, 11 + 3)
+    assert [(j.index, j.prompt.id, j.repeat, j.copy_index, j.target) for j in jobs] == [
+        (0, "p0", 3, 0, 0), (1, "p1", 3, 0, 0), (2, "p0", 3, 1, 0), (3, "p1", 3, 1, 0)]
+    first = rate_jobs(PROMPTS[:2], 5.0, load, block=0)  # block 0: the seed itself, repeat 0
+    assert [j.offset_ns for j in first] == schedule_ns(5.0, 2, 1.0, 11)
+    assert [(j.repeat, j.copy_index) for j in first] == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("block", [None, 2])
+def test_rate_jobs_with_a_duration_send_ceil_rate_times_duration_prompts_cycled(block):
+    load = LoadSettings(request_rates=[3.0], duration_s=2.1, seed=5)
+    jobs = rate_jobs(PROMPTS[:3], 3.0, load, passes=9, block=block)  # ceil(6.3) = 7 arrivals, not 3 * 9
+    assert len(jobs) == 7 and [j.prompt.id for j in jobs] == ["p0", "p1", "p2", "p0", "p1", "p2", "p0"]
+    assert [j.offset_ns for j in jobs] == schedule_ns(3.0, 7, 1.0, 5 + (block or 0))
+    passes = [0, 0, 0, 1, 1, 1, 2]
+    if block is None:
+        assert [(j.repeat, j.copy_index) for j in jobs] == [(p, 0) for p in passes]
+    else:
+        assert [(j.repeat, j.copy_index) for j in jobs] == [(2, p) for p in passes]
+    assert len(rate_jobs(PROMPTS[:3], 0.1, load)) == 1  # ceil(0.21): at least one arrival
+
+
+def test_rate_jobs_at_inf_send_every_pass_at_once_whatever_the_duration():
+    for load in (LoadSettings(request_rates=[math.inf]), LoadSettings(request_rates=[math.inf], duration_s=60)):
+        jobs = rate_jobs(PROMPTS[:2], math.inf, load, passes=3)
+        assert [j.offset_ns for j in jobs] == [0] * 6
+        assert [(j.prompt.id, j.repeat) for j in jobs] == [("p0", 0), ("p1", 0), ("p0", 1), ("p1", 1),
+                                                           ("p0", 2), ("p1", 2)]
 
 
 # --- the split --------------------------------------------------------------------------------------
-def test_plan_jobs_is_the_one_process_order_round_robin_over_replicas():
-    jobs = plan_jobs(PROMPTS, repeat=2, replicas=3)
-    assert [(j.index, j.prompt.id, j.repeat) for j in jobs] == [
-        (i, f"p{i % 5}", i // 5) for i in range(10)]
-    assert [j.target for j in jobs] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
-    assert {j.target for j in plan_jobs(PROMPTS, repeat=2)} == {0}  # one server by default
-    with pytest.raises(ValueError, match="^at least one replica$"):
-        plan_jobs(PROMPTS, 1, replicas=0)
-
-
 @pytest.mark.parametrize("n_jobs, concurrency, workers", [
     (10, 4, 2), (10, 5, 2), (10, 7, 3), (3, 8, 5), (10, 2, 4), (1, 1, 1), (7, 64, 7), (64, 9, 4)])
 def test_every_job_once_and_the_concurrency_shares_sum_to_the_total(n_jobs, concurrency, workers):
-    jobs = plan_jobs([Prompt(id=f"q{i}", prompt="x") for i in range(n_jobs)], 1)
-    shares = split_jobs(jobs, concurrency, workers)
+    jobs = closed_jobs([Prompt(id=f"q{i}", prompt="x") for i in range(n_jobs)], 1)
+    shares = split(jobs, REQ, concurrency, workers)
     used = min(workers, n_jobs, concurrency)
     assert [s.worker for s in shares] == list(range(used))
     indices = sorted(j.index for s in shares for j in s.jobs)
     assert indices == list(range(n_jobs))  # every job exactly once
     assert sum(s.concurrency for s in shares) == concurrency
     assert all(s.jobs and s.concurrency >= 1 for s in shares)
-    # as even as can be: shares differ by at most one job and one stream, the larger ones first
-    assert max(len(s.jobs) for s in shares) - min(len(s.jobs) for s in shares) <= 1
-    assert [s.concurrency for s in shares] == sorted((s.concurrency for s in shares), reverse=True)
-    assert max(s.concurrency for s in shares) - min(s.concurrency for s in shares) <= 1
+    # the formula: C // W streams each, one more for the first C mod W workers; job i to worker i mod W
+    assert [s.concurrency for s in shares] == [concurrency // used + (w < concurrency % used) for w in range(used)]
+    assert [[j.index for j in s.jobs] for s in shares] == [list(range(w, n_jobs, used)) for w in range(used)]
+    assert all(s.settings is REQ for s in shares)
 
 
 def test_more_workers_than_jobs_or_streams_use_fewer_workers():
-    jobs = plan_jobs(PROMPTS, 1)
-    assert len(split_jobs(jobs, concurrency=16, workers=8)) == 5  # 5 jobs
-    assert len(split_jobs(jobs, concurrency=2, workers=8)) == 2  # 2 streams
-    assert split_jobs([], concurrency=4, workers=2) == []
-    assert [j.index for j in split_jobs(jobs, 3, 2)[1].jobs] == [1, 3]  # job i to worker i mod W
-    for bad in ((0, 2), (2, 0)):
+    jobs = closed_jobs(PROMPTS, 1)
+    assert len(split(jobs, REQ, concurrency=16, workers=8)) == 5  # 5 jobs
+    assert len(split(jobs, REQ, concurrency=2, workers=8)) == 2  # 2 streams
+    assert split([], REQ, concurrency=4, workers=2) == []
+    assert [j.index for j in split(jobs, REQ, 3, 2)[1].jobs] == [1, 3]  # job i to worker i mod W
+    for bad in ((0, 2), (2, 0), (None, 0)):
         with pytest.raises(ValueError, match="^workers and concurrency must be at least 1$"):
-            split_jobs(jobs, *bad)
+            split(jobs, REQ, *bad)
 
 
-# --- the merge of records -----------------------------------------------------------------------------
+def test_a_closed_split_carries_duration_cycle_and_stamp_to_every_share():
+    stamp = Stamp(side="on", concurrency=4, warmup=False)
+    shares = split(closed_jobs(PROMPTS, 1), REQ, 4, 3, duration_s=2.5, cycle="copy_index", stamp=stamp)
+    assert [(s.concurrency, s.duration_s, s.cycle, s.stamp) for s in shares] == [
+        (2, 2.5, "copy_index", stamp), (1, 2.5, "copy_index", stamp), (1, 2.5, "copy_index", stamp)]
+    plain = split(closed_jobs(PROMPTS, 1), REQ, 2, 2)
+    assert [(s.duration_s, s.cycle, s.stamp) for s in plain] == [(None, "repeat", Stamp())] * 2
+
+
+@pytest.mark.parametrize("n_jobs, workers", [(7, 3), (2, 5), (1, 1), (8, 8)])
+def test_an_open_loop_split_deals_the_arrivals_round_robin_with_their_offsets(n_jobs, workers):
+    load = LoadSettings(request_rates=[10.0], seed=1)
+    jobs = rate_jobs([Prompt(id=f"q{i}", prompt="x") for i in range(n_jobs)], 10.0, load)
+    stamp = Stamp(concurrency=0, request_rate=10.0)
+    shares = split(jobs, REQ, None, workers, duration_s=9.0, stamp=stamp)
+    used = min(workers, n_jobs)  # no stream count to cut by: arrivals do not wait for one
+    assert [s.worker for s in shares] == list(range(used))
+    assert [[(j.index, j.offset_ns) for j in s.jobs] for s in shares] == [
+        [(j.index, j.offset_ns) for j in jobs[w::used]] for w in range(used)]
+    assert all(s.concurrency is None and s.duration_s is None and s.stamp == stamp for s in shares)
+    assert sorted(j.index for s in shares for j in s.jobs) == list(range(n_jobs))
+
+
+def test_jobs_shares_and_portable_targets_pickle_for_other_processes():
+    jobs = rate_jobs([Prompt(id="c", messages=[{"role": "user", "content": "hi"}], turns=["more"])] + PROMPTS[:2],
+                     4.0, LoadSettings(request_rates=[4.0], seed=2), passes=2, replicas=2)
+    (share,) = split(jobs, REQ, None, 1, stamp=Stamp(side="off", request_rate=4.0, warmup=True))
+    back = pickle.loads(pickle.dumps(share))
+    assert back == share and back.jobs[0].prompt.turns == ["more"] and back.settings == REQ
+    target = portable(Target("https://h:1", "m", {"Authorization": "Bearer k"}, verify="/ca.pem"))
+    assert pickle.loads(pickle.dumps(target)) == target
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        share.worker = 2  # type: ignore[misc]
+
+
+# --- a run's records in the one-process order ----------------------------------------------------
 def rec(pid: str, sent: int, tokens: int = 3, ok: bool = True, target: str = "", **kw) -> RequestRecord:
     chunks = [sent % 7 + 10 + 5 * i for i in range(tokens)]
     return RequestRecord(prompt_id=pid, category=kw.pop("category", "a"), api="completions", ok=ok,
@@ -75,23 +175,30 @@ def rec(pid: str, sent: int, tokens: int = 3, ok: bool = True, target: str = "",
                          error_kind=None if ok else "http_status", status_code=200 if ok else 503, **kw)
 
 
-def test_records_merge_by_send_time_ties_in_job_order_the_same_objects():
-    a = [(0, rec("p0", 50)), (2, rec("p2", 10))]
-    b = [(1, rec("p1", 10)), (3, rec("p3", 5))]
-    merged = merge_records([a, b])
-    assert [r.prompt_id for r in merged] == ["p3", "p1", "p2", "p0"]
-    assert merged[0] is b[1][1]  # not copies
-    with pytest.raises(AssertionError, match="^a request came back twice$"):
-        merge_records([a, [(0, rec("p0", 1))]])
+def job(index: int, repeat: int = 0, copy: int = 0) -> Job:
+    return Job(index=index, prompt=PROMPTS[index % 5], repeat=repeat, copy_index=copy)
 
 
-def test_a_conversations_turns_share_their_jobs_index_and_merge_by_send_time_then_turn():
-    turns = [(0, rec("c", 30, turn=2)), (0, rec("c", 10, turn=0)), (0, rec("c", 30, turn=1))]
-    other = [(1, rec("d", 30, turn=0))]
-    merged = merge_records([turns, other])
-    assert [(r.prompt_id, r.turn) for r in merged] == [("c", 0), ("c", 1), ("c", 2), ("d", 0)]
+def test_records_come_in_repeat_copy_job_turn_order_whatever_order_they_came_back_in():
+    pairs = [(job(1, repeat=1), rec("r1j1", 1)), (job(0, copy=1), rec("c1j0", 2)),
+             (job(2), rec("j2t1", 3, turn=1)), (job(2), rec("j2t0", 90, turn=0)),
+             (job(5), rec("j5", 0)), (job(0, repeat=1, copy=0), rec("r1j0", 4)), (job(0), rec("j0", 99))]
+    result = RunResult(pairs=pairs)
+    assert [r.prompt_id for r in result.records] == ["j0", "j2t0", "j2t1", "j5", "c1j0", "r1j0", "r1j1"]
+    assert all(any(r is p for _, p in pairs) for r in result.records)  # the same objects, not copies
+    assert result.partial_reason is None and result.planned == 0 and RunResult().records == []
+
+
+def test_a_request_that_came_back_twice_is_an_error():
+    twice = RunResult(pairs=[(job(0), rec("a", 1)), (job(1), rec("b", 2)), (job(0), rec("a", 3))])
     with pytest.raises(AssertionError, match="^a request came back twice$"):
-        merge_records([turns, [(0, rec("c", 40, turn=2))]])
+        _ = twice.records
+    turns = RunResult(pairs=[(job(0), rec("c", 1, turn=0)), (job(0), rec("c", 2, turn=1))])
+    assert [r.turn for r in turns.records] == [0, 1]  # a conversation's turns are not duplicates
+    with pytest.raises(AssertionError, match="^a request came back twice$"):
+        _ = RunResult(pairs=[*turns.pairs, (job(0), rec("c", 3, turn=1))]).records
+    copies = RunResult(pairs=[(job(0), rec("x", 1)), (job(0, copy=1), rec("x", 1)), (job(0, repeat=1), rec("x", 1))])
+    assert len(copies.records) == 3  # the same job in another copy or repeat is another request
 
 
 # --- counters over several servers ---------------------------------------------------------------------
@@ -247,9 +354,3 @@ def test_a_replica_without_requests_has_empty_figures():
     info = ServerInfo(backend="vllm", base_url="http://r1", model_id="m")
     (only,) = replica_results([], {"http://r1": info}, {"http://r1": w})
     assert only.latency.requests == 0 and only.acceptance.accepted_tokens == 2
-
-
-def test_jobs_are_frozen_values():
-    job = Job(index=0, prompt=PROMPTS[0])
-    with pytest.raises(AttributeError):
-        job.index = 1  # type: ignore[misc]

@@ -15,9 +15,9 @@ import time
 import httpx
 import psutil
 import pytest
-from specadapt.orchestration.distributed import run_spread_probe
 
 from specadapt.adapters.vllm import VLLMServer
+from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings, read_report
 from specadapt.testing import script, scripted_server
 
@@ -57,8 +57,8 @@ def test_a_worker_killed_mid_run_gives_a_partial_report_and_no_orphan(scripted):
     fast = prompts("k", 2, ttft_ms=10, itl_ms=10, tokens=2)
     slow = prompts("s", 6, ttft_ms=10, itl_ms=200, tokens=10)
     try:
-        report = run_spread_probe([server], fast[:1] + slow[:3] + fast[1:] + slow[3:], settings(10),
-                                  concurrency=8, warmup=0, workers=2, progress=kill_one)
+        report = run_probe([server], fast[:1] + slow[:3] + fast[1:] + slow[3:], settings(10),
+                           concurrency=8, warmup=0, workers=2, progress=kill_one)
     finally:
         server.close()
     assert report.partial
@@ -68,7 +68,7 @@ def test_a_worker_killed_mid_run_gives_a_partial_report_and_no_orphan(scripted):
     assert len(ids) == len(set(ids)) and 1 <= len(ids) < 8
     assert all(r.ok for r in report.requests)
     w0, w1 = report.scale.workers
-    assert w1.error == "exited with code -9" and w1.finished < w1.jobs
+    assert w1.error == "exited with code -9" and w1.finished < w1.jobs and w1.pid == killed[0]
     assert (w0.jobs, w0.concurrency, w0.error) == (4, 4, None)  # stopped by the parent, not crashed
     assert set(ids) <= {"k0", "k1"}  # the slow ones were still streaming when every worker was stopped
     assert report.latency.succeeded == len(ids) == w0.finished + w1.finished

@@ -1,37 +1,62 @@
-"""The worker side of spreading load, run in this process: ``execute_share`` against a loopback server
-(targets, models, auth, conversations, a failed turn and its unsent turns, every record reported once),
-``client_for``'s wiring, the worker's watchdog, and ``worker_main`` with stand-ins for the parent's
-events, shared value and queue (start, stop, a parent gone, an abort, a stop while a stream stalls)."""
+"""Sending a share, run in this process against a loopback server: ``execute_share`` (targets, models,
+auth, conversations, a failed turn and its unsent turns, every record reported once with its job,
+stamps, open loop, duration), the clients kept across runs (``ClientCache``), ``client_for`` and TLS,
+targets made portable for other processes, ``worker_main`` with stand-ins for the parent's queues
+and events, and ``Executor.run`` in this process (watch, accept, progress, Ctrl-C)."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import functools
+import ipaddress
 import json
-import logging
 import os
+import pickle
+import queue
 import signal
 import socket
+import ssl
 import threading
 import time
 
 import pytest
 from aiohttp import web
-from specadapt.load.share import Job, Share, Target, client_for, execute_share, worker_main
 
-from specadapt.load import share as share_mod
+from specadapt.load import spread
 from specadapt.load.client import stream_request
+from specadapt.load.engine import Job, LoadEngine, key
+from specadapt.load.spread import (
+    CA_BUNDLE_ATTR,
+    INTERRUPTED,
+    ClientCache,
+    InProcess,
+    Share,
+    Stamp,
+    Target,
+    client_for,
+    execute_share,
+    portable,
+    target_of,
+    worker_main,
+)
 from specadapt.records import Prompt, RequestSettings
 
 
 class LoopbackServer:
     """An OpenAI-style streaming server on its own thread and event loop (so that a worker's loop in the
-    test's thread can reach it). The last user text decides: "fail" answers HTTP 500, "stall" never ends;
-    anything else streams "re:<text>" in two chunks. ``seen`` keeps what each request carried."""
+    test's thread can reach it). The last user text decides: "fail" answers HTTP 500, "stall" never ends,
+    "hold:X" waits (10 s at most) until a request "release:X" has come; anything else streams
+    "re:<text>" in two chunks. ``seen`` keeps what each request carried, in the order they came."""
 
     def __init__(self):
         self.seen: list[dict] = []
+        self.events: dict[str, asyncio.Event] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+
+    def event(self, name: str) -> asyncio.Event:
+        return self.events.setdefault(name, asyncio.Event())
 
     async def handle(self, request):
         body = await request.json()
@@ -42,11 +67,18 @@ class LoopbackServer:
                           "history": [m["content"] for m in body.get("messages", [])]})
         if "fail" in said:
             return web.Response(status=500, text="scripted failure")
+        if said.startswith("release:"):
+            self.event(said.split(":", 1)[1]).set()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if "stall" in said:
             await asyncio.sleep(30)
         answer = f"re:{said}"
+        if said.startswith("hold:"):
+            try:
+                await asyncio.wait_for(self.event(said.split(":", 1)[1]).wait(), 10)
+            except TimeoutError:
+                answer = "never released"
         for n, part in enumerate((answer[:3], answer[3:]), start=1):
             choice = {"index": 0, "delta": {"content": part}} if chat else {"index": 0, "text": part}
             chunk = {"choices": [choice], "usage": {"prompt_tokens": 1, "completion_tokens": n}}
@@ -83,6 +115,7 @@ def server():
 @pytest.fixture
 def fresh(server):
     server.seen.clear()
+    server.events.clear()
     return server
 
 
@@ -93,31 +126,43 @@ def chat(pid: str, text: str, turns=None) -> Prompt:
 SETTINGS = RequestSettings(max_tokens=5, request_timeout_s=10)
 
 
+def said(server) -> list[str]:
+    return sorted(s["said"] for s in server.seen)
+
+
+def in_order(pairs):
+    return sorted(pairs, key=lambda p: key(*p))
+
+
 # --- execute_share ------------------------------------------------------------------------------------
 def test_execute_share_sends_each_job_to_its_target_and_reports_every_record_once(fresh):
     url = fresh.url
     targets = [Target(url + "/a", "model-a", {"Authorization": "Bearer ka"}),
                Target(url + "/b", "model-b", {"Authorization": "Bearer kb"})]
-    share = Share(worker=1, concurrency=2, jobs=(
+    share = Share(worker=1, settings=SETTINGS, concurrency=2, jobs=(
         Job(index=2, prompt=Prompt(id="p", prompt="one"), repeat=1, target=1),
-        Job(index=5, prompt=chat("conv", "hello", turns=["fail now", "never sent"]), target=0),
+        Job(index=5, prompt=chat("conv", "hello", turns=["fail now", "never sent"]), target=0, copy_index=3),
         Job(index=8, prompt=chat("q", "two"), repeat=2, target=0)))
     reported = []
-    pairs = asyncio.run(execute_share(share, targets, SETTINGS, time.perf_counter_ns(),
-                                      on_record=lambda job, rec: reported.append((job.index, rec))))
-    got = [(i, r.prompt_id, r.turn, r.repeat, r.target, r.ok, r.error_kind, r.text) for i, r in pairs]
-    assert got == [
-        (2, "p", 0, 1, url + "/b", True, None, "re:one"),
-        (5, "conv", 0, 0, url + "/a", True, None, "re:hello"),
-        (5, "conv", 1, 0, url + "/a", False, "http_status", ""),
-        (5, "conv", 2, 0, url + "/a", False, "not_sent", ""),
-        (8, "q", 0, 2, url + "/a", True, None, "re:two"),
+    pairs = asyncio.run(execute_share(share, targets, time.perf_counter_ns(),
+                                      on_record=lambda job, rec: reported.append((job, rec))))
+    got = [(j.index, r.prompt_id, r.turn, r.repeat, r.replica, r.target, r.ok, r.error_kind, r.text)
+           for j, r in in_order(pairs)]
+    assert got == [  # by (repeat, copy, job index, turn)
+        (5, "conv", 0, 0, 3, url + "/a", True, None, "re:hello"),
+        (5, "conv", 1, 0, 3, url + "/a", False, "http_status", ""),
+        (5, "conv", 2, 0, 3, url + "/a", False, "not_sent", ""),
+        (2, "p", 0, 1, 0, url + "/b", True, None, "re:one"),
+        (8, "q", 0, 2, 0, url + "/a", True, None, "re:two"),
     ]
-    assert pairs[2][1].error == "HTTP 500: scripted failure"
-    assert pairs[3][1].error == "not sent: turn 1 of this conversation failed"
-    # every record reported once, the unsent turn too (the same objects as returned)
-    assert sorted((i, id(r)) for i, r in reported) == sorted((i, id(r)) for i, r in pairs)
-    assert all(r.sent_at_ns >= 0 for _, r in pairs) and pairs[2][1].sent_at_ns >= pairs[1][1].sent_at_ns
+    conv = [r for j, r in in_order(pairs) if j.index == 5]
+    assert conv[1].error == "HTTP 500: scripted failure"
+    assert conv[2].error == "not sent: turn 1 of this conversation failed"
+    # every record reported once, the unsent turn too, with its own job (the same objects as returned)
+    assert [(id(j), id(r)) for j, r in reported] == [(id(j), id(r)) for j, r in pairs]
+    assert len({id(r) for _, r in pairs}) == 5
+    assert all(any(j is planned for planned in share.jobs) for j, _ in pairs)
+    assert all(r.sent_at_ns >= 0 for _, r in pairs) and conv[1].sent_at_ns >= conv[0].sent_at_ns
     seen = sorted(fresh.seen, key=lambda s: s["said"])
     assert [(s["path"], s["auth"], s["model"], s["max_tokens"], s["said"], s["history"]) for s in seen] == [
         ("/a/v1/chat/completions", "Bearer ka", "model-a", 5, "fail now", ["hello", "re:hello", "fail now"]),
@@ -127,51 +172,194 @@ def test_execute_share_sends_each_job_to_its_target_and_reports_every_record_onc
     ]
 
 
-def test_execute_share_without_a_callback_returns_the_pairs(fresh):
-    share = Share(worker=0, concurrency=1, jobs=(Job(index=0, prompt=chat("x", "fail", turns=["later"])),
-                                                 Job(index=1, prompt=chat("y", "ok"))))
-    pairs = asyncio.run(execute_share(share, [Target(fresh.url, "m")], SETTINGS, 0))
-    assert [(i, r.prompt_id, r.turn, r.error_kind, r.target) for i, r in pairs] == [
+def test_execute_share_without_a_callback_returns_the_pairs_in_the_closed_loop_order(fresh):
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(
+        Job(index=0, prompt=chat("x", "fail", turns=["later"])), Job(index=1, prompt=chat("y", "ok"))))
+    pairs = asyncio.run(execute_share(share, [Target(fresh.url, "m")], 0))
+    assert [(j.index, r.prompt_id, r.turn, r.error_kind, r.target) for j, r in pairs] == [
         (0, "x", 0, "http_status", fresh.url), (0, "x", 1, "not_sent", fresh.url), (1, "y", 0, None, fresh.url)]
+    assert said(fresh) == ["fail", "ok"]  # the unsent turn never reached the server
 
 
+def test_execute_share_uses_the_shares_request_settings(fresh):
+    share = Share(worker=0, settings=RequestSettings(max_tokens=17, request_timeout_s=10), concurrency=1,
+                  jobs=(Job(prompt=chat("a", "hi")),))
+    (pair,) = asyncio.run(execute_share(share, [Target(fresh.url, "served")], 0))
+    assert pair[1].ok and [(s["model"], s["max_tokens"]) for s in fresh.seen] == [("served", 17)]
+
+
+@pytest.mark.parametrize("stamp, side, concurrency, rate, warmup", [
+    (Stamp(), "", 1, None, False),  # nothing stamped: the records as sent
+    (Stamp(side="on", concurrency=6), "on", 6, None, False),
+    (Stamp(side="off", concurrency=0, request_rate=12.5, warmup=True), "off", 0, 12.5, True),
+    (Stamp(request_rate=float("inf")), "", 1, float("inf"), False),
+])
+def test_the_stamp_marks_every_record_the_unsent_turns_too(fresh, stamp, side, concurrency, rate, warmup):
+    share = Share(worker=0, settings=SETTINGS, concurrency=2, stamp=stamp, jobs=(
+        Job(index=0, prompt=chat("c", "fail", turns=["more"])), Job(index=1, prompt=Prompt(id="p", prompt="x"))))
+    pairs = asyncio.run(execute_share(share, [Target(fresh.url, "m")], 0))
+    assert sorted(r.error_kind or "ok" for _, r in pairs) == ["http_status", "not_sent", "ok"]
+    assert [(r.side, r.concurrency, r.request_rate, r.warmup, r.target) for _, r in pairs] == \
+        [(side, concurrency, rate, warmup, fresh.url)] * 3
+
+
+def test_an_open_loop_share_sends_on_the_offsets_without_waiting_for_a_free_stream(fresh):
+    t0 = time.perf_counter_ns()
+    share = Share(worker=0, settings=SETTINGS, concurrency=None, jobs=(
+        Job(index=0, prompt=chat("held", "hold:o"), offset_ns=0),
+        Job(index=1, prompt=chat("conv", "first", turns=["second"]), offset_ns=60_000_000),
+        Job(index=2, prompt=chat("rel", "release:o"), offset_ns=30_000_000)))
+    pairs = asyncio.run(execute_share(share, [Target(fresh.url, "m")], t0))
+    got = {(r.prompt_id, r.turn): r for _, r in pairs}
+    # the held request was answered only once the later arrival had come: nothing waited for it
+    assert got["held", 0].text == "re:hold:o" and got["rel", 0].text == "re:release:o"
+    assert [s["said"] for s in fresh.seen][:2] == ["hold:o", "release:o"]
+    assert [(k, r.scheduled_at_ns) for k, r in sorted(got.items())] == [
+        (("conv", 0), 60_000_000), (("conv", 1), None), (("held", 0), 0), (("rel", 0), 30_000_000)]
+    for (_, turn), r in got.items():  # sent on the schedule (no earlier than it), from the share's t0
+        if turn == 0:
+            assert r.sent_at_ns >= r.scheduled_at_ns - 1_000_000
+    assert got["conv", 1].sent_at_ns >= got["conv", 0].sent_at_ns
+    assert all(r.ok and r.target == fresh.url for r in got.values())
+
+
+def test_a_closed_share_with_a_duration_cycles_its_jobs_counting_the_passes(fresh, monkeypatch):
+    """The engine's clock, injected: one second passes per finished record, so with 2.5 s three
+    jobs start (the share's two, then the first again as the next pass) and no more."""
+    done: list = []
+    t0 = time.perf_counter_ns()
+    monkeypatch.setattr(spread, "LoadEngine", functools.partial(LoadEngine, clock=lambda: t0 + len(done) * 10**9))
+    for cycle in ("copy_index", "repeat"):
+        done.clear()
+        share = Share(worker=0, settings=SETTINGS, concurrency=1, duration_s=2.5, cycle=cycle,
+                      jobs=(Job(index=0, prompt=chat("a", "one"), repeat=4), Job(index=1, prompt=chat("b", "two"))))
+        pairs = asyncio.run(execute_share(share, [Target(fresh.url, "m")], t0,
+                                          on_record=lambda job, rec: done.append(rec)))
+        got = [(j.index, r.prompt_id, j.repeat, j.copy_index, r.repeat, r.replica) for j, r in pairs]
+        if cycle == "copy_index":
+            assert got == [(0, "a", 4, 0, 4, 0), (1, "b", 0, 0, 0, 0), (0, "a", 4, 1, 4, 1)]
+        else:
+            assert got == [(0, "a", 4, 0, 4, 0), (1, "b", 0, 0, 0, 0), (0, "a", 5, 0, 5, 0)]
+        assert len({key(j, r) for j, r in pairs}) == 3  # each pass is another request
+    assert said(fresh) == ["one", "one", "one", "one", "two", "two"]
+
+
+def test_a_duration_already_over_sends_nothing(fresh):
+    share = Share(worker=0, settings=SETTINGS, concurrency=2, duration_s=0.0, jobs=(Job(prompt=chat("a", "x")),))
+    assert asyncio.run(execute_share(share, [Target(fresh.url, "m")], time.perf_counter_ns())) == []
+    assert fresh.seen == []
+
+
+def test_an_empty_share_opens_nothing_and_returns_nothing(fresh):
+    assert asyncio.run(execute_share(Share(worker=0, settings=SETTINGS, concurrency=1, jobs=()), [], 0)) == []
+
+
+# --- clients kept across runs ------------------------------------------------------------------------
+def test_the_cache_keeps_one_client_per_target_timeout_and_width_across_shares(fresh):
+    target = Target(fresh.url, "m", {"Authorization": "Bearer k"})
+
+    def share(text: str) -> Share:
+        return Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat(text, text)),))
+
+    async def go():
+        cache = ClientCache()
+        try:
+            client = await cache.get(target, SETTINGS, 1)
+            first = await execute_share(share("one"), [target], 0, cache=cache)
+            second = await execute_share(share("two"), [target], 0, cache=cache)
+            again = await cache.get(Target(fresh.url, "other model", {"Authorization": "Bearer k"}), SETTINGS, 1)
+            others = [await cache.get(target, SETTINGS, 2),
+                      await cache.get(target, RequestSettings(max_tokens=5, request_timeout_s=11), 1),
+                      await cache.get(Target(fresh.url, "m", {"Authorization": "Bearer other"}), SETTINGS, 1),
+                      await cache.get(Target(fresh.url + "/x", "m", {"Authorization": "Bearer k"}), SETTINGS, 1)]
+            open_after_runs = not client.session.closed
+            counted = client.chunks_read, cache.chunks_read
+        finally:
+            await cache.aclose()
+        return client, first + second, again, others, open_after_runs, counted, client.session.closed
+
+    client, pairs, again, others, open_after_runs, counted, closed_at_end = asyncio.run(go())
+    assert [r.text for _, r in pairs] == ["re:one", "re:two"]
+    # both shares streamed through the one client (its own count has both; two data events and
+    # [DONE] per request), which stayed open between them and closed with the cache
+    assert counted == (6, 6) and open_after_runs and closed_at_end
+    assert again is client  # the model is sent in the body, not a client setting
+    assert len({id(c) for c in [client, *others]}) == 5  # another width, timeout, auth or URL: another client
+
+
+# --- client_for and TLS ----------------------------------------------------------------------------
 def test_client_for_carries_the_targets_url_headers_limit_and_timeout(fresh):
     target = Target(fresh.url + "/r/", "m", {"Authorization": "Bearer k"}, verify=False)
 
     async def go():
         async with client_for(target, RequestSettings(request_timeout_s=7.5), 3) as c:
             rec = await stream_request(c, chat("c", "hi"), "m", SETTINGS, run_t0_ns=0)
-            return rec, c.base_url, c.session.connector.limit, c.session.timeout.sock_read
+            return rec, c.base_url, c.session.connector.limit, c.session.timeout.sock_read, c.session
 
-    rec, base_url, limit, sock_read = asyncio.run(go())
+    rec, base_url, limit, sock_read, session = asyncio.run(go())
     assert (rec.ok, rec.text, base_url, limit, sock_read) == (True, "re:hi", fresh.url + "/r", 3, 7.5)
+    assert session.closed  # the context closes the client
     assert [(s["path"], s["auth"]) for s in fresh.seen] == [("/r/v1/chat/completions", "Bearer k")]
+
+
+class FakeServer:
+    """The parts of a Server that ``target_of`` reads."""
+
+    def __init__(self, verify):
+        self.base_url, self.model_id, self.verify = "https://h:8000", "served-model", verify
+
+    def headers(self):
+        return {"Authorization": "Bearer s"}
+
+
+def test_target_of_reads_the_servers_url_model_auth_and_tls_setting():
+    t = target_of(FakeServer(False))
+    assert t == Target("https://h:8000", "served-model", {"Authorization": "Bearer s"}, False)
+    assert target_of(FakeServer("/ca.pem"), ca_bundle="/other.pem").verify == "/ca.pem"
+    ctx = ssl.create_default_context()
+    assert target_of(FakeServer(ctx)).verify is ctx  # no bundle named: the context as it is
+    assert target_of(FakeServer(ctx), ca_bundle="/ca.pem").verify == "/ca.pem"  # the file it was built from
+    ctx_named = ssl.create_default_context()
+    setattr(ctx_named, CA_BUNDLE_ATTR, "/own.pem")
+    assert target_of(FakeServer(ctx_named), ca_bundle="/ca.pem").verify is ctx_named  # it says its own
+
+
+def test_portable_turns_a_tls_context_into_the_bundle_it_came_from_and_pickles():
+    named = ssl.create_default_context()
+    setattr(named, CA_BUNDLE_ATTR, "/etc/ca.pem")
+    base = Target("https://h:1", "m", {"Authorization": "Bearer k"})
+    assert portable(Target("https://h:1", "m", {"Authorization": "Bearer k"}, named)) == \
+        Target("https://h:1", "m", {"Authorization": "Bearer k"}, "/etc/ca.pem")
+    assert portable(Target("https://h:1", "m", verify=ssl.create_default_context())).verify is True
+    for verify in (True, False, "/ca.pem"):
+        t = Target("https://h:1", "m", verify=verify)
+        assert portable(t) is t
+    with pytest.raises(TypeError):
+        pickle.dumps(Target("https://h:1", "m", verify=named))  # why targets are made portable
+    back = pickle.loads(pickle.dumps(portable(Target(base.base_url, base.model, base.headers, named))))
+    assert back == Target("https://h:1", "m", {"Authorization": "Bearer k"}, "/etc/ca.pem")
 
 
 def test_client_for_follows_the_targets_tls_setting(tmp_path):
     pytest.importorskip("cryptography")
-    import datetime
-    import ipaddress
-    import ssl
-
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    pkey = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "specadapt share test")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(pkey.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
+            .sign(pkey, hashes.SHA256()))
     cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(pkey.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption()))
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert_path, key_path)
     server = LoopbackServer()
@@ -190,88 +378,43 @@ def test_client_for_follows_the_targets_tls_setting(tmp_path):
         async with client_for(target, SETTINGS, 1) as c:
             return await stream_request(c, chat("t", "hi"), "m", SETTINGS, run_t0_ns=0)
 
+    trusting = ssl.create_default_context(cafile=str(cert_path))
+    setattr(trusting, CA_BUNDLE_ATTR, str(cert_path))
+    verifies = {"off": False, "bundle path": str(cert_path), "default": True, "context": trusting,
+                "context, made portable": portable(Target("x", "m", verify=trusting)).verify,
+                "default context": ssl.create_default_context()}
     with server:
-        got = {verify: asyncio.run(send(Target(server.url, "m", verify=verify)))
-               for verify in (False, str(cert_path), True)}
-    assert (got[False].ok, got[False].text) == (True, "re:hi")
-    assert (got[str(cert_path)].ok, got[str(cert_path)].text) == (True, "re:hi")
-    assert (got[True].ok, got[True].error_kind) == (False, "connect")  # self-signed: not trusted by default
-
-
-# --- the watchdog ---------------------------------------------------------------------------------
-class PollingSleep:
-    """Stands in for asyncio.sleep in the watchdog: records each pause; ``then`` runs at the n-th."""
-
-    def __init__(self, monkeypatch, at: int | None = None, then=None):
-        self.pauses: list = []
-        self.at, self.then = at, then
-        real = asyncio.sleep
-
-        async def sleep(seconds):
-            self.pauses.append(seconds)
-            if len(self.pauses) == self.at:
-                self.then()
-            if len(self.pauses) > 20:
-                raise RuntimeError("the watchdog kept polling")
-            await real(0)
-
-        monkeypatch.setattr(share_mod.asyncio, "sleep", sleep)
-
-
-def test_the_watchdog_polls_every_tenth_of_a_second_until_stop(monkeypatch):
-    stop = threading.Event()
-    polls = PollingSleep(monkeypatch, at=3, then=stop.set)
-    asyncio.run(share_mod._watchdog(os.getppid(), stop))
-    assert polls.pauses == [0.1, 0.1, 0.1]
-
-
-def test_the_watchdog_ends_at_once_when_the_parent_is_gone_or_stop_is_set(monkeypatch):
-    polls = PollingSleep(monkeypatch)
-    asyncio.run(share_mod._watchdog(os.getppid() + 100_000, threading.Event()))  # not our parent: it is gone
-    stop = threading.Event()
-    stop.set()
-    asyncio.run(share_mod._watchdog(os.getppid(), stop))
-    assert polls.pauses == []
+        got = {name: asyncio.run(send(Target(server.url, "m", verify=verify))) for name, verify in verifies.items()}
+    assert verifies["context, made portable"] == str(cert_path)
+    assert {name: (r.ok, r.text or r.error_kind) for name, r in got.items()} == {
+        "off": (True, "re:hi"), "bundle path": (True, "re:hi"), "context": (True, "re:hi"),
+        "context, made portable": (True, "re:hi"),
+        "default": (False, "connect"), "default context": (False, "connect")}  # self-signed: not trusted by default
+    assert len(server.seen) == 4  # the refused handshakes never reached the handler
 
 
 # --- worker_main ----------------------------------------------------------------------------------
-class Go:
-    """The start event: ``wait`` returns True from call ``opens_at`` on (never, when None)."""
-
-    def __init__(self, opens_at: int | None):
-        self.opens_at, self.waits = opens_at, []
-
-    def wait(self, timeout):
-        self.waits.append(timeout)
-        if len(self.waits) > 50:
-            raise RuntimeError("waited for the start too long")
-        return self.opens_at is not None and len(self.waits) >= self.opens_at
-
-
-class Stop:
-    """The stop event: set from the start, or once ``when()`` says so; counts how often it was asked."""
-
-    def __init__(self, is_set=False, when=None):
-        self._set, self.when, self.asked = is_set, when, 0
-
-    def is_set(self):
-        self.asked += 1
-        if self.asked > 100:
-            raise RuntimeError("asked too often")
-        return self._set or bool(self.when and self.when())
-
-
-class T0:
-    def __init__(self, value):
-        self.value = value
-
-
 class Out:
-    def __init__(self):
+    """The parent's queue: what the worker puts; ``on_put`` sees each item as it comes."""
+
+    def __init__(self, on_put=None):
         self.items: list[tuple] = []
+        self.on_put = on_put
 
     def put(self, item):
         self.items.append(item)
+        if self.on_put is not None:
+            self.on_put(item)
+
+    def records(self) -> list[tuple]:
+        return [item for item in self.items if item[0] == "record"]
+
+
+def inbox(*messages) -> queue.Queue:
+    q: queue.Queue = queue.Queue()
+    for m in messages:
+        q.put(m)
+    return q
 
 
 @pytest.fixture
@@ -285,54 +428,271 @@ def ready(worker: int) -> tuple:
     return ("ready", worker, os.getpid(), socket.gethostname())
 
 
-def test_worker_waits_for_the_start_streams_its_share_and_says_done(fresh, sigint):
-    share = Share(worker=3, concurrency=2, jobs=(Job(index=4, prompt=Prompt(id="a", prompt="hi"), repeat=1),
-                                                 Job(index=6, prompt=chat("b", "yo"))))
-    go, stop, out = Go(opens_at=3), Stop(), Out()
-    worker_main(share, [Target(fresh.url, "m")], SETTINGS, os.getppid(), go, stop, T0(0), out)
+def test_a_worker_runs_each_share_it_is_given_says_done_and_ends_on_stop(fresh, sigint):
+    one = Share(worker=3, settings=SETTINGS, concurrency=2, stamp=Stamp(side="on"), jobs=(
+        Job(index=4, prompt=Prompt(id="a", prompt="hi"), repeat=1), Job(index=6, prompt=chat("b", "yo"))))
+    two = Share(worker=3, settings=SETTINGS, concurrency=1, jobs=(Job(index=9, prompt=chat("c", "again")),))
+    targets = [Target(fresh.url, "m")]
+    out, cancel = Out(), threading.Event()
+    t0 = time.perf_counter_ns()
+    worker_main(3, os.getppid(), inbox(("run", one, targets, t0), ("run", two, targets, t0), ("stop",)), out, cancel)
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # Ctrl-C is the parent's
-    assert go.waits == [0.1, 0.1, 0.1]
-    assert out.items[0] == ready(3) and out.items[-1] == ("done", 3, None, None)
-    records = sorted(out.items[1:-1], key=lambda item: item[2])
-    assert [(kind, w, i, r.prompt_id, r.repeat, r.ok, r.text, r.target) for kind, w, i, r in records] == [
-        ("record", 3, 4, "a", 1, True, "re:hi", fresh.url), ("record", 3, 6, "b", 0, True, "re:yo", fresh.url)]
-    assert all(r.sent_at_ns > 0 for *_, r in records)  # from the parent's t0 (0 here) on the shared clock
-    assert stop.asked < 50  # the worker ended with its work, not when asked to stop
+    kinds = [item[0] for item in out.items]
+    assert kinds == ["ready", "record", "record", "done", "record", "done"]
+    assert out.items[0] == ready(3) and out.items[3] == out.items[5] == ("done", 3, None, None)
+    got = sorted((j.index, r.prompt_id, r.repeat, r.side, r.ok, r.text, r.target) for _, w, j, r in out.records())
+    assert got == [(4, "a", 1, "on", True, "re:hi", fresh.url), (6, "b", 0, "on", True, "re:yo", fresh.url),
+                   (9, "c", 0, "", True, "re:again", fresh.url)]
+    assert {w for _, w, _, _ in out.records()} == {3}
+    assert all(r.sent_at_ns >= 0 for *_, r in out.records())  # from the parent's t0, on the shared clock
 
 
-@pytest.mark.parametrize("parent_gone, stopped", [(True, False), (False, True)])
-def test_worker_gives_up_waiting_for_the_start(fresh, sigint, parent_gone, stopped):
-    # the parent is gone, or says stop, while the worker waits for the start
-    parent, stop, go, out = os.getppid() + (100_000 if parent_gone else 0), Stop(is_set=stopped), Go(None), Out()
-    worker_main(Share(worker=0, concurrency=1, jobs=(Job(index=0, prompt=chat("x", "hi")),)),
-                [Target(fresh.url, "m")], SETTINGS, parent, go, stop, T0(0), out)
-    assert out.items == [ready(0)] and go.waits == [0.1] and fresh.seen == []
-
-
-@pytest.mark.parametrize("stopped, t0", [(False, -1), (True, 5)])
-def test_worker_sends_nothing_after_an_abort_at_the_start(fresh, sigint, stopped, t0):
-    # the start came with t0 -1 (the parent aborted), or with stop set
+def test_a_worker_told_to_stop_sends_nothing(fresh, sigint):
     out = Out()
-    worker_main(Share(worker=2, concurrency=1, jobs=(Job(index=0, prompt=chat("x", "hi")),)),
-                [Target(fresh.url, "m")], SETTINGS, os.getppid(), Go(opens_at=1), Stop(is_set=stopped), T0(t0), out)
-    assert out.items == [ready(2)] and fresh.seen == []
+    worker_main(0, os.getppid(), inbox(("stop",)), out, threading.Event())
+    assert out.items == [ready(0)] and fresh.seen == []
 
 
-def test_a_stop_during_the_run_ends_a_stalled_stream_and_keeps_what_finished(fresh, sigint):
+def test_a_worker_ends_when_its_parent_is_gone(fresh, sigint):
     out = Out()
-    share = Share(worker=1, concurrency=2, jobs=(Job(index=0, prompt=chat("s", "stall")),
-                                                 Job(index=1, prompt=chat("f", "fast"))))
-    stop = Stop(when=lambda: any(item[0] == "record" for item in out.items))
-    worker_main(share, [Target(fresh.url, "m")], RequestSettings(max_tokens=5, request_timeout_s=20),
-                os.getppid(), Go(opens_at=1), stop, T0(time.perf_counter_ns()), out)
-    assert [item[:3] for item in out.items] == [ready(1)[:3], ("record", 1, 1), ("done", 1, None)]
-    assert out.items[1][3].text == "re:fast"
+    worker_main(1, os.getppid() + 100_000, inbox(), out, threading.Event())  # not our parent: it is gone
+    assert out.items == [ready(1)] and fresh.seen == []
 
 
-def test_a_share_that_fails_ends_the_worker_quietly(fresh, sigint, caplog):
+def stalled_share(worker: int) -> Share:
+    return Share(worker=worker, settings=RequestSettings(max_tokens=5, request_timeout_s=20), concurrency=2,
+                 jobs=(Job(index=0, prompt=chat("s", "stall")), Job(index=1, prompt=chat("f", "fast"))))
+
+
+def test_a_cancel_during_a_stalled_stream_ends_the_share_and_keeps_what_finished(fresh, sigint):
+    cancel = threading.Event()
+    out = Out(on_put=lambda item: item[0] == "record" and cancel.set())
+    worker_main(1, os.getppid(), inbox(("run", stalled_share(1), [Target(fresh.url, "m")], time.perf_counter_ns()),
+                                       ("stop",)), out, cancel)
+    assert [item[:3] for item in out.items] == [ready(1)[:3], ("record", 1, out.items[1][2]), ("done", 1, None)]
+    assert (out.items[1][2].index, out.items[1][3].text) == (1, "re:fast")
+    assert said(fresh) == ["fast", "stall"]
+
+
+def test_the_parent_gone_during_a_stalled_stream_ends_the_worker_and_keeps_what_finished(fresh, sigint,
+                                                                                      monkeypatch):
     out = Out()
-    share = Share(worker=0, concurrency=1, jobs=(Job(index=0, prompt=chat("x", "hi"), target=1),))  # no target 1
-    with caplog.at_level(logging.ERROR, logger="asyncio"):
-        worker_main(share, [Target(fresh.url, "m")], SETTINGS, os.getppid(), Go(opens_at=1), Stop(), T0(0), out)
-    assert out.items == [ready(0), ("done", 0, None, None)]
-    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    parent = 424242
+    monkeypatch.setattr(spread.os, "getppid", lambda: parent if not out.records() else parent + 1)
+    worker_main(2, parent, inbox(("run", stalled_share(2), [Target(fresh.url, "m")], time.perf_counter_ns())),
+                out, threading.Event())
+    assert [item[0] for item in out.items] == ["ready", "record", "done"]
+    assert out.items[1][3].prompt_id == "f" and out.items[1][3].ok
+
+
+def test_an_error_in_a_share_ends_the_worker_with_it(fresh, sigint):
+    """The worker process then exits with an error code, which the parent reports."""
+    out = Out()
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat("x", "hi"), target=1),))
+    with pytest.raises(IndexError):  # no target 1
+        worker_main(0, os.getppid(), inbox(("run", share, [Target(fresh.url, "m")], 0), ("stop",)), out,
+                    threading.Event())
+    assert out.items == [ready(0)] and fresh.seen == []
+
+
+# --- Executor.run in this process ------------------------------------------------------------------
+def run_in_process(shares, targets, **kw):
+    executor = InProcess()
+
+    async def go():
+        try:
+            return await executor.run(shares, targets, **kw)
+        finally:
+            await executor.aclose()
+
+    return executor, asyncio.run(go())
+
+
+def test_a_run_gathers_every_record_once_in_the_one_process_order(fresh):
+    targets = [Target(fresh.url + "/a", "m"), Target(fresh.url + "/b", "m")]
+    shares = spread.split(spread.closed_jobs([chat("c", "hi", turns=["more"]), Prompt(id="p", prompt="x")], repeat=2,
+                                             replicas=2), SETTINGS, 3, 2)
+    seen = []
+    t0 = time.perf_counter_ns() - 5 * 10**9
+    executor, result = run_in_process(shares, targets, progress=seen.append, t0_ns=t0)
+    assert result is executor.last and result.partial_reason is None and result.planned == 6
+    assert [(r.repeat, r.prompt_id, r.turn, r.target) for r in result.records] == [
+        (0, "c", 0, fresh.url + "/a"), (0, "c", 1, fresh.url + "/a"), (0, "p", 0, fresh.url + "/b"),
+        (1, "c", 0, fresh.url + "/a"), (1, "c", 1, fresh.url + "/a"), (1, "p", 0, fresh.url + "/b")]
+    assert sorted(map(id, seen)) == sorted(map(id, result.records))  # progress saw each record once
+    assert all(r.sent_at_ns >= 5 * 10**9 for r in result.records)  # counted from the t0 given
+    info = executor.infos[0]
+    assert (info.jobs, info.concurrency, info.finished, info.t0_mono_ns) == (4, 2, 6, t0)
+
+
+def test_a_watch_that_names_a_reason_stops_the_run_and_keeps_what_finished(fresh):
+    seen = []
+    share = Share(worker=0, settings=RequestSettings(max_tokens=5, request_timeout_s=20), concurrency=1, jobs=(
+        Job(index=0, prompt=chat("a", "first")), Job(index=1, prompt=chat("s", "stall")),
+        Job(index=2, prompt=chat("n", "never"))))
+    polls = []
+
+    def watch():
+        polls.append(len(seen))
+        return "the vllm server exited" if seen else None
+
+    executor, result = run_in_process([share], [Target(fresh.url, "m")], progress=seen.append, watch=watch)
+    assert result.partial_reason == "the vllm server exited" and result is executor.last
+    assert [(r.prompt_id, r.ok) for r in result.records] == [("a", True)] and seen == result.records
+    assert said(fresh) == ["first", "stall"]  # the job after the stalled one was never sent
+    assert polls[-1] == 1 and result.planned == 3
+
+
+def test_accept_drops_a_failed_record_and_is_asked_about_failures_only(fresh):
+    asked, seen = [], []
+
+    async def accept(rec):
+        asked.append(rec.prompt_id)
+        return rec.prompt_id != "dying"
+
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(
+        Job(index=0, prompt=chat("dying", "fail")), Job(index=1, prompt=chat("bad", "fail too")),
+        Job(index=2, prompt=chat("ok", "fine"))))
+    executor, result = run_in_process([share], [Target(fresh.url, "m")], progress=seen.append, accept=accept)
+    assert [(r.prompt_id, r.ok) for r in result.records] == [("bad", False), ("ok", True)]
+    assert asked == ["dying", "bad"] and seen == result.records
+    assert executor.infos[0].finished == 2 and result.partial_reason is None
+
+
+def test_the_unsent_turns_of_a_dropped_turn_go_with_it(fresh):
+    """A turn that failed because the run is stopping is no finished request, and neither are the
+    turns it left unsent; a conversation whose failure counts keeps its unsent turns."""
+    asked = []
+
+    async def accept(rec):
+        asked.append((rec.prompt_id, rec.turn))
+        return rec.prompt_id != "dying"
+
+    share = Share(worker=0, settings=SETTINGS, concurrency=2, jobs=(
+        Job(index=0, prompt=chat("dying", "hi", turns=["fail", "third"])),
+        Job(index=1, prompt=chat("bad", "fail", turns=["second"]))))
+    _, result = run_in_process([share], [Target(fresh.url, "m")], accept=accept)
+    assert [(r.prompt_id, r.turn, r.error_kind) for r in result.records] == [
+        ("dying", 0, None), ("bad", 0, "http_status"), ("bad", 1, "not_sent")]
+    assert sorted(asked) == [("bad", 0), ("dying", 1)]  # unsent turns are never asked about
+
+
+def test_a_run_cancelled_like_ctrl_c_keeps_what_finished_in_last(fresh):
+    executor = InProcess()
+    seen = []
+    share = stalled_share(0)
+
+    async def go():
+        task = asyncio.ensure_future(executor.run([share], [Target(fresh.url, "m")], progress=seen.append))
+        while not seen:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await executor.aclose()
+
+    asyncio.run(go())
+    assert executor.last.partial_reason == INTERRUPTED
+    assert [(r.prompt_id, r.ok) for r in executor.last.records] == [("f", True)]
+
+
+def test_an_error_that_is_not_a_stopped_worker_is_raised(fresh):
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat("x", "hi"), target=1),))
+    with pytest.raises(IndexError):
+        run_in_process([share], [Target(fresh.url, "m")], watch=lambda: None)
+
+
+# --- the worker pool's parent side, with stand-ins for its processes and queues ----------------------
+class FakeProcess:
+    def __init__(self, pid: int):
+        self.pid, self.exitcode = pid, None
+
+
+class Pipe:
+    """The workers' queue to the parent; ``when_empty(queue, n)`` runs each time the parent finds it
+    empty (the n-th time: what the workers do meanwhile)."""
+
+    def __init__(self, when_empty):
+        self.q: queue.Queue = queue.Queue()
+        self.when_empty, self.empty_reads = when_empty, 0
+
+    def get_nowait(self):
+        try:
+            return self.q.get_nowait()
+        except queue.Empty:
+            self.empty_reads += 1
+            self.when_empty(self.q, self.empty_reads)
+            raise
+
+    def get(self, timeout=None):
+        return self.get_nowait()
+
+
+def pool_parent(when_empty) -> spread.WorkerPool:
+    """A WorkerPool's parent side for two workers, without processes (nothing is spawned)."""
+    pool = object.__new__(spread.WorkerPool)
+    spread.Executor.__init__(pool)
+    pool.n, pool.stop_grace_s = 2, 5.0
+    pool.cancel = threading.Event()
+    pool.inboxes = {0: queue.Queue(), 1: queue.Queue()}
+    pool.procs = {0: FakeProcess(100), 1: FakeProcess(101)}
+    pool.infos = {w: spread.WorkerInfo(worker=w, kind="process", jobs=0, concurrency=0) for w in range(2)}
+    pool.out = Pipe(when_empty)
+    return pool
+
+
+def test_a_dead_worker_stops_the_run_and_keeps_what_the_others_had_finished():
+    """Worker 1 dies while worker 0's finished request is still on its way in the pipe: the run
+    stops with the reason and keeps that request (only the requests in flight are lost)."""
+    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = spread.split(jobs, SETTINGS, 2, 2)
+    finished = spread.RequestRecord(prompt_id="a", category="c", api="completions", ok=True, text="done")
+    pool: spread.WorkerPool
+
+    def worker_1_dies(pipe, n):
+        if n > 1:
+            return
+        pool.procs[1].exitcode = -9
+        pipe.put(("record", 0, jobs[0], finished))
+        pipe.put(("done", 0, None, None))
+
+    pool = pool_parent(worker_1_dies)
+    seen = []
+    result = asyncio.run(pool.run(shares, [Target("http://h", "m")], progress=seen.append, t0_ns=7))
+    assert result.partial_reason == "worker 1 (pid 101) exited with code -9 after 0 of 1 requests; every worker " \
+                                    "was stopped"
+    assert result.records == [finished] and seen == [finished] and pool.cancel.is_set()
+    assert [(i.worker, i.jobs, i.finished, i.error, i.t0_mono_ns) for i in pool.infos.values()] == [
+        (0, 1, 1, None, 7), (1, 1, 0, "exited with code -9", 7)]
+    sent = [pool.inboxes[w].get_nowait() for w in (0, 1)]
+    assert [(m[0], m[1], m[3]) for m in sent] == [("run", shares[0], 7), ("run", shares[1], 7)]
+
+
+def record(pid: str) -> spread.RequestRecord:
+    return spread.RequestRecord(prompt_id=pid, category="c", api="completions", ok=True, text=pid)
+
+
+def test_a_stopped_run_takes_what_the_workers_finished_until_each_says_done_or_dies():
+    """The run is stopped (its watch names a reason): worker 0 hands in what it had finished and says
+    done; worker 1 dies without a word, and the parent stops waiting for it at once."""
+    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = spread.split(jobs, SETTINGS, 2, 2)
+    late = record("a")
+    pool: spread.WorkerPool
+    died_at: list[int] = []
+
+    def workers(pipe, n):
+        if pool.cancel.is_set() and not died_at:
+            pipe.put(("record", 0, jobs[0], late))
+            pipe.put(("done", 0, None, None))
+            pool.procs[1].exitcode = 1
+            died_at.append(n)
+
+    pool = pool_parent(workers)
+    pool.stop_grace_s = 30.0
+    result = asyncio.run(pool.run(shares, [Target("http://h", "m")], watch=lambda: "the vllm server exited"))
+    assert result.partial_reason == "the vllm server exited" and result.records == [late]
+    assert pool.out.empty_reads - died_at[0] <= 3  # no waiting out the grace period for the dead worker
+    assert [i.finished for i in pool.infos.values()] == [1, 0]

@@ -7,7 +7,8 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specadapt.load.client import build_body, connect, open_client, run, ssl_for, stream_request
+from specadapt.load.client import build_body, connect, run, ssl_for, stream_request
+from specadapt.load.spread import client_for, target_of
 from specadapt.records import Prompt, RequestSettings
 
 PROMPT = Prompt(id="w", messages=[{"role": "user", "content": "hi"}])
@@ -20,10 +21,10 @@ def chunk(text, usage):
 
 
 class FakeServer:
-    """The parts of a Server that open_client reads."""
+    """The parts of a Server that ``target_of`` reads."""
 
     def __init__(self, base_url):
-        self.base_url, self.verify = base_url, False
+        self.base_url, self.verify, self.model_id = base_url, False, "m"
 
     def headers(self):
         return {"Authorization": f"Bearer {KEY}"}
@@ -56,9 +57,10 @@ def test_request_on_the_wire_and_a_streamed_answer():
         server = await serve(handler)
         try:
             settings = RequestSettings(request_timeout_s=5)
-            async with open_client(FakeServer(str(server.make_url("/"))), settings, 2) as c:
-                rec = await stream_request(c, PROMPT, "m", settings, run_t0_ns=0)
-                again = await stream_request(c, PROMPT, "m", settings, run_t0_ns=0)
+            target = target_of(FakeServer(str(server.make_url("/"))))
+            async with client_for(target, settings, 2) as c:
+                rec = await stream_request(c, PROMPT, target.model, settings, run_t0_ns=0)
+                again = await stream_request(c, PROMPT, target.model, settings, run_t0_ns=0)
                 return rec, again, c.chunks_read
         finally:
             await server.close()
