@@ -10,12 +10,13 @@ import click
 from rich.console import Console
 
 from specadapt.analysis.probe_report import failed_count, server_log_tail
-from specadapt.commands._console import progress_bar, stderr
+from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options
-from specadapt.commands._server import ServerOptions, open_servers, plan_servers, replica_sides, server_options
+from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied, SpecadaptError, UsageError
-from specadapt.orchestration.probe import planned_requests, run_probe
+from specadapt.orchestration.probe import probe_servers
+from specadapt.orchestration.servers import plan_servers, replica_sides
 from specadapt.records import RequestSettings, write_report
 from specadapt.report.console import render_probe
 from specadapt.report.scale import render_scale
@@ -53,20 +54,17 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
                                request_timeout_s=request_timeout, retries=retries)
     if ray_address is not None and not ray_address.strip():
         raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
-    plan = plan_servers(server_opts, replica_sides(url, port))
     interrupted: KeyboardInterrupt | None = None
-    with open_servers(plan) as servers, progress_bar() as bar:
-        task = bar.add_task("probing", total=planned_requests(prompts, repeat, load) + warmup)
+    with ConsoleRun() as console:
+        plan = plan_servers(server_opts, replica_sides(url, port), console.messages)
         try:
-            report = run_probe(servers, prompts, settings, concurrency=concurrency, repeat=repeat, warmup=warmup,
-                               prompts_source=workload.source, progress=lambda rec: bar.advance(task), load=load,
-                               workers=workers, ray_address=ray_address,
-                               ca_bundle=str(server_opts.ca_bundle) if server_opts.ca_bundle else None)
+            report = probe_servers(plan, prompts, settings, concurrency, repeat, warmup, load, workers=workers,
+                                   ray_address=ray_address, workload=workload, bars=console.bars,
+                                   messages=console.messages)
         except KeyboardInterrupt as exc:
             if getattr(exc, "report", None) is None:
                 raise
             interrupted, report = exc, exc.report  # type: ignore[attr-defined]
-    report.settings.workload = workload
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())

@@ -82,13 +82,11 @@ CA_BUNDLE_ATTR = "specadapt_ca_bundle"
 """A TLS context made from a CA bundle file carries the file's path under this attribute."""
 
 
-def target_of(server: Any, ca_bundle: str | None = None) -> Target:
-    """A server (``adapters.base.Server``) as a client reaches it; ``ca_bundle``: the file a TLS
-    context of the server's was built from, when the context does not say."""
-    verify = server.verify
-    if isinstance(verify, ssl.SSLContext) and ca_bundle and not hasattr(verify, CA_BUNDLE_ATTR):
-        verify = ca_bundle
-    return Target(base_url=server.base_url, model=server.model_id, headers=dict(server.headers()), verify=verify)
+def target_of(server: Any) -> Target:
+    """A server (``adapters.base.Server``) as a client reaches it (a TLS context as it is: ``portable``
+    turns it into the CA bundle it was made from for another process)."""
+    return Target(base_url=server.base_url, model=server.model_id, headers=dict(server.headers()),
+                  verify=server.verify)
 
 
 def portable(target: Target) -> Target:
@@ -272,7 +270,13 @@ Accept = Callable[[RequestRecord], Awaitable[bool]]
 
 
 def planned_turns(shares: Sequence[Share]) -> int:
+    """Requests the shares plan (a conversation's turns each; with a duration, one pass)."""
     return sum(1 + len(j.prompt.turns or []) for s in shares for j in s.jobs)
+
+
+def _done(info: WorkerInfo) -> str:
+    """'3 of 8' (finished of planned), or '12' when a duration cycled past one pass."""
+    return f"{info.finished} of {info.jobs}" if info.finished <= info.jobs else str(info.finished)
 
 
 class Executor:
@@ -399,7 +403,7 @@ class InProcess(Executor):
 
     async def _execute(self, shares: Sequence[Share], targets: Sequence[Target], emit: Emit, t0: int) -> None:
         info = self.infos[0]
-        info.jobs += sum(len(s.jobs) for s in shares)
+        info.jobs += planned_turns(shares)
         info.concurrency = max([info.concurrency, *(s.concurrency or 0 for s in shares)])
         if info.t0_mono_ns is None:
             info.t0_mono_ns = t0
@@ -495,8 +499,8 @@ class WorkerPool(Executor):
         for w, p in self.procs.items():
             if (busy is None or w in busy) and p.exitcode is not None:
                 info = self.infos[w]
-                return (f"worker {w} (pid {p.pid}) exited with code {p.exitcode} after {info.finished} of "
-                        f"{info.jobs} requests; every worker was stopped")
+                return (f"worker {w} (pid {p.pid}) exited with code {p.exitcode} after {_done(info)} requests; "
+                        "every worker was stopped")
         return None
 
     def _next(self) -> tuple | None:
@@ -515,7 +519,7 @@ class WorkerPool(Executor):
         busy = set()
         for s in shares:
             info = self.infos[s.worker]
-            info.jobs += len(s.jobs)
+            info.jobs += planned_turns([s])
             info.concurrency = max(info.concurrency, s.concurrency or 0)
             if info.t0_mono_ns is None:
                 info.t0_mono_ns = t0
@@ -678,7 +682,7 @@ class RayPool(Executor):
         start = time.time_ns() + int(self.start_margin_s * 1e9)
         runs = {}
         for s in shares:
-            self.infos[s.worker].jobs += len(s.jobs)
+            self.infos[s.worker].jobs += planned_turns([s])
             self.infos[s.worker].concurrency = max(self.infos[s.worker].concurrency, s.concurrency or 0)
             runs[self.actors[s.worker].run.remote(s, [portable(x) for x in targets], start)] = s.worker
         pending = list(runs)
@@ -694,8 +698,7 @@ class RayPool(Executor):
                     except ray.exceptions.RayError as exc:
                         self.infos[w].error = str(exc).splitlines()[0][:200]
                         raise WorkerStopped(f"Ray worker {w} on {self.infos[w].node} failed after "
-                                            f"{self.infos[w].finished} of {self.infos[w].jobs} requests; every "
-                                            "worker was stopped") from None
+                                            f"{_done(self.infos[w])} requests; every worker was stopped") from None
                     if self.infos[w].t0_mono_ns is None:
                         self.infos[w].t0_mono_ns = out["t0_mono_ns"]
                         self.infos[w].start_lag_ms = out["start_lag_ns"] / 1e6

@@ -28,7 +28,7 @@ from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
 from specadapt.load.engine import Job
 from specadapt.load.meter import measure_client
-from specadapt.load.progress import Progress
+from specadapt.load.progress import Progress, ProgressBars, no_bars
 from specadapt.load.spread import (
     INTERRUPTED,
     Executor,
@@ -43,6 +43,7 @@ from specadapt.load.spread import (
     split,
     target_of,
 )
+from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,
@@ -53,6 +54,7 @@ from specadapt.records import (
     ScaleLayout,
 )
 from specadapt.records.load import LoadSettings
+from specadapt.records.workload import WorkloadInfo
 
 
 def settle_counters(server: Server, previous: CounterSnapshot | None = None,
@@ -112,11 +114,17 @@ class ServerGuard:
 def death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
     """(one-line reason with the exit code, the server log's last lines) of a managed server that
     exited during a run."""
+    return exit_reason(server, progress=f"{done} of {planned} requests had finished"), server.process.log_tail()
+
+
+def exit_reason(server: Server, what: str | None = None, progress: str = "") -> str:
+    """One line: which server (``what``, default its backend) exited with which code during a run,
+    ``progress`` so far, and where its log is."""
     process = server.process
-    code = process.proc.poll() if process.proc else None
-    reason = (f"the {server.backend} server exited with code {code} during the run; {done} of {planned} "
-              f"requests had finished (log: {process.log_path})")
-    return reason, process.log_tail()
+    code = process.proc.poll() if process is not None and process.proc is not None else None
+    log = f" (log: {process.log_path})" if process is not None else ""
+    return f"the {what or server.backend} server exited with code {code} during the run" + \
+        (f"; {progress}" if progress else "") + log
 
 
 def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:
@@ -152,7 +160,7 @@ def counting(*servers: Server) -> Iterator[None]:
 def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], settings: RequestSettings,
               concurrency: int = 1, repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
               progress: Progress | None = None, load: LoadSettings | None = None, *, workers: int = 1,
-              ray_address: str | None = None, ca_bundle: str | None = None, layout: bool = False) -> ProbeReport:
+              ray_address: str | None = None, layout: bool = False) -> ProbeReport:
     """Probe one server, or several replicas (requests round robin), with ``prompts``; the load from
     this process, ``workers`` worker processes, or Ray actors at ``ray_address``. ``load``: arrival
     rates (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs.
@@ -167,7 +175,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
     if len({s.base_url for s in servers}) != len(servers):
         raise UsageError("the same --url is given twice: give each replica once")
     spread = workers > 1 or ray_address is not None or len(servers) > 1 or layout
-    targets = [target_of(s, ca_bundle) for s in servers]
+    targets = [target_of(s) for s in servers]
     infos = {s.base_url: s.describe() for s in servers}
     guard = ServerGuard(servers)
     befores: dict[str, CounterSnapshot] = {}
@@ -292,3 +300,25 @@ def _spread_notes(workers: int, used: int, replicas: int, kind: str, concurrency
         notes.append("Ray workers time their requests on their own clocks from a shared wall-clock start "
                      "instant; see each worker's start lag and clock offset")
     return notes
+
+
+def probe_servers(plan: ServerPlan, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,
+                  repeat: int = 1, warmup: int = 1, load: LoadSettings | None = None, *, workers: int = 1,
+                  ray_address: str | None = None, workload: WorkloadInfo | None = None,
+                  bars: ProgressBars = no_bars, messages: Messages = LOGGED) -> ProbeReport:
+    """A whole probe on the servers of ``plan`` (one side, or one per replica: ``replica_sides``):
+    open them, run ``run_probe``, stop what was started. A dead server, a dead worker or Ctrl-C
+    gives a partial report (after Ctrl-C the KeyboardInterrupt carries it as ``.report``)."""
+    with open_servers(plan, messages) as servers:
+        progress = bars("probing", planned_requests(prompts, repeat, load) + warmup)
+        try:
+            report = run_probe(servers, prompts, settings, concurrency, repeat, warmup,
+                               workload.source if workload else "built-in", progress, load, workers=workers,
+                               ray_address=ray_address)
+        except KeyboardInterrupt as exc:
+            part = getattr(exc, "report", None)
+            if part is not None:
+                part.settings.workload = workload
+            raise
+    report.settings.workload = workload
+    return report

@@ -32,6 +32,7 @@ from specadapt.adapters.spec_config import load_spec_config
 from specadapt.analysis.sides import launch_differences
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
+from specadapt.load.spread import CA_BUNDLE_ATTR
 
 API_KEY_ENVS = ("SPECADAPT_API_KEY", "OPENAI_API_KEY")
 
@@ -154,9 +155,11 @@ def tls_verify(insecure: bool, ca_bundle: Path | None, messages: Messages = LOGG
         return False
     if ca_bundle:
         try:
-            return ssl.create_default_context(cafile=str(ca_bundle))
+            context = ssl.create_default_context(cafile=str(ca_bundle))
         except (ssl.SSLError, OSError) as exc:
             raise UsageError(f"--ca-bundle {ca_bundle} is not a PEM CA bundle ({exc})") from exc
+        setattr(context, CA_BUNDLE_ATTR, str(ca_bundle))  # worker processes and Ray actors rebuild it from the file
+        return context
     return True
 
 

@@ -33,6 +33,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
 from specadapt.load.progress import ProgressBars
 from specadapt.orchestration.compare import run_compare
+from specadapt.orchestration.probe import exit_reason
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI
 from specadapt.records.schedule import k_for_batch
 from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
@@ -75,13 +76,6 @@ def died(server: Server | None) -> bool:
     return process is not None and not process.alive()
 
 
-def _exit_reason(server: Server, what: str) -> str:
-    process = server.process
-    code = process.proc.poll() if process is not None and process.proc is not None else None
-    log = f" (log: {process.log_path})" if process is not None else ""
-    return f"the {what} server exited with code {code} during the run{log}"
-
-
 def _copy(settings: CompareSettings) -> CompareSettings:
     return settings.model_copy(deep=True)
 
@@ -104,7 +98,7 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
                 entry.url = server.base_url
                 compare = run_compare(off, server, prompts, _copy(settings), tick)
                 if died(server):
-                    raise ServerError(_exit_reason(server, cand.label))
+                    raise ServerError(exit_reason(server, cand.label))
         except ServerError as err:
             entry.status, entry.error = "failed", str(err)
         else:
@@ -112,7 +106,7 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
             entry.suspect = compare.counts.get("suspect", 0)
         report.candidates.append(entry)
         if died(off):
-            _stop(report, candidates[i + 1:], _exit_reason(off, "spec-off"))
+            _stop(report, candidates[i + 1:], exit_reason(off, "spec-off"))
             return
 
 
@@ -297,7 +291,7 @@ def run_verification(report: TuneReport, off: Server, open_verify: Callable[[Spe
             tick = bars("verifying", 2 * requests_per_side)
             compare = run_compare(off, server, prompts, _copy(settings), tick)
             if died(server):
-                raise ServerError(_exit_reason(server, "verification"))
+                raise ServerError(exit_reason(server, "verification"))
     except ServerError as err:
         report.verification = Verification(status="failed", reason=str(err), reasons=[str(err)])
         return

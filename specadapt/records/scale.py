@@ -22,7 +22,8 @@ class WorkerInfo(BaseModel):
     pid: int | None = None
     node: str | None = Field(None, description="Host name of the machine the worker ran on.")
     node_id: str | None = Field(None, description="Ray node id (Ray workers only).")
-    jobs: int = Field(description="Requests in the worker's share.")
+    jobs: int = Field(description="Requests in the worker's share (a conversation's turns each; with --duration, "
+                                  "one pass of its jobs).")
     concurrency: int = Field(description="Streams the worker kept open at most.")
     finished: int = Field(0, description="Records that came back from the worker.")
     t0_mono_ns: int | None = Field(None, description="The worker's own monotonic clock at the start of the run; "

@@ -48,11 +48,11 @@ def test_run_stops_keeps_finished_requests_and_says_partial(tmp_path):
 
 def test_cli_writes_the_partial_report_and_exits_with_the_reason(tmp_path, monkeypatch):
     @contextlib.contextmanager
-    def fake_open_servers(plan):
+    def fake_open_servers(plan, messages=None):
         with managed_scripted(tmp_path) as server:
             yield [server]
 
-    monkeypatch.setattr("specadapt.commands.probe.open_servers", fake_open_servers)
+    monkeypatch.setattr("specadapt.orchestration.probe.open_servers", fake_open_servers)
     prompt_file = tmp_path / "p.jsonl"
     prompt_file.write_text("".join(json.dumps({"id": p.id, "prompt": p.prompt}) + "\n" for p in prompts()))
     out = tmp_path / "r.json"

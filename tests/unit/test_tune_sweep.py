@@ -14,6 +14,7 @@ from specadapt.commands.tune import parse_ks, parse_on
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError, ServerStartError, UsageError
 from specadapt.orchestration import tune as tuning
+from specadapt.orchestration.probe import exit_reason
 from specadapt.records import (
     AcceptanceSummary,
     CompareReport,
@@ -291,9 +292,9 @@ def test_died_and_the_exit_reason_of_servers_without_a_process_or_its_handle():
     class NoHandle(FakeProcess):
         proc = None
 
-    assert tuning._exit_reason(FakeServer("http://x", process=None), "k=2") == \
+    assert exit_reason(FakeServer("http://x", process=None), "k=2") == \
         "the k=2 server exited with code None during the run"
-    assert tuning._exit_reason(FakeServer("http://x", process=NoHandle()), "k=2") == \
+    assert exit_reason(FakeServer("http://x", process=NoHandle()), "k=2") == \
         "the k=2 server exited with code None during the run (log: /logs/x.log)"
 
 
