@@ -54,6 +54,24 @@ def load_options(f):
         click.option("--slo", metavar="METRIC=LIMIT[,...]",
                      help="Per-request objectives for goodput, e.g. ttft=200ms,tpot=40ms,itl=50ms,e2e=2s "
                           "(ms or s); see docs/probe.md."),
+    ]
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return spread_options(wrapper)
+
+
+def spread_options(f):
+    """Add --workers and --ray (how the load is spread); the command gets ``workers`` and
+    ``ray_address`` as they are (an empty --ray address is refused here, before any server)."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kw):
+        address = kw.get("ray_address")
+        if address is not None and not address.strip():
+            raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
+        return f(*args, **kw)
+
+    opts = [
         click.option("--workers", type=click.IntRange(1, 512), default=1, show_default=True,
                      help="Worker processes (with --ray: Ray actors), each streaming its share of the requests at "
                           "its share of the concurrency (or of the arrivals)."),

@@ -14,7 +14,7 @@ from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options
 from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
-from specadapt.errors import ServerDied, SpecadaptError, UsageError
+from specadapt.errors import ServerDied, SpecadaptError
 from specadapt.orchestration.probe import probe_servers
 from specadapt.orchestration.servers import plan_servers, replica_sides
 from specadapt.records import RequestSettings, write_report
@@ -52,8 +52,6 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
     settings = RequestSettings(max_tokens=max_tokens, temperature=temperature, seed=seed,
                                logprobs=not no_logprobs, top_logprobs=top_logprobs,
                                request_timeout_s=request_timeout, retries=retries)
-    if ray_address is not None and not ray_address.strip():
-        raise UsageError("--ray needs an address: 'local', 'auto' or ray://host:port")
     interrupted: KeyboardInterrupt | None = None
     with ConsoleRun() as console:
         plan = plan_servers(server_opts, replica_sides(url, port), console.messages)

@@ -24,7 +24,8 @@ SAMPLING_MAX_TOKENS = 64
 SAMPLING_CONCURRENCY = 4
 ONLY_SAMPLING = ("samples", "alpha", "top_logprobs")
 NOT_SAMPLING = ("repeat", "warmup", "near_tie_threshold", "no_triage", "draft_cost", "on_temperature", "html_out",
-                "max_suspect", "max_near_tie", "min_speedup", "request_rate", "burstiness", "duration", "slo")
+                "max_suspect", "max_near_tie", "min_speedup", "request_rate", "burstiness", "duration", "slo",
+                "workers", "ray_address")
 
 
 def refuse_sampling_options(ctx: click.Context) -> None:

@@ -14,6 +14,7 @@ from specadapt.adapters.spec_config import load_spec_config
 from specadapt.analysis import tune_model
 from specadapt.analysis.stats import MIN_UNITS
 from specadapt.commands._console import ConsoleRun, say
+from specadapt.commands._load import spread_options
 from specadapt.commands._server import ServerOptions, sweep_server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.commands.compare import parse_levels
@@ -87,9 +88,10 @@ def parse_on(value: str) -> tuple[int | None, str]:
 @click.option("--no-verify", is_flag=True, help="Write the recommendation without running the verification.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Write report.json, summary.md, report.html and the configs here.")
+@spread_options
 def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts, ks, ngram_max, concurrency, repeat,
          warmup, max_tokens, seed, request_timeout, objective, max_batch_size, given_schedule, near_tie_threshold,
-         no_triage, no_verify, out_dir) -> None:
+         no_triage, no_verify, out_dir, workers, ray_address) -> None:
     """Measure draft lengths at each load level, choose the best k per batch size (off where
     speculation loses), write it as a vLLM speculative config and a TensorRT-LLM YAML, then run
     the emitted configuration and verify speed, output identity and that the server honoured it.
@@ -102,7 +104,7 @@ def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts
         ks=ks, ngram_max=ngram_max, concurrency=concurrency, repeat=repeat, warmup=warmup, max_tokens=max_tokens,
         seed=seed, request_timeout=request_timeout, objective=objective, max_batch_size=max_batch_size,
         given_schedule=given_schedule, near_tie_threshold=near_tie_threshold, no_triage=no_triage,
-        no_verify=no_verify, out_dir=out_dir)))
+        no_verify=no_verify, out_dir=out_dir, workers=workers, ray_address=ray_address)))
 
 
 def _base_spec(opts: ServerOptions) -> SpecConfig:
@@ -153,7 +155,7 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
                             objective=kw["objective"], prompts_source=workload.source, workload=workload,
                             near_tie_threshold=kw["near_tie_threshold"], dtype=opts.dtype, triage=not kw["no_triage"],
                             verify=not kw["no_verify"], max_batch_size=kw["max_batch_size"],
-                            given_schedule=given_schedule)
+                            given_schedule=given_schedule, workers=kw["workers"], ray_address=kw["ray_address"])
 
     out_dir: Path = kw["out_dir"]
     plan = None

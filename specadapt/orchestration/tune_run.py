@@ -76,7 +76,8 @@ class TunePlan:
         s = self.settings
         return CompareSettings(concurrency=list(s.concurrency), repeat=s.repeat, warmup=s.warmup, request=s.request,
                                prompts_source=s.prompts_source, near_tie_threshold=s.near_tie_threshold,
-                               dtype=s.dtype, triage=s.triage, interleaved=True, workload=s.workload)
+                               dtype=s.dtype, triage=s.triage, interleaved=True, workload=s.workload,
+                               workers=s.workers, ray_address=s.ray_address)
 
 
 def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off_url: str | None = None,

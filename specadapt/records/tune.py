@@ -51,6 +51,8 @@ class TuneSettings(BaseModel):
                                                                                 "instead of the chosen one.")
     max_batch_size: int | None = Field(None, description="The last schedule range ends here (None: at the "
                                                          "highest level; the engines carry its k beyond).")
+    workers: int = Field(1, description="Worker processes (with ray_address: Ray actors) that sent each block.")
+    ray_address: str | None = None
 
 
 class Candidate(BaseModel):

@@ -49,7 +49,8 @@ def test_a_server_without_the_schedule_is_caught_and_the_fixed_k_recommended(tmp
     """The verification server drafts k=3 at every batch size (the scripted server: every chunk is
     one draft of 3, all accepted), although the schedule turns speculation off at batch size 2:
     its counters at batch size 2 are as high as the fixed k=3 run's, so the schedule was not
-    applied, and the fixed k is recommended (exit 0). A deployment that lost the schedule looks so."""
+    applied, and the fixed k is recommended (exit 0). A deployment that lost the schedule looks so.
+    The sweep and the verification send their blocks through two worker processes (--workers 2)."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p", "prompt": script(id="tune-honour", ttft_ms=5, itl_ms=5, tokens=8,
                                                                tokens_per_chunk=4)}) + "\n")
@@ -58,10 +59,13 @@ def test_a_server_without_the_schedule_is_caught_and_the_fixed_k_recommended(tmp
         [sys.executable, "-m", "specadapt", "tune", "--off", scripted_url, "--on", f"3={scripted_url}",
          "--verify-url", scripted_url, "--spec-config", '{"method": "ngram", "k": 3}', "--k", "0,3",
          "--concurrency", "1,2", "--repeat", "5", "--warmup", "0", "--max-tokens", "8", "--prompts", str(prompts),
-         "--no-triage", "--schedule", "[[1, 1, 3], [2, 2, 0]]", "--out", str(out)],
+         "--no-triage", "--schedule", "[[1, 1, 3], [2, 2, 0]]", "--workers", "2", "--out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = TuneReport.model_validate_json((out / "report.json").read_text())
+    assert report.settings.workers == 2
+    compares = [c.compare for c in report.candidates if c.compare is not None]
+    assert compares and all(cmp.settings.workers == 2 for cmp in compares)
     ver = report.verification
     assert [lv.scheduled_k for lv in ver.levels] == [3, 0]
     assert ver.levels[0].honour.verdict == "not applicable"
