@@ -55,7 +55,7 @@ from specadapt.errors import MissingDependency, SpecadaptError, UsageError
 from specadapt.load.arrivals import arrivals_for_duration, schedule_ns
 from specadapt.load.client import StreamClient, connect, stream_request
 from specadapt.load.client import run as run_loop
-from specadapt.load.engine import CycleField, Job, LoadEngine, cycle_jobs, key
+from specadapt.load.engine import CycleField, Job, LoadEngine, OnRecord, cycle_jobs, key
 from specadapt.load.progress import Progress
 from specadapt.records import Prompt, RequestRecord, RequestSettings, WorkerInfo
 from specadapt.records.load import LoadSettings
@@ -171,9 +171,6 @@ def split(jobs: Sequence[Job], settings: RequestSettings, concurrency: int | Non
     base, extra = divmod(concurrency, n)
     return [Share(worker=w, jobs=tuple(jobs[w::n]), settings=settings, concurrency=base + (1 if w < extra else 0),
                   duration_s=duration_s, cycle=cycle, stamp=stamp) for w in range(n)]
-
-
-OnRecord = Callable[[Job, RequestRecord], None]
 
 
 class ClientCache:
