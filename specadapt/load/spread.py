@@ -307,26 +307,35 @@ class Executor:
         count from their own start instant."""
         result = self.last = RunResult(planned=planned_turns(shares))
         inbox: asyncio.Queue = asyncio.Queue()
-        dropped: set[tuple[int, int, int]] = set()  # conversations whose failed turn was not accepted
+        verdicts: dict[tuple[int, int, int], asyncio.Future] = {}  # a conversation's failed turn: does it count?
+        pending: set[asyncio.Future] = set()
 
-        async def take(worker: int, job: Job, rec: RequestRecord) -> None:
-            conversation = (job.repeat, job.copy_index, job.index)
-            if rec.error_kind == "not_sent":
-                if conversation in dropped:
-                    return  # left unsent by a turn that did not count: it goes with it
-            elif not rec.ok and accept is not None and not await accept(rec):
-                dropped.add(conversation)
-                return  # it failed because the run is stopping (its server died): not a finished request
+        def keep(worker: int, job: Job, rec: RequestRecord) -> None:
             result.pairs.append((job, rec))
             self.infos[worker].finished += 1
             if progress is not None:
                 progress(rec)
 
+        async def keep_if(verdict: asyncio.Future, worker: int, job: Job, rec: RequestRecord) -> None:
+            if await verdict:
+                keep(worker, job, rec)
+
+        def take(worker: int, job: Job, rec: RequestRecord) -> None:
+            """A failed request counts unless ``accept`` says it failed because the run is stopping
+            (its server died); the turns it left unsent go with it. The checks run side by side."""
+            conversation = (job.repeat, job.copy_index, job.index)
+            if accept is None or rec.ok or (rec.error_kind == "not_sent" and conversation not in verdicts):
+                keep(worker, job, rec)
+                return
+            if rec.error_kind != "not_sent":
+                verdicts[conversation] = asyncio.ensure_future(accept(rec))
+            pending.add(asyncio.ensure_future(keep_if(verdicts[conversation], worker, job, rec)))
+
         async def consume() -> None:
             while True:
                 item = await inbox.get()
                 try:
-                    await take(*item)
+                    take(*item)
                 finally:
                     inbox.task_done()
 
@@ -348,16 +357,19 @@ class Executor:
                     raise work.exception()  # type: ignore[misc]
                 result.partial_reason = result.partial_reason or str(work.exception())
             await inbox.join()
+            await asyncio.gather(*pending)
             if result.partial_reason is None and watch is not None:  # it may have died at the very end
                 result.partial_reason = watch()
         except asyncio.CancelledError:  # Ctrl-C: the records back so far stay in ``last``
             await self._cancel(work)
             while not inbox.empty():
-                await take(*inbox.get_nowait())
+                take(*inbox.get_nowait())
             result.partial_reason = INTERRUPTED
             raise
         finally:
             consumer.cancel()
+            for task in (*pending, *verdicts.values()):  # a failure still being judged at Ctrl-C is left out
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
         return result

@@ -40,7 +40,7 @@ from specadapt.load.spread import (
     target_of,
     worker_main,
 )
-from specadapt.records import Prompt, RequestSettings
+from specadapt.records import Prompt, RequestRecord, RequestSettings
 
 
 class LoopbackServer:
@@ -553,6 +553,45 @@ def test_accept_drops_a_failed_record_and_is_asked_about_failures_only(fresh):
     assert [(r.prompt_id, r.ok) for r in result.records] == [("bad", False), ("ok", True)]
     assert asked == ["dying", "bad"] and seen == result.records
     assert executor.infos[0].finished == 2 and result.partial_reason is None
+
+
+def test_failures_are_judged_side_by_side_not_one_after_the_other(fresh):
+    """Each failure's check may wait (a dying server's exit is seen a moment late): the checks of
+    several failures run together, so none holds up the others or the records that succeeded."""
+    release = asyncio.Event()
+    in_check, most = [0], [0]
+
+    async def accept(rec):
+        in_check[0] += 1
+        most[0] = max(most[0], in_check[0])
+        if most[0] == 3:
+            release.set()  # every failure is being judged at once
+        await asyncio.wait_for(release.wait(), 10)
+        in_check[0] -= 1
+        return True
+
+    share = Share(worker=0, settings=SETTINGS, concurrency=3, jobs=tuple(
+        Job(index=i, prompt=chat(f"f{i}", "fail")) for i in range(3)) + (Job(index=3, prompt=chat("ok", "fine")),))
+    _, result = run_in_process([share], [Target(fresh.url, "m")], accept=accept)
+    assert most[0] == 3 and len(result.records) == 4
+
+
+def test_without_a_started_server_a_failure_counts_at_once(monkeypatch):
+    """ServerGuard over servers specadapt did not start: nothing can die under the run, so a failed
+    request is accepted without waiting."""
+    from specadapt.orchestration.probe import ServerGuard
+
+    async def no_sleep(_s):
+        raise AssertionError("waited")
+
+    monkeypatch.setattr(asyncio, "sleep", no_sleep)
+
+    class Connected:
+        process = None
+
+    guard = ServerGuard([Connected()])
+    assert guard.servers == [] and guard.watch() is None
+    assert asyncio.run(guard.accept(RequestRecord(prompt_id="x", category="c", api="chat", ok=False))) is True
 
 
 def test_the_unsent_turns_of_a_dropped_turn_go_with_it(fresh):
