@@ -94,7 +94,7 @@ def test_a_users_script_runs_a_compare_and_a_sampling_check_and_reads_the_figure
     (tmp_path / "user.py").write_text(USER_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with FakeVLLM(spec=False) as off, FakeVLLM(spec=True) as on:
-        proc = subprocess.run([sys.executable, str(tmp_path / "user.py"), scripted, off.url, on.url], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, str(tmp_path / "user.py"), scripted, off.url, on.url], cwd=ROOT,
                               env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == ""  # a library prints nothing unless the script configures logging
