@@ -283,6 +283,8 @@ class Executor:
     shared_clock = True
     """Whether the workers time their records on this process's clock (one machine): then a run
     can be timed from a ``t0_ns`` given for several runs, one timeline."""
+    interrupted = "interrupted (Ctrl-C)"
+    """The partial reason of a run that Ctrl-C ended."""
 
     def __init__(self) -> None:
         self.infos: dict[int, WorkerInfo] = {}
@@ -364,7 +366,7 @@ class Executor:
             await self._cancel(work)
             while not inbox.empty():
                 take(*inbox.get_nowait())
-            result.partial_reason = INTERRUPTED
+            result.partial_reason = self.interrupted
             raise
         finally:
             consumer.cancel()
@@ -460,6 +462,7 @@ class WorkerPool(Executor):
     then killed) on exit, however the run ends."""
 
     kind = "workers"
+    interrupted = INTERRUPTED
 
     def __init__(self, workers: int, ready_timeout_s: float = 120.0, stop_grace_s: float = 3.0):
         super().__init__()
@@ -647,6 +650,7 @@ class RayPool(Executor):
 
     kind = "ray"
     shared_clock = False
+    interrupted = INTERRUPTED
 
     def __init__(self, workers: int, address: str, start_margin_s: float = 0.5):
         super().__init__()

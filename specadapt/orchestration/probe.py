@@ -30,7 +30,6 @@ from specadapt.load.engine import Job
 from specadapt.load.meter import measure_client
 from specadapt.load.progress import Progress, ProgressBars, no_bars
 from specadapt.load.spread import (
-    INTERRUPTED,
     Executor,
     InProcess,
     RunResult,
@@ -219,7 +218,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
         except KeyboardInterrupt as exc:
             interrupted = exc
             if executor.last.partial_reason is None:
-                executor.last.partial_reason = INTERRUPTED
+                executor.last.partial_reason = executor.interrupted
             if not results or results[-1] is not executor.last:
                 results.append(executor.last)
         partial = next((r.partial_reason for r in results if r.partial_reason), None)

@@ -629,7 +629,7 @@ def test_a_run_cancelled_like_ctrl_c_keeps_what_finished_in_last(fresh):
             await executor.aclose()
 
     asyncio.run(go())
-    assert executor.last.partial_reason == INTERRUPTED
+    assert executor.last.partial_reason == "interrupted (Ctrl-C)" != INTERRUPTED  # one process: no worker to stop
     assert [(r.prompt_id, r.ok) for r in executor.last.records] == [("f", True)]
 
 
