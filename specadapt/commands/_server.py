@@ -6,13 +6,12 @@ servers are reached: ``--url``/``--port`` for one server, ``--off``/``--on``/``-
 for two; ``sweep_server_options`` the set of a sweep (tune). The command receives the shared
 values as one ``ServerOptions``.
 
-Planning and opening the servers is orchestration.servers' work; ``plan_servers`` and
-``open_servers`` here are those functions with their messages on the console.
+Planning and opening the servers is orchestration.servers' work (``plan_servers``,
+``open_servers``); a command passes them its console's messages.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import fields
@@ -21,13 +20,9 @@ from typing import Any
 
 import click
 
-from specadapt.adapters.base import Server
-from specadapt.commands._console import CONSOLE
-from specadapt.orchestration import servers
-from specadapt.orchestration.servers import ServerOptions, ServerPlan, Side, replica_sides
+from specadapt.orchestration.servers import ServerOptions
 
-__all__ = ["ServerOptions", "Side", "open_servers", "plan_servers", "replica_sides", "server_options",
-           "sweep_server_options"]
+__all__ = ["ServerOptions", "server_options", "sweep_server_options"]
 
 
 # --- the options ------------------------------------------------------------------------------
@@ -110,14 +105,3 @@ def server_options(sides: int) -> Callable[[Callable], Callable]:
     if sides not in (1, 2):
         raise ValueError(f"sides must be 1 or 2, not {sides}")
     return functools.partial(_with_server_options, options=_option_list(sides))
-
-
-# --- the library's planning and opening, saying what it does on the console ------------------------
-def plan_servers(opts: ServerOptions, sides: Sequence[Side]) -> ServerPlan:
-    """orchestration.servers.plan_servers, its messages on stderr."""
-    return servers.plan_servers(opts, sides, CONSOLE)
-
-
-def open_servers(plan: ServerPlan) -> contextlib.AbstractContextManager[list[Server]]:
-    """orchestration.servers.open_servers, its messages and the wait for the servers on stderr."""
-    return servers.open_servers(plan, CONSOLE)

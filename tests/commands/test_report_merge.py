@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from specadapt.analysis.probe_report import build_probe_report as build_report
 from specadapt.cli import cli
-from specadapt.commands._server import Side, replica_sides
 from specadapt.errors import UsageError
+from specadapt.orchestration.servers import Side, replica_sides
 from specadapt.records import (
     CounterSnapshot,
     ProbeSettings,

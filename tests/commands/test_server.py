@@ -15,7 +15,6 @@ from pydantic import BaseModel
 
 from specadapt.adapters.base import LaunchPlan
 from specadapt.cli import cli
-from specadapt.commands import _server
 from specadapt.commands._workload import WORKLOAD_PARAMS
 from specadapt.commands.compare import compare, equiv
 from specadapt.commands.probe import probe
@@ -185,14 +184,14 @@ def test_a_backend_that_cannot_launch_names_the_urls_to_give(stub):
 
 
 def test_given_urls_are_connected_and_closed(stub):
-    plan = _server.plan_servers(ServerOptions(
+    plan = servers.plan_servers(ServerOptions(
         backend="stub", api_key=None, insecure=False, ca_bundle=None, model=None, spec_config=None, python="py",
         host="127.0.0.1", dtype=None, max_model_len=2048, server_args=(), startup_timeout=1.0),
-        [_server.Side(url="http://a", spec=False, label="spec-off"), _server.Side(url="http://b", label="spec-on")])
+        [servers.Side(url="http://a", spec=False, label="spec-off"), servers.Side(url="http://b", label="spec-on")])
     assert plan.launch == (None, None)
-    with _server.open_servers(plan) as servers:
-        assert [s.base_url for s in servers] == ["http://a", "http://b"]
-        assert not any(s.closed for s in servers)
+    with servers.open_servers(plan) as opened:
+        assert [s.base_url for s in opened] == ["http://a", "http://b"]
+        assert not any(s.closed for s in opened)
     assert all(s.closed for s in stub.connected) and not stub.launched
 
 
