@@ -119,7 +119,7 @@ class ServerPlan:
 
 
 # --- the sides of a run --------------------------------------------------------------------------
-def replica_sides(urls: Sequence[str], port: int | None) -> list[Side]:
+def replica_sides(urls: Sequence[str] = (), port: int | None = None) -> list[Side]:
     """probe's sides: one started server (no --url), or each --url a running replica."""
     if not urls:
         return [Side(port=port)]

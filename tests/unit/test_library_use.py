@@ -190,3 +190,22 @@ def test_a_plan_without_a_spec_on_side_or_a_source_is_refused():
     strange = plan_servers(ServerOptions(), [Side(url="http://b", label="spec-on"), Side(url="http://c", label="x")])
     with pytest.raises(ValueError, match="optionally, a spec-off side"):
         sampling.check_sampling(strange, PROMPTS, settings())
+
+
+def test_the_documented_example_runs_against_the_scripted_server(tmp_path, scripted):
+    """docs/library.md's example, its two URLs pointed at the scripted server (as the spec-off and the
+    spec-on side, so the outputs are identical and the gate passes), run as a user's script."""
+    page = (ROOT / "docs" / "library.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    for name in ("OFF", "ON"):
+        line = next(ln for ln in code.splitlines() if ln.startswith(f"{name} = "))
+        code = code.replace(line, f"{name} = {scripted!r}")
+    code = code.replace("max_tokens=32", "max_tokens=4").replace("duration_s=5", "duration_s=1")
+    (tmp_path / "example.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(tmp_path / "example.py")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:2]] == ["2 req/s", "4 req/s"]  # one line per rate, its goodput
+    assert lines[-1].startswith("gate: passed") and "'identical': 2" in lines[-1]
