@@ -692,7 +692,7 @@ class RayPool(Executor):
 
     async def _execute(self, shares: Sequence[Share], targets: Sequence[Target], emit: Emit, t0: int) -> None:
         ray = self.ray
-        start = time.time_ns() + int(self.start_margin_s * 1e9)
+        start = time.time_ns() + (int(self.start_margin_s * 1e9) if len(shares) > 1 else 0)  # one share: at once
         runs = {}
         for s in shares:
             self.infos[s.worker].jobs += planned_turns([s])
