@@ -29,18 +29,10 @@ from specadapt.errors import UsageError
 from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
 from specadapt.load.engine import Job, turn_prompt, turns_of
+from specadapt.load.executors import executor_for
+from specadapt.load.plan import Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress
-from specadapt.load.spread import (
-    Executor,
-    InProcess,
-    Stamp,
-    WorkerStopped,
-    closed_jobs,
-    executor_for,
-    rate_jobs,
-    split,
-    target_of,
-)
+from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import readable_tokens, server_triage

@@ -27,21 +27,11 @@ from specadapt.errors import SpecadaptError, UsageError
 from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
 from specadapt.load.engine import Job
+from specadapt.load.executors import executor_for
 from specadapt.load.meter import measure_client
+from specadapt.load.plan import RunResult, Share, Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress, ProgressBars, no_bars
-from specadapt.load.spread import (
-    Executor,
-    InProcess,
-    RunResult,
-    Share,
-    Stamp,
-    Target,
-    closed_jobs,
-    executor_for,
-    rate_jobs,
-    split,
-    target_of,
-)
+from specadapt.load.spread import Executor, InProcess, Target, target_of
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import (
     CounterSnapshot,

@@ -16,7 +16,7 @@ import pytest
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.analysis.latency import percentile
 from specadapt.analysis.slo import is_good
-from specadapt.load.spread import closed_jobs, split
+from specadapt.load.plan import closed_jobs, split
 from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.records.load import LoadSettings

@@ -115,7 +115,8 @@ def test_a_share_replays_conversations_like_one_process(scripted_url):
     own answers as history, one record per turn, a failed turn's later turns recorded as not sent,
     every record handed to on_record with its job, and each record marked with its target."""
     from specadapt.load.client import run as run_loop
-    from specadapt.load.spread import Share, Target, closed_jobs, execute_share
+    from specadapt.load.plan import Share, closed_jobs
+    from specadapt.load.spread import Target, execute_share
 
     prompts = [conversation("w1"), conversation("w2", fail_turn=1)]
     share = Share(worker=0, jobs=tuple(closed_jobs(prompts)), settings=RequestSettings(max_tokens=8), concurrency=2)

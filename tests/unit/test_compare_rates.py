@@ -17,7 +17,7 @@ from specadapt.analysis.speed import analyse, level_goodput
 from specadapt.analysis.stats import MIN_UNITS, find_crossover
 from specadapt.load import spread
 from specadapt.load.arrivals import schedule_ns
-from specadapt.load.spread import rate_jobs
+from specadapt.load.plan import rate_jobs
 from specadapt.orchestration import compare
 from specadapt.orchestration.compare import ABRunner, total_requests
 from specadapt.records import (

@@ -18,7 +18,8 @@ from specadapt.analysis.scale_report import replica_results, server_window, summ
 from specadapt.errors import UsageError
 from specadapt.load.arrivals import schedule_ns
 from specadapt.load.engine import Job
-from specadapt.load.spread import RunResult, Stamp, Target, closed_jobs, portable, rate_jobs, split
+from specadapt.load.plan import RunResult, Stamp, closed_jobs, rate_jobs, split
+from specadapt.load.spread import Target, portable
 from specadapt.records import (
     CounterSnapshot,
     ProbeReport,

@@ -23,22 +23,21 @@ import time
 import pytest
 from aiohttp import web
 
-from specadapt.load import spread
+from specadapt.load import executors, plan, spread
 from specadapt.load.client import stream_request
 from specadapt.load.engine import Job, LoadEngine, key
+from specadapt.load.executors import worker_main
+from specadapt.load.plan import Share, Stamp
 from specadapt.load.spread import (
     CA_BUNDLE_ATTR,
     INTERRUPTED,
     ClientCache,
     InProcess,
-    Share,
-    Stamp,
     Target,
     client_for,
     execute_share,
     portable,
     target_of,
-    worker_main,
 )
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 
@@ -506,7 +505,7 @@ def run_in_process(shares, targets, **kw):
 
 def test_a_run_gathers_every_record_once_in_the_one_process_order(fresh):
     targets = [Target(fresh.url + "/a", "m"), Target(fresh.url + "/b", "m")]
-    shares = spread.split(spread.closed_jobs([chat("c", "hi", turns=["more"]), Prompt(id="p", prompt="x")], repeat=2,
+    shares = plan.split(plan.closed_jobs([chat("c", "hi", turns=["more"]), Prompt(id="p", prompt="x")], repeat=2,
                                              replicas=2), SETTINGS, 3, 2)
     seen = []
     t0 = time.perf_counter_ns() - 5 * 10**9
@@ -665,9 +664,9 @@ class Pipe:
         return self.get_nowait()
 
 
-def pool_parent(when_empty) -> spread.WorkerPool:
+def pool_parent(when_empty) -> executors.WorkerPool:
     """A WorkerPool's parent side for two workers, without processes (nothing is spawned)."""
-    pool = object.__new__(spread.WorkerPool)
+    pool = object.__new__(executors.WorkerPool)
     spread.Executor.__init__(pool)
     pool.n, pool.stop_grace_s = 2, 5.0
     pool.cancel = threading.Event()
@@ -681,10 +680,10 @@ def pool_parent(when_empty) -> spread.WorkerPool:
 def test_a_dead_worker_stops_the_run_and_keeps_what_the_others_had_finished():
     """Worker 1 dies while worker 0's finished request is still on its way in the pipe: the run
     stops with the reason and keeps that request (only the requests in flight are lost)."""
-    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
-    shares = spread.split(jobs, SETTINGS, 2, 2)
+    jobs = plan.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = plan.split(jobs, SETTINGS, 2, 2)
     finished = spread.RequestRecord(prompt_id="a", category="c", api="completions", ok=True, text="done")
-    pool: spread.WorkerPool
+    pool: executors.WorkerPool
 
     def worker_1_dies(pipe, n):
         if n > 1:
@@ -712,10 +711,10 @@ def record(pid: str) -> spread.RequestRecord:
 def test_a_stopped_run_takes_what_the_workers_finished_until_each_says_done_or_dies():
     """The run is stopped (its watch names a reason): worker 0 hands in what it had finished and says
     done; worker 1 dies without a word, and the parent stops waiting for it at once."""
-    jobs = spread.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
-    shares = spread.split(jobs, SETTINGS, 2, 2)
+    jobs = plan.closed_jobs([Prompt(id="a", prompt="x"), Prompt(id="b", prompt="y")])
+    shares = plan.split(jobs, SETTINGS, 2, 2)
     late = record("a")
-    pool: spread.WorkerPool
+    pool: executors.WorkerPool
     died_at: list[int] = []
 
     def workers(pipe, n):
