@@ -39,7 +39,7 @@ from specadapt.load.spread import (
     portable,
     target_of,
 )
-from specadapt.records import Prompt, RequestRecord, RequestSettings
+from specadapt.records import Prompt, RequestRecord, RequestSettings, WorkerInfo
 
 
 class LoopbackServer:
@@ -730,3 +730,55 @@ def test_a_stopped_run_takes_what_the_workers_finished_until_each_says_done_or_d
     assert result.partial_reason == "the vllm server exited" and result.records == [late]
     assert pool.out.empty_reads - died_at[0] <= 3  # no waiting out the grace period for the dead worker
     assert [i.finished for i in pool.infos.values()] == [1, 0]
+
+
+def test_the_in_process_worker_adds_up_its_runs_and_keeps_its_clients_across_them(fresh):
+    """Two runs on one InProcess: its one worker is this process (pid, host), its planned requests add
+    up, its concurrency is the most any share had (an open-loop share counts 0), and both runs read
+    through the same kept clients (the chunks they read are counted on the executor)."""
+    executor = InProcess()
+    info = executor.infos[0]
+    assert (info.worker, info.kind, info.pid, info.node, info.jobs, info.concurrency) == (
+        0, "process", os.getpid(), socket.gethostname(), 0, 0)
+    closed = Share(worker=0, settings=SETTINGS, concurrency=2, jobs=(
+        Job(index=0, prompt=chat("a", "one")), Job(index=1, prompt=chat("b", "two", turns=["more"]))))
+    opened = Share(worker=0, settings=SETTINGS, concurrency=None, jobs=(Job(index=0, prompt=chat("c", "x"), offset_ns=0),))
+
+    async def go():
+        try:
+            await executor.run([opened], [Target(fresh.url, "m")])
+            first = executor.chunks_read, info.concurrency
+            await executor.run([closed], [Target(fresh.url, "m")])
+            return first, executor.chunks_read
+        finally:
+            await executor.aclose()
+
+    (first, open_width), both = asyncio.run(go())
+    assert open_width == 0  # an open-loop share has no stream count
+    assert (info.jobs, info.concurrency, info.finished) == (1 + 3, 2, 4)
+    assert 0 < first < both  # the second run's chunks counted on the same executor's clients
+
+
+def test_done_text_says_of_how_many_unless_a_duration_went_past_one_pass():
+    info = WorkerInfo(worker=0, kind="process", jobs=8, concurrency=1, finished=3)
+    assert spread.done_text(info) == "3 of 8"
+    assert spread.done_text(info.model_copy(update={"finished": 8})) == "8 of 8"
+    assert spread.done_text(info.model_copy(update={"finished": 12})) == "12"
+
+
+def test_a_worker_stopped_while_the_run_is_being_stopped_is_no_error():
+    """When the watch stops a run, an executor whose work ends with WorkerStopped as it is cancelled
+    gives the partial result with the watch's reason, and raises nothing."""
+
+    class Stopping(spread.Executor):
+        async def _execute(self, shares, targets, emit, t0):
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                raise spread.WorkerStopped("worker 0 stopped") from None
+
+    executor = Stopping()
+    executor.infos = {0: WorkerInfo(worker=0, kind="process", jobs=0, concurrency=0)}
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat("a", "x")),))
+    result = asyncio.run(executor.run([share], [Target("http://unused", "m")], watch=lambda: "the server exited"))
+    assert result.partial_reason == "the server exited" and result.records == []
