@@ -205,13 +205,18 @@ class Executor:
         def take(worker: int, job: Job, rec: RequestRecord) -> None:
             """A failed request counts unless ``accept`` says it failed because the run is stopping
             (its server died); the turns it left unsent go with it. The checks run side by side."""
-            conversation = (job.repeat, job.copy_index, job.index)
-            if accept is None or rec.ok or (rec.error_kind == "not_sent" and conversation not in verdicts):
+            if accept is None or rec.ok:
                 keep(worker, job, rec)
                 return
-            if rec.error_kind != "not_sent":
-                verdicts[conversation] = asyncio.ensure_future(accept(rec))
-            pending.add(asyncio.ensure_future(keep_if(verdicts[conversation], worker, job, rec)))
+            conversation = (job.repeat, job.copy_index, job.index)
+            if rec.error_kind == "not_sent":
+                verdict = verdicts.get(conversation)
+                if verdict is None:  # no failed turn of it was judged here
+                    keep(worker, job, rec)
+                    return
+            else:
+                verdict = verdicts[conversation] = asyncio.ensure_future(accept(rec))
+            pending.add(asyncio.ensure_future(keep_if(verdict, worker, job, rec)))
 
         async def consume() -> None:
             while True:

@@ -782,3 +782,45 @@ def test_a_worker_stopped_while_the_run_is_being_stopped_is_no_error():
     share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=chat("a", "x")),))
     result = asyncio.run(executor.run([share], [Target("http://unused", "m")], watch=lambda: "the server exited"))
     assert result.partial_reason == "the server exited" and result.records == []
+
+
+class Scripted(spread.Executor):
+    """An executor that hands the run a fixed sequence of (worker, job, record), as records from
+    two workers arrive interleaved in the parent."""
+
+    def __init__(self, sequence):
+        super().__init__()
+        self.sequence = sequence
+        self.infos = {w: WorkerInfo(worker=w, kind="process", jobs=0, concurrency=0) for w in (0, 1)}
+
+    async def _execute(self, shares, targets, emit, t0):
+        for item in self.sequence:
+            emit(*item)
+
+
+def failed(pid: str, turn: int, kind: str = "http_status") -> RequestRecord:
+    return RequestRecord(prompt_id=pid, category="c", api="chat", turn=turn, ok=False, error_kind=kind)
+
+
+def test_each_conversation_keeps_its_own_verdict_when_workers_interleave():
+    """Worker 0's conversation A fails because its server is dying (not accepted), worker 1's B fails
+    on its own (accepted); their unsent turns arrive after both failures: A's go with A, B's stay. A
+    turn left unsent without a judged failure here counts as it is."""
+    a, b, c = (Job(index=i, prompt=chat(p, "x", turns=["y"])) for i, p in enumerate("ABC"))
+    sequence = [(0, a, failed("A", 0)), (1, b, failed("B", 0)), (0, a, failed("A", 1, "not_sent")),
+                (1, b, failed("B", 1, "not_sent")), (1, c, failed("C", 1, "not_sent"))]
+
+    async def accept(rec):
+        return rec.prompt_id != "A"
+
+    executor = Scripted(sequence)
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(a, b, c))
+    result = asyncio.run(executor.run([share], [Target("http://unused", "m")], accept=accept))
+    assert sorted((r.prompt_id, r.turn) for r in result.records) == [("B", 0), ("B", 1), ("C", 1)]
+    assert (executor.infos[0].finished, executor.infos[1].finished) == (0, 3)
+
+
+def test_an_executor_before_its_first_run_has_an_empty_last_result():
+    """What a Ctrl-C before the first run finds: no records, no reason yet."""
+    executor = spread.Executor()
+    assert executor.infos == {} and executor.last.records == [] and executor.last.partial_reason is None
