@@ -5,7 +5,6 @@ records and the server's own log, never against timings."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 
@@ -13,6 +12,7 @@ import httpx
 import psutil
 import pytest
 from click.testing import CliRunner
+from reliability.test_server_death import managed_scripted
 
 from specadapt.adapters.vllm import VLLMServer
 from specadapt.analysis.slo import is_good
@@ -21,7 +21,7 @@ from specadapt.load.arrivals import schedule_ns
 from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings, read_compare_report, read_report
 from specadapt.records.load import LoadSettings
-from specadapt.testing import script, scripted_server
+from specadapt.testing import script
 
 FAST = dict(ttft_ms=3, itl_ms=1, tokens=4)
 
@@ -126,16 +126,6 @@ def test_compare_spreads_each_block_over_workers(tmp_path, scripted_url):
     assert all(r.ok for r in report.requests) and len(report.requests) == 2 * (8 + 8 + 8)
     assert any("worker processes" in n for n in report.notes)
     assert report.counts["identical"] == 4
-
-
-@contextlib.contextmanager
-def managed_scripted(tmp_path):
-    with scripted_server(tmp_path / "server.log") as mp:
-        (tmp_path / "server.log").open("a").write("scripted server: about to crash on purpose\n")
-        server = VLLMServer(mp.plan.base_url, launched=True)
-        server.process = mp
-        yield server
-        server.close()
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "workers"])
