@@ -151,6 +151,10 @@ class TokenRequests(BaseModel):
         default_factory=lambda: {"return_tokens_as_token_ids": True},
         description="Added to a completion request that has logprobs 0, so that its logprobs.tokens name each "
                     "sampled token as 'token_id:N'. None: the server cannot return sampled token ids.")
+    output_ids: dict[str, Any] | None = Field(
+        default_factory=lambda: {"return_token_ids": True},
+        description="Added to a completion or chat request so that the answer holds the generated token ids "
+                    "(choice 'token_ids'; per chunk when streamed). None: the server cannot return them.")
     prompt_logprobs: dict[str, Any] | None = Field(
         default_factory=lambda: {"return_token_ids": True},
         description="Added to a completion request that has prompt_logprobs K, so that the answer holds at every "

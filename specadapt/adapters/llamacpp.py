@@ -129,7 +129,7 @@ class LlamaCppBackend(Backend):
     name = "llamacpp"
     capabilities = Capabilities(launch=True, logprobs=True)
     spec_support = SpecSupport(form="llamacpp", fields=frozenset({"method", "k"}))  # prompt-lookup drafting, k
-    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # logprobs name tokens as text
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None, output_ids=None)  # logprobs name tokens as text
     launch_options = LlamaCppLaunch
     startup_timeout_s = 300.0
 

@@ -154,7 +154,7 @@ class SGLangBackend(Backend):
     capabilities = Capabilities(launch=True, logprobs=True)
     # the --speculative-* flags; the tree's top-k and draft-token budget stay in native_extras
     spec_support = SpecSupport(form="sglang", fields=frozenset({"method", "k", "draft"}), native_extras=True)
-    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # not in vLLM's answer shapes
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None, output_ids=None)  # not in vLLM's answer shapes
     launch_options = SGLangLaunch
     startup_timeout_s = 1800.0
 

@@ -380,7 +380,7 @@ class TRTLLMBackend(Backend):
     spec_support = SpecSupport(form="trtllm", fields=frozenset({"method", "k", "draft", "ngram_max", "draft_tp",
                                                                 "max_concurrency", "draft_len_schedule"}),
                                native_extras=True, rules="trtllm")
-    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None)  # not in vLLM's answer shapes
+    token_requests = TokenRequests(sampled_ids=None, prompt_logprobs=None, output_ids=None)  # not in vLLM's answer shapes
     launch_options = TRTLLMLaunch
     startup_timeout_s = 1800.0
 

@@ -145,8 +145,16 @@ TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 @click.option("--top-logprobs", type=click.IntRange(1), default=TOP_LOGPROBS, show_default=True,
               help="With --sampling: K, the source's top-K log-probabilities per position (vLLM allows up to "
                    "its --max-logprobs, default 20).")
+@click.option("--features", "features_", metavar="LIST",
+              help="Check request features instead: a matrix of cells (stop strings, max/min tokens, penalties, "
+                   "logit_bias, logprobs, structured output, prefix cache, long prompts, multi-turn, temperature/"
+                   "top-p/top-k/min-p distributions, seeds), one verdict each; 'all', a group or names (see "
+                   "--list-features). See docs/features.md.")
+@click.option("--list-features", is_flag=True, help="List the cells of --features and exit.")
+@click.option("--require-active", is_flag=True,
+              help="With --features: a cell in which the spec-on server proposed no draft fails the gate.")
 def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_near_tie, min_speedup, sampling,
-          samples, alpha, top_logprobs, **kw) -> None:
+          samples, alpha, top_logprobs, features_, list_features, require_active, **kw) -> None:
     """Staging gate: exit 0 within the thresholds, 1 outside them, 2 on usage or connection errors.
 
     Writes the versioned JSON report, JUnit XML (one testcase per prompt), a Markdown summary and
@@ -155,10 +163,27 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     With --sampling: exit 0 when the spec-on server's samples are consistent with the target's
     distribution, 1 when they are not or too few tokens were sampled to decide, 2 on usage or
     connection errors; --max-tokens defaults to 64 and --concurrency is one number, the requests
-    in flight (default 4). Temperature 1 and top_p 1 only."""
+    in flight (default 4). Temperature 1 and top_p 1 only.
+
+    With --features LIST: one verdict per request feature; exit 0 when no cell fails, 1 when one does,
+    2 on usage or connection errors; --max-tokens defaults to 32, --samples to 8."""
     from specadapt.commands import sampling as sampling_command  # scipy: only when asked for
 
     ctx = click.get_current_context()
+    if list_features or features_:
+        from specadapt.commands import features as features_command  # scipy: only when asked for
+
+        if list_features:
+            features_command.list_features(Console())
+            sys.exit(0)
+        if sampling:
+            raise UsageError("--features and --sampling are two checks: give one of them (the distribution cells of "
+                             "--features sample at their own settings)")
+        sys.exit(features_command.run_features(ctx, server_opts, off_url, on_url,
+                                               dict(kw, samples=samples, alpha=alpha, top_logprobs=top_logprobs, features=features_,
+                                                    require_active=require_active)))
+    if require_active:
+        raise UsageError("--require-active belongs to --features: add --features, or leave it out")
     if sampling:
         sys.exit(sampling_command.run_sampling(ctx, server_opts, off_url, on_url, launch,
                                                dict(kw, samples=samples, alpha=alpha, top_logprobs=top_logprobs)))

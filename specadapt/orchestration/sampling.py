@@ -114,12 +114,13 @@ def check_token_requests(backend: str, requests: TokenRequests, scoring: bool) -
 
 
 def sample_body(ids: Sequence[int], model: str, max_tokens: int, seed: int,
-                requests: TokenRequests = _ASKED) -> dict[str, Any]:
-    """One sample from the spec-on server: the raw distribution, a seed of its own, no stop at EOS,
-    the sampled ids in the logprobs (the keys ``requests.sampled_ids`` declares)."""
+                requests: TokenRequests = _ASKED, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One sample from the spec-on server: the raw distribution (or the ``sampling`` settings given),
+    a seed of its own, no stop at EOS, the sampled ids in the logprobs (the keys
+    ``requests.sampled_ids`` declares)."""
     return {"model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": TEMPERATURE,
-            "top_p": TOP_P, "seed": seed, "ignore_eos": True, "logprobs": 0, **(requests.sampled_ids or {}),
-            "stream": False}
+            "top_p": TOP_P, **(sampling or {}), "seed": seed, "ignore_eos": True, "logprobs": 0,
+            **(requests.sampled_ids or {}), "stream": False}
 
 
 def _keys(extras: dict[str, Any] | None) -> str:
@@ -310,13 +311,14 @@ def plan_samples(inputs: Sequence[PromptInput], samples: int, seed: int) -> list
 async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
                        timeout_s: float, progress: Progress | None = None,
                        transport: httpx.AsyncBaseTransport | None = None,
-                       requests: TokenRequests = _ASKED) -> list[Sample]:
+                       requests: TokenRequests = _ASKED, sampling: dict[str, Any] | None = None) -> list[Sample]:
     """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight;
-    ``requests``: how the server's backend is asked for the sampled ids."""
+    ``requests``: how the server's backend is asked for the sampled ids; ``sampling``: settings
+    other than temperature 1, top_p 1 (``equiv --features``)."""
     async with async_client(server, timeout_s, concurrency, transport) as client:
         async def one(inp: PromptInput, index: int, s: int) -> Sample:
             status, data, msg = await _post(client, "/v1/completions",
-                                            sample_body(inp.ids, server.model_id, inp.max_tokens, s, requests),
+                                            sample_body(inp.ids, server.model_id, inp.max_tokens, s, requests, sampling),
                                             "spec-on server")
             if status != 200:
                 raise ServerError(f"the spec-on server refused a sampling request for prompt {inp.prompt.id!r} "
@@ -408,7 +410,9 @@ class ReferenceDistribution:
                             out.past_key_values)
         return self._prompt[1], self._prompt[2]
 
-    def score(self, sample: Sample, k: int) -> list[TokenDraw]:
+    def _rows(self, sample: Sample):
+        """The target's float64 log-probabilities ``[n, V]`` (torch): row j is the distribution of sampled
+        token j."""
         model = self._load()
         torch = self._torch
         first, cache = self._prompt_state(sample.prompt_ids)
@@ -418,7 +422,15 @@ class ReferenceDistribution:
                 out = model(torch.tensor([list(sample.tokens[:-1])]), past_key_values=copy.deepcopy(cache),
                             use_cache=True)
             rows.append(torch.log_softmax(out.logits[0].to(torch.float64), dim=-1))
-        logp = torch.cat(rows)  # row j: the distribution of sampled token j
+        return torch.cat(rows)
+
+    def logprob_rows(self, sample: Sample):
+        """``_rows`` as a numpy array (the raw distribution at every sampled position)."""
+        return self._rows(sample).numpy()
+
+    def score(self, sample: Sample, k: int) -> list[TokenDraw]:
+        logp = self._rows(sample)
+        torch = self._torch
         values, indices = torch.topk(logp, k, dim=-1)
         draws = []
         for j, token in enumerate(sample.tokens):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from specadapt.records import CompareReport
+from specadapt.records.features import FeatureReport
 from specadapt.records.reports import atomic_write_text
 from specadapt.records.sampling_report import SamplingReport
-from specadapt.report import sampling_render
+from specadapt.report import features_render, sampling_render
 from specadapt.report.compare_render import to_junit, to_markdown
 from specadapt.report.html import to_html
 
@@ -37,6 +38,20 @@ def write_sampling_outputs(report: SamplingReport, json_path: Path | None = None
     for path, render in ((json_path, lambda: report.model_dump_json(indent=2)),
                          (junit_path, lambda: sampling_render.to_junit(report)),
                          (markdown_path, lambda: sampling_render.to_markdown(report))):
+        if path:
+            atomic_write_text(path, render())
+            written.append(path)
+    return written
+
+
+def write_feature_outputs(report: FeatureReport, json_path: Path | None = None, junit_path: Path | None = None,
+                          markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+    """The feature matrix (equiv --features) as JSON, JUnit XML, Markdown and HTML."""
+    written = []
+    for path, render in ((json_path, lambda: report.model_dump_json(indent=2)),
+                         (junit_path, lambda: features_render.to_junit(report)),
+                         (markdown_path, lambda: features_render.to_markdown(report)),
+                         (html_path, lambda: features_render.to_html(report))):
         if path:
             atomic_write_text(path, render())
             written.append(path)

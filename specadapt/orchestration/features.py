@@ -1,0 +1,535 @@
+"""`equiv --features`: the request-feature matrix run against a spec-on server and its spec-off
+baseline (analysis/features.py says what each cell sends and how it is judged; this module sends).
+
+Cells run one after the other, so that the spec-on server's counters, read before and after each
+cell's own requests, tell whether speculation ran for that feature. Before a cell whose parameters
+depend on where speculation puts its chunk boundaries (a stop string, a stop token or max_tokens
+inside an accepted chunk; a token to ban), the spec-on server's greedy answer is streamed once
+with its token ids, and the streamed chunks (one per engine step, several tokens when drafts were
+accepted) say where the chunks are.
+
+Distribution cells sample the spec-on server with the cell's setting (seed per sample, EOS
+ignored) and score every sampled token against the exact distribution of that setting: from the
+target recomputed in float64 (``--reference DIR``: the whole vocabulary), or from the spec-off
+server's prompt logprobs where its top K holds the whole support (top_k <= K). Any other cell is
+refused as "not-exact", with the reason, rather than approximated.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from specadapt.adapters.base import Server, TokenRequests
+from specadapt.analysis import features as F
+from specadapt.analysis.acceptance import acceptance_summary
+from specadapt.analysis.identity import default_threshold
+from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
+from specadapt.load.client import run as run_loop
+from specadapt.load.progress import ProgressBars, no_bars
+from specadapt.orchestration.probe import counting, settle_counters
+from specadapt.orchestration.sampling import (
+    PromptInput,
+    ReferenceDistribution,
+    Sample,
+    async_client,
+    draw_samples,
+    finished,
+    parse_tokenize,
+    score_on_server,
+)
+from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
+from specadapt.records import Prompt, ServerInfo
+from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
+
+SAMPLE_BINS = 10  # PIT bins of a distribution cell: 50 tokens decide (5 expected per bin)
+
+
+class Refused(Exception):
+    """A side answered a cell's request with a 4xx: the feature is not supported there."""
+
+    def __init__(self, side: str, status: int, message: str):
+        super().__init__(f"the {side} server refuses it (HTTP {status}: {message})")
+        self.side = side
+
+
+# --- one request -----------------------------------------------------------------------------------
+@dataclass
+class Endpoint:
+    """One side, with its client for the run."""
+
+    label: str  # "spec-on" / "spec-off"
+    server: Server
+    client: httpx.AsyncClient
+    requests: TokenRequests
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            resp = await self.client.post(path, json=body)
+        except httpx.TimeoutException as exc:
+            raise ServerUnreachable(f"the {self.label} server did not answer {path} in time: raise "
+                                    "--request-timeout") from exc
+        except httpx.HTTPError as exc:
+            raise ServerUnreachable(f"the {self.label} server at {self.server.base_url} cannot be reached "
+                                    f"({type(exc).__name__})") from exc
+        if 400 <= resp.status_code < 500 and resp.status_code not in (401, 403, 404):
+            raise Refused(self.label, resp.status_code, _message(resp))
+        if resp.status_code != 200:
+            raise ServerError(f"the {self.label} server answered {path} with HTTP {resp.status_code}: {_message(resp)}")
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise NotAServer(f"the {self.label} server answered {path} with something that is not JSON") from exc
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return " ".join(resp.text.split())[:300] or "no detail"
+    err = data.get("error") if isinstance(data, dict) else None
+    msg = err.get("message") if isinstance(err, dict) else err or (data.get("message") if isinstance(data, dict)
+                                                                   else None)
+    return " ".join(str(msg or data).split())[:300]
+
+
+def request_body(prompt: str | list[int] | list[dict], model: str, params: dict[str, Any], max_tokens: int,
+                 requests: TokenRequests) -> tuple[str, dict[str, Any]]:
+    """(path, body) of one greedy request with the cell's parameters, asking for the generated ids
+    (the keys the backend declares in ``requests.output_ids``)."""
+    chat = isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": False,
+                            **(requests.output_ids or {}), **params}
+    if chat:
+        body["messages"] = prompt
+        if "logprobs" in params:  # chat: logprobs is a flag, top_logprobs the count
+            body["logprobs"], body["top_logprobs"] = True, params["logprobs"]
+    else:
+        body["prompt"] = prompt
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def parse_answer(data: dict[str, Any]) -> F.Answer:
+    """An Answer from a non-streamed completion or chat completion (vLLM's shapes)."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise NotAServer("the answer has no choices") from exc
+    message = choice.get("message")
+    text = (message or {}).get("content") if message is not None else choice.get("text")
+    usage = data.get("usage") or {}
+    ids = choice.get("token_ids")
+    lps, tops = _logprobs(choice.get("logprobs"))
+    return F.Answer(text=text or "", finish_reason=choice.get("finish_reason"),
+                    token_ids=tuple(ids) if isinstance(ids, list) else None,
+                    completion_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"),
+                    stop_reason=choice.get("stop_reason"), logprobs=lps, top_logprobs=tops)
+
+
+def _logprobs(raw: Any) -> tuple[tuple[float, ...] | None, tuple | None]:
+    if not isinstance(raw, dict):
+        return None, None
+    if "content" in raw:  # chat
+        content = raw.get("content") or []
+        return (tuple(float(e["logprob"]) for e in content),
+                tuple(tuple((t["token"], float(t["logprob"])) for t in e.get("top_logprobs") or []) for e in content))
+    values = raw.get("token_logprobs")
+    tops = raw.get("top_logprobs")
+    return (tuple(float(v) for v in values) if isinstance(values, list) else None,
+            tuple(tuple(sorted(((k, float(v)) for k, v in (t or {}).items()), key=lambda e: -e[1]))
+                  for t in tops) if isinstance(tops, list) else None)
+
+
+async def stream_chunks(side: Endpoint, prompt: str | list[int], params: dict[str, Any],
+                        max_tokens: int) -> list[list[int]]:
+    """The token ids of a streamed greedy answer, one list per streamed chunk (one engine step)."""
+    path, body = request_body(prompt, side.server.model_id, params, max_tokens, side.requests)
+    body["stream"] = True
+    chunks: list[list[int]] = []
+    async with side.client.stream("POST", path, json=body) as resp:
+        if resp.status_code != 200:
+            await resp.aread()
+            raise Refused(side.label, resp.status_code, _message(resp))
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            data = json.loads(line[5:])
+            for choice in data.get("choices") or []:
+                ids = choice.get("token_ids")
+                if ids:
+                    chunks.append(list(ids))
+    if not chunks:
+        raise NotAServer(f"the {side.label} server streamed no token ids: it must honour "
+                         f"{list(side.requests.output_ids or {})} in streamed answers (vLLM does)")
+    return chunks
+
+
+async def detokenize(side: Endpoint, ids: Sequence[int]) -> str:
+    data = await side.post("/detokenize", {"model": side.server.model_id, "tokens": list(ids)})
+    return str(data.get("prompt", ""))
+
+
+async def tokenize(side: Endpoint, text: str) -> list[int]:
+    return parse_tokenize(await side.post("/tokenize", {"model": side.server.model_id, "prompt": text}))
+
+
+# --- the matrix ------------------------------------------------------------------------------------
+@dataclass
+class Matrix:
+    """What every cell needs: the two sides, the settings, the distribution source."""
+
+    on: Endpoint
+    off: Endpoint
+    settings: FeatureSettings
+    reference: ReferenceDistribution | None
+    lossy: str | None
+    max_model_len: int | None
+
+    def counters_around(self):
+        return _CounterWindow(self.on.server)
+
+
+class _CounterWindow:
+    def __init__(self, server: Server):
+        self.server = server
+
+    def __enter__(self):
+        self._ctx = counting(self.server)
+        self._ctx.__enter__()
+        self.before = settle_counters(self.server)
+        return self
+
+    def __exit__(self, *exc):
+        self.after = settle_counters(self.server)
+        self._ctx.__exit__(*exc)
+        self.acceptance = acceptance_summary(self.before, self.after)
+        return False
+
+
+async def _both(m: Matrix, prompt, params: dict[str, Any], max_tokens: int,
+                twice: bool = False) -> tuple[F.Answer, F.Answer, F.Answer | None]:
+    """The spec-off answer, the spec-on answer (and with ``twice``, the spec-on server's first of two)."""
+    async def ask(side: Endpoint) -> F.Answer:
+        path, body = request_body(prompt, side.server.model_id, params, max_tokens, side.requests)
+        return parse_answer(await side.post(path, body))
+
+    off = await ask(m.off)
+    if twice:
+        await ask(m.off)
+        first = await ask(m.on)
+        return off, await ask(m.on), first
+    return off, await ask(m.on), None
+
+
+async def _derive(m: Matrix, feature: F.Feature, params: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
+    """(prompt, params, notes) of a cell whose parameters come from the spec-on server's own answer.
+    Raises _NoChunk when speculation gave no chunk to place them in."""
+    prompt: Any = feature.prompt
+    notes: list[str] = []
+    max_tokens = m.settings.max_tokens
+    if feature.derive in ("stop", "stop-id", "max-tokens", "ban"):
+        chunks = await stream_chunks(m.on, prompt, {}, max_tokens)
+        ids = [t for c in chunks for t in c]
+        mid = [j for j in F.mid_chunk_positions(chunks) if j >= 2]
+        if feature.derive == "ban":
+            params["logit_bias"] = {str(F.most_frequent(ids)): -100}
+        elif not mid:
+            raise _NoChunk(f"the spec-on server's greedy answer came one token per step ({len(ids)} tokens): no "
+                           "accepted chunk to place the limit in")
+        elif feature.derive == "max-tokens":
+            params["max_tokens"] = mid[0] + 1
+            notes.append(f"max_tokens {mid[0] + 1} ends inside a streamed chunk of the spec-on answer")
+        elif feature.derive == "stop-id":
+            picked = F.pick_stop_id(ids, mid)
+            if picked is None:
+                raise _NoChunk("every token inside an accepted chunk occurs earlier in the answer")
+            params["stop_token_ids"] = [picked[0]]
+            notes.append(f"stop token {picked[0]} first comes at token {picked[1]}, inside a streamed chunk")
+        else:
+            full = await detokenize(m.on, ids)
+            prefixes = {j: await detokenize(m.on, ids[:j + 1]) for j in mid[:8]}
+            picked = F.pick_stop_string(prefixes, full)
+            if picked is None:
+                raise _NoChunk("no stop string completes inside an accepted chunk of the spec-on answer")
+            params["stop"] = [picked[0]]
+            notes.append(f"stop string {picked[0]!r} completes at token {picked[1]}, inside a streamed chunk")
+    elif feature.derive == "min-tokens":
+        path, body = request_body(prompt, m.off.server.model_id, {}, max_tokens, m.off.requests)
+        natural = parse_answer(await m.off.post(path, body))
+        n = natural.n_tokens or 1
+        params.update(min_tokens=n + 8, max_tokens=n + 16)
+        notes.append(f"the spec-off answer ends by itself after {n} tokens ({natural.finish_reason})")
+    elif feature.derive in ("model-length", "chunked-prefill"):
+        if not m.max_model_len:
+            raise _NotExact("the servers do not say their max_model_len, so no prompt can be sized to it")
+        unit = await tokenize(m.off, F.LONG_TEXT)
+        want = m.max_model_len - 8 if feature.derive == "model-length" else (m.max_model_len * 3) // 4
+        prompt = (unit * (want // len(unit) + 1))[:want]
+        if feature.derive == "model-length":
+            params["max_tokens"] = 8
+        notes.append(f"prompt of {len(prompt)} tokens, max_model_len {m.max_model_len}")
+    return prompt, params, notes
+
+
+class _NoChunk(Exception):
+    pass
+
+
+class _NotExact(Exception):
+    pass
+
+
+async def deterministic_cell(m: Matrix, feature: F.Feature) -> CellResult:
+    params: dict[str, Any] = dict(feature.params)
+    notes: list[str] = []
+    base = dict(name=feature.name, kind=feature.kind, title=feature.title)
+    try:
+        prompt, params, notes = await _derive(m, feature, params)
+    except _NoChunk as exc:
+        return CellResult(**base, params=params, verdict="inactive", reason=f"speculation not exercised: {exc}")
+    except _NotExact as exc:
+        return CellResult(**base, params=params, verdict="not-exact", reason=str(exc))
+    max_tokens = params.pop("max_tokens", m.settings.max_tokens)
+    shown = dict(params, max_tokens=max_tokens)
+    twice = feature.name == "prefix-cache"
+    window = m.counters_around()
+    with window:
+        off, on, first = await _both(m, prompt, params, max_tokens, twice=twice)
+    checks = _deterministic_checks(m, dict(params, max_tokens=max_tokens), off, on, first)
+    near_tie = False
+    where = F.first_difference(off, on)
+    if where is not None:
+        check, near_tie = await _triage(m, feature, prompt, params, off, on, where)
+        checks = [c for c in checks if c.name != "identity"] + [check]
+    activity = F.activity_of(window.acceptance)
+    verdict, reason = F.cell_verdict(checks, activity, near_tie=near_tie, lossy=m.lossy)
+    return CellResult(**base, params=shown, verdict=verdict, reason=reason, checks=checks, activity=activity,
+                      requests=2 if twice else 1, tokens=on.n_tokens or 0, notes=notes)
+
+
+def _deterministic_checks(m: Matrix, params: dict[str, Any], off: F.Answer, on: F.Answer,
+                          first: F.Answer | None) -> list[CellCheck]:
+    checks = [CellCheck(name="identity", ok=True, detail=f"identical ({on.n_tokens} tokens)")]
+    for label, answer in (("spec-on", on), ("spec-off", off)):
+        problems = F.invariant_problems(answer, params, m.max_model_len)
+        checks.append(CellCheck(name=f"invariant ({label})", ok=not problems,
+                                detail="; ".join(problems) if problems else ""))
+    if params.get("logprobs") is not None:
+        diffs = F.logprob_differences(off, on, m.settings.near_tie_threshold)
+        if off.logprobs is None or on.logprobs is None:
+            diffs = [f"no logprobs returned by the {'spec-on' if on.logprobs is None else 'spec-off'} server"]
+        checks.append(CellCheck(name="logprobs", ok=not diffs, detail="; ".join(diffs) if diffs else
+                                f"{len(on.logprobs or ())} logprobs within {m.settings.near_tie_threshold:g} nats, "
+                                "same ranking"))
+    if first is not None:
+        same = F.first_difference(first, on) is None
+        checks.append(CellCheck(name="cache hit", ok=same, detail="" if same else
+                                "the spec-on server's second answer differs from its first: "
+                                + F.difference_text(first, on, F.first_difference(first, on))))
+    return checks
+
+
+async def _triage(m: Matrix, feature: F.Feature, prompt, params: dict[str, Any], off: F.Answer, on: F.Answer,
+                  where: tuple[int, int | None]) -> tuple[CellCheck, bool]:
+    """The identity check of a divergence: a near-tie where the spec-off server's own top logprobs at the
+    first differing token put the two tokens within the threshold."""
+    text = F.difference_text(off, on, where)
+    tok = where[1]
+    if not feature.raw_logits or tok is None or off.token_ids is None or on.token_ids is None \
+            or tok >= min(len(off.token_ids), len(on.token_ids)):
+        why = ("the server's logprobs are taken before this feature's logits processing" if not feature.raw_logits
+               else "no token ids at the divergence")
+        return CellCheck(name="identity", ok=False, detail=f"{text} (not triaged: {why})"), False
+    prefix_params = {k: v for k, v in params.items() if k not in ("logprobs", "stop", "stop_token_ids")}
+    path, body = request_body(prompt, m.off.server.model_id, dict(prefix_params, logprobs=5,
+                                                                  **(m.off.requests.sampled_ids or {})),
+                              tok + 1, m.off.requests)
+    try:
+        answer = parse_answer(await m.off.post(path, body))
+    except (Refused, ServerError, NotAServer) as exc:
+        return CellCheck(name="identity", ok=False, detail=f"{text} (not triaged: {exc})"), False
+    tops = answer.top_logprobs or ()
+    top = tops[tok] if tok < len(tops) else ()
+    margin = F.near_tie_margin(top, f"token_id:{off.token_ids[tok]}", f"token_id:{on.token_ids[tok]}")
+    threshold = m.settings.near_tie_threshold
+    if margin is not None and abs(margin) <= threshold:
+        return CellCheck(name="identity", ok=True, detail=f"{text}: a numerical near-tie (margin {margin:.3g} "
+                                                          f"<= {threshold:g} nats)"), True
+    said = f"margin {margin:.3g} nats" if margin is not None else "the spec-on token is not in the top 5"
+    return CellCheck(name="identity", ok=False, detail=f"{text}: suspect ({said}, threshold {threshold:g})"), False
+
+
+async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) -> CellResult:
+    from specadapt.analysis.sampling_stats import sampling_verdict  # scipy
+
+    setting = F.Setting.of(feature.sampling)
+    s = m.settings
+    base = dict(name=feature.name, kind=feature.kind, title=feature.title, params=setting.body())
+    problem = F.exactness_problem(setting, s.top_logprobs, s.source)
+    if problem:
+        return CellResult(**base, verdict="not-exact", reason=problem)
+    window = m.counters_around()
+    with window:
+        samples = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
+                                     requests=m.on.requests, sampling=setting.body())
+    if m.reference is not None:
+        draws = [d for sample in samples for d in _reference_draws(m.reference, sample, setting, s.top_logprobs)]
+    else:
+        scored = await score_on_server(m.off.server, samples, s.top_logprobs, s.concurrency, s.request_timeout_s,
+                                       requests=m.off.requests)
+        draws = [F.draw_from_top(d.top, d.token, setting, d.position, d.prompt_id) for ds in scored for d in ds]
+    stats = sampling_verdict(draws, alpha=s.alpha, bins=SAMPLE_BINS, seed=s.seed)
+    ok = stats.status == "consistent"
+    detail = stats.summary if stats.status != "too-few" else (
+        f"too few tokens to decide ({stats.n_tokens} sampled, {stats.min_tokens} needed): raise --samples")
+    if stats.zero_probability_tokens:
+        detail += f"; {stats.zero_probability_tokens} sampled token(s) outside the setting's support"
+    checks = [CellCheck(name="distribution", ok=ok, detail=detail)]
+    activity = F.activity_of(window.acceptance)
+    verdict, reason = F.cell_verdict(checks, activity, lossy=m.lossy)
+    return CellResult(**base, verdict=verdict, reason=reason, checks=checks, activity=activity, stats=stats,
+                      requests=len(samples), tokens=sum(len(x.tokens) for x in samples))
+
+
+def _reference_draws(reference: ReferenceDistribution, sample: Sample, setting: F.Setting, k: int):
+    rows = reference.logprob_rows(sample)
+    return [F.draw_from_vocab(rows[j], token, setting, k, j, sample.prompt_id) for j, token in enumerate(sample.tokens)]
+
+
+async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) -> CellResult:
+    """The same seed twice (one after the other, nothing else in flight) and three other seeds."""
+    setting = F.Setting.of(feature.sampling)
+    seed = m.settings.seed
+    params = dict(setting.body(), ignore_eos=True)
+    base = dict(name=feature.name, kind=feature.kind, title=feature.title, params=dict(params, seed=seed))
+    window = m.counters_around()
+    with window:
+        texts = []
+        for s in (seed, seed, seed + 1, seed + 2, seed + 3):
+            path, body = request_body(list(prompt_ids), m.on.server.model_id, dict(params, seed=s),
+                                      m.settings.max_tokens, m.on.requests)
+            texts.append(parse_answer(await m.on.post(path, body)).text)
+    same = texts[0] == texts[1]
+    varied = len(set(texts[1:])) > 1
+    checks = [CellCheck(name="same seed", ok=same, detail="seed %d twice: %s" % (
+                  seed, "the same text" if same else f"different texts ({texts[0][:30]!r} vs {texts[1][:30]!r})")),
+              CellCheck(name="seed honoured", ok=varied, detail="seeds %d..%d: %s" % (
+                  seed, seed + 3, "texts differ" if varied else "all four texts are the same: the seed is not used"))]
+    activity = F.activity_of(window.acceptance)
+    verdict, reason = F.cell_verdict(checks, activity, lossy=m.lossy)
+    return CellResult(**base, verdict=verdict, reason=reason, checks=checks, activity=activity, requests=5,
+                      notes=["the requests were sent one at a time: a batching engine may give a seeded request "
+                             "other text when other requests share its batch"])
+
+
+async def run_cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) -> CellResult:
+    """One cell, timed; a 4xx from either side is "unsupported", a server error is "error"."""
+    t0 = time.monotonic()
+    cell = await _cell(m, feature, inputs)
+    cell.seconds = round(time.monotonic() - t0, 3)
+    return cell
+
+
+async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) -> CellResult:
+    try:
+        if feature.kind == "deterministic":
+            return await deterministic_cell(m, feature)
+        if feature.kind == "distribution":
+            return await distribution_cell(m, feature, inputs)
+        return await seed_cell(m, feature, inputs[0].ids)
+    except Refused as exc:
+        return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
+                          verdict="unsupported", reason=f"unsupported by the server: {exc}")
+    except (ServerError, NotAServer, UsageError) as exc:
+        return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
+                          verdict="error", reason=str(exc))
+
+
+def lossy_of(info: ServerInfo) -> str | None:
+    settings: dict[str, Any] = dict(info.server_flags)
+    if info.launch is not None:
+        settings.update(info.launch.spec_settings)
+        settings.update(_args_as_settings(info.launch.spec_args))
+    return F.lossy_reason(settings)
+
+
+def _args_as_settings(args: Sequence[str]) -> dict[str, Any]:
+    """The JSON values in a launch's speculative arguments (vLLM's --speculative-config '{...}')."""
+    out: dict[str, Any] = {}
+    for a in args:
+        try:
+            value = json.loads(a)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.update(value)
+    return out
+
+
+async def _inputs(m: Matrix, texts: Sequence[str]) -> list[PromptInput]:
+    """The distribution prompts as ids: by the reference's tokenizer, else the spec-off server's /tokenize."""
+    out = []
+    for i, text in enumerate(texts):
+        prompt = Prompt(id=f"p{i}", category="features", prompt=text)
+        ids = m.reference.tokenize(prompt) if m.reference else await tokenize(m.off, text)
+        out.append(PromptInput(prompt=prompt, ids=tuple(ids),
+                               max_tokens=m.settings.sample_tokens))
+    return out
+
+
+def check_features(plan: ServerPlan, settings: FeatureSettings, reference: ReferenceDistribution | None = None,
+                   bars: ProgressBars = no_bars, messages: Messages = LOGGED) -> FeatureReport:
+    """The whole matrix on the servers of ``plan`` (a spec-off and a spec-on side); every server started
+    here is stopped when this returns or raises. Ctrl-C keeps the cells finished so far (partial report)."""
+    labels = [s.label for s in plan.sides]
+    if sorted(labels) != ["spec-off", "spec-on"]:
+        raise ValueError(f"check_features needs a spec-off and a spec-on side, not {labels}")
+    features = [F.BY_NAME[name] for name in settings.features]
+    with open_servers(plan, messages) as opened:
+        by = dict(zip(labels, opened, strict=True))
+        on, off = by["spec-on"], by["spec-off"]
+        on_info, off_info = on.describe(), off.describe()
+        if settings.near_tie_threshold is None:
+            settings = settings.model_copy(update={"near_tie_threshold": default_threshold(off_info.dtype)})
+        report = FeatureReport(settings=settings, on_server=on_info, baseline_server=off_info,
+                               lossy=lossy_of(on_info), gate={"passed": False})
+        report.notes += _side_notes(on_info, off_info)
+        progress = bars("cells", len(features))
+        try:
+            run_loop(_run_all(plan, on, off, settings, reference, report, features, progress))
+        except KeyboardInterrupt:
+            report.partial, report.stopped = True, "interrupted (Ctrl-C)"
+        report.gate = F.feature_gate([(c.name, c.verdict) for c in report.cells], settings.require_active)
+        return report
+
+
+async def _run_all(plan: ServerPlan, on: Server, off: Server, settings: FeatureSettings,
+                   reference: ReferenceDistribution | None, report: FeatureReport, features: list[F.Feature],
+                   progress) -> None:
+    requests = plan.backend.token_requests
+    async with async_client(on, settings.request_timeout_s, settings.concurrency) as on_client, \
+            async_client(off, settings.request_timeout_s, settings.concurrency) as off_client:
+        m = Matrix(on=Endpoint("spec-on", on, on_client, requests), off=Endpoint("spec-off", off, off_client, requests),
+                   settings=settings, reference=reference, lossy=report.lossy,
+                   max_model_len=report.on_server.max_model_len or report.baseline_server.max_model_len)
+        inputs = await _inputs(m, F.DISTRIBUTION_PROMPTS) if any(f.kind != "deterministic" for f in features) else []
+        for feature in features:
+            cell = await run_cell(m, feature, inputs)
+            report.cells.append(cell)
+            progress(finished(feature.name, feature.kind, cell.tokens, cell.verdict, None))
+
+
+def _side_notes(on: ServerInfo, off: ServerInfo) -> list[str]:
+    notes = []
+    if off.spec_enabled:
+        notes.append("the spec-off server has spec-decode counters: speculation looks ON there")
+    if on.spec_enabled is False:
+        notes.append("the spec-on server has no spec-decode counters: every cell's activity is unknown")
+    if on.model_id != off.model_id:
+        notes.append(f"the servers serve different model ids ({off.model_id} vs {on.model_id})")
+    return notes

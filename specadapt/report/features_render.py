@@ -1,0 +1,138 @@
+"""The feature matrix (`equiv --features`) as console tables, Markdown, HTML and JUnit XML."""
+
+from __future__ import annotations
+
+import html
+
+from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from specadapt.records.features import GATE_EFFECT, CellResult, FeatureReport
+from specadapt.records.server import ServerInfo
+
+STYLE = {"pass": "green", "near-tie": "green", "fail": "bold red", "error": "bold red", "inactive": "yellow",
+         "unsupported": "yellow", "not-exact": "yellow", "lossy": "magenta"}
+LABEL = {"inactive": "speculation inactive", "unsupported": "unsupported by the server",
+         "not-exact": "cannot be checked exactly", "lossy": "lossy by configuration"}
+
+
+def verdict_text(cell: CellResult) -> str:
+    return LABEL.get(cell.verdict, cell.verdict)
+
+
+def activity_text(cell: CellResult) -> str:
+    return cell.activity.text if cell.activity is not None else "-"
+
+
+def _server(info: ServerInfo | None) -> str:
+    if info is None:
+        return "-"
+    spec = "spec ON" if info.spec_enabled else "spec OFF" if info.spec_enabled is False else "spec ?"
+    k = f", k={info.num_speculative_tokens}" if info.num_speculative_tokens else ""
+    method = f" {info.spec_method}" if info.spec_method and info.spec_enabled else ""
+    return f"{info.base_url} ({info.backend} {info.version or '?'}, {spec}{method}{k})"
+
+
+def header_lines(report: FeatureReport) -> list[str]:
+    s = report.settings
+    source = (f"the target recomputed in float64 from {s.reference}" if s.source == "reference"
+              else f"the spec-off server's top {s.top_logprobs} prompt logprobs")
+    lines = [f"features: spec-on {_server(report.on_server)}; model {report.on_server.model_id}",
+             f"baseline: spec-off {_server(report.baseline_server)}",
+             f"{len(report.cells)} cells; greedy cells up to {s.max_tokens} tokens; distribution cells "
+             f"{s.samples} samples per prompt of {s.sample_tokens} tokens at alpha {s.alpha:g}, p from {source}; "
+             f"near-tie threshold {s.near_tie_threshold:g} nats"]
+    if report.lossy:
+        lines.append(f"lossy by configuration: {report.lossy}")
+    return lines
+
+
+def counts(report: FeatureReport) -> str:
+    by: dict[str, int] = {}
+    for c in report.cells:
+        by[verdict_text(c)] = by.get(verdict_text(c), 0) + 1
+    return ", ".join(f"{n} {v}" for v, n in by.items())
+
+
+def render_console(report: FeatureReport, console: Console) -> None:
+    for line in header_lines(report):
+        console.print(line, soft_wrap=True, markup=False)
+    table = Table(title="request features, speculation on vs off")
+    for col in ("feature", "kind", "verdict", "speculation", "s"):
+        table.add_column(col, overflow="fold", justify="right" if col == "s" else "left")
+    for c in report.cells:
+        table.add_row(c.name, c.kind, Text(verdict_text(c), style=STYLE[c.verdict]), activity_text(c),
+                      f"{c.seconds:.1f}" if c.seconds is not None else "-")
+    console.print(table)
+    for c in report.cells:
+        if c.verdict not in ("pass",):
+            console.print(Text(f"{c.name}: {verdict_text(c)}: {c.reason}", style=STYLE[c.verdict]), soft_wrap=True)
+        for note in c.notes:
+            console.print(f"{c.name}: {note}", soft_wrap=True, markup=False)
+    for note in report.notes:
+        console.print(f"note: {note}", soft_wrap=True, markup=False)
+    if report.partial:
+        console.print(f"partial: {report.stopped}; {len(report.cells)} of {len(report.settings.features)} cells ran")
+    console.print(f"cells: {counts(report)}", soft_wrap=True, markup=False)
+    console.print(f"gate: [bold]{'PASS' if report.gate.passed else 'FAIL'}[/]"
+                  + ("" if report.gate.passed else ": " + "; ".join(report.gate.reasons)), soft_wrap=True)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(report: FeatureReport) -> str:
+    out = ["## specadapt: request features, speculative decoding on vs off", "",
+           f"**Gate: {'PASS' if report.gate.passed else 'FAIL'}**"
+           + ("" if report.gate.passed else " - " + "; ".join(report.gate.reasons)), ""]
+    out += [f"- {_md(line)}" for line in header_lines(report)]
+    out += ["", "| feature | kind | verdict | speculation | why |", "| --- | --- | --- | --- | --- |"]
+    out += [f"| `{c.name}` | {c.kind} | {verdict_text(c)} | {_md(activity_text(c))} | {_md(c.reason)} |"
+            for c in report.cells]
+    out.append("")
+    out += [f"- {c.name}: {_md(n)}" for c in report.cells for n in c.notes]
+    out += [f"- note: {_md(n)}" for n in report.notes]
+    out.append(f"- cells: {counts(report)}")
+    return "\n".join(out) + "\n"
+
+
+def to_html(report: FeatureReport) -> str:
+    e = html.escape
+    rows = "".join(
+        f"<tr class='{e(c.verdict)}'><td><code>{e(c.name)}</code></td><td>{e(c.kind)}</td><td>{e(verdict_text(c))}"
+        f"</td><td>{e(activity_text(c))}</td><td>{e(c.reason)}</td></tr>" for c in report.cells)
+    head = "".join(f"<li>{e(line)}</li>" for line in header_lines(report))
+    notes = "".join(f"<li>{e(c.name)}: {e(n)}</li>" for c in report.cells for n in c.notes)
+    notes += "".join(f"<li>note: {e(n)}</li>" for n in report.notes)
+    gate = "PASS" if report.gate.passed else "FAIL: " + "; ".join(report.gate.reasons)
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>specadapt request features</title><style>"
+            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+            "padding:4px 8px;vertical-align:top}.fail td,.error td{background:#fdd}.pass td,.near-tie td"
+            "{background:#efe}.inactive td,.unsupported td,.not-exact td{background:#ffd}.lossy td{background:#fef}"
+            "</style></head><body><h1>Request features, speculative decoding on vs off</h1>"
+            f"<p><b>Gate: {e(gate)}</b></p><ul>{head}</ul><table><tr><th>feature</th><th>kind</th><th>verdict</th>"
+            f"<th>speculation</th><th>why</th></tr>{rows}</table><ul>{notes}</ul>"
+            f"<p>cells: {e(counts(report))}</p></body></html>\n")
+
+
+def to_junit(report: FeatureReport) -> str:
+    """One testcase per cell: a failure when the cell fails (or errs), skipped when it says nothing about
+    speculation (inactive, unsupported, not exact, lossy by configuration), passed otherwise."""
+    suite = TestSuite("specadapt.equiv.features")
+    for c in report.cells:
+        case = TestCase(c.name, classname=f"specadapt.features.{c.kind}")
+        effect = GATE_EFFECT[c.verdict]
+        if effect is False:
+            case.result = [Failure(c.reason)]
+        elif effect is None:
+            case.result = [Skipped(f"{verdict_text(c)}: {c.reason}")]
+        else:
+            case.system_out = f"{c.verdict}: {c.reason}; speculation: {activity_text(c)}"
+        suite.add_testcase(case)
+    xml = JUnitXml()
+    xml.add_testsuite(suite)
+    text = xml.tostring()
+    return text.decode() if isinstance(text, bytes) else text

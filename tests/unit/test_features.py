@@ -1,0 +1,347 @@
+"""The request-feature matrix's pure parts (analysis/features.py): the catalogue, invariants, identity
+and logprob comparison, derived parameters, the exact distribution of a sampling setting, verdicts
+and the gate. Expected values are worked out by hand or by a brute-force computation written here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from specadapt.analysis import features as F
+from specadapt.errors import UsageError
+from specadapt.records.features import Activity, CellCheck
+from specadapt.records.metrics import AcceptanceSummary
+
+
+# --- the catalogue ------------------------------------------------------------------------------
+def test_parse_features_all_groups_names_and_order():
+    assert F.parse_features("all") == [f.name for f in F.FEATURES]
+    assert F.parse_features("top-k-20, stop-string") == ["stop-string", "top-k-20"]  # the matrix's order
+    assert F.parse_features("structured") == ["json-schema", "regex", "choice"]
+    assert set(F.parse_features("distribution")) == {"temperature-0.7", "temperature-1.3", "top-p-0.9", "top-k-20",
+                                                     "min-p-0.05", "combined"}
+    assert F.parse_features("seed,seed") == ["seed"]
+    det = F.parse_features("deterministic")
+    assert "stop-string" in det and "seed" not in det and "top-k-20" not in det
+
+
+@pytest.mark.parametrize("text", ["bogus", "stop-string,nope", "ALL"])
+def test_unknown_feature_is_one_clear_line(text):
+    with pytest.raises(UsageError, match="unknown feature"):
+        F.parse_features(text)
+
+
+def test_no_feature_named():
+    with pytest.raises(UsageError, match="names no feature"):
+        F.parse_features(" , ")
+
+
+def test_every_kind_is_known_and_names_unique():
+    assert {f.kind for f in F.FEATURES} == {"deterministic", "distribution", "seed"}
+    assert len(F.BY_NAME) == len(F.FEATURES)
+    # a distribution cell the server's top 20 can score exactly exists (top_k <= K)
+    assert any(F.exactness_problem(F.Setting.of(f.sampling), 20, "server") is None for f in F.FEATURES
+               if f.kind == "distribution")
+
+
+# --- invariants ---------------------------------------------------------------------------------
+def A(text="", **kw):  # noqa: N802
+    return F.Answer(text=text, **kw)
+
+
+def test_stop_string_absent_or_kept_at_the_end():
+    assert F.invariant_problems(A("abc def"), {"stop": ["xyz"]}) == []
+    assert F.invariant_problems(A("abc STOP def"), {"stop": "STOP"}) == ["the stop string 'STOP' is in the output "
+                                                                         "at character 4"]
+    kept = {"stop": ["STOP"], "include_stop_str_in_output": True}
+    assert F.invariant_problems(A("abc STOP", finish_reason="stop", stop_reason="STOP"), kept) == []
+    assert F.invariant_problems(A("abc STOP d", finish_reason="stop", stop_reason="STOP"), kept) == [
+        "the stop string 'STOP' is in the output at character 4",
+        "include_stop_str_in_output: the output does not end with the stop string 'STOP'"]
+    # kept but the answer ended for another reason: no end-of-text rule
+    assert F.invariant_problems(A("abc", finish_reason="length", stop_reason=None), kept) == []
+    # without include_stop_str_in_output a stop string at the very end is still a fault
+    assert F.invariant_problems(A("abc STOP"), {"stop": ["STOP"]}) != []
+
+
+def test_length_limits():
+    assert F.invariant_problems(A(token_ids=(1, 2, 3)), {"max_tokens": 3}) == []
+    assert F.invariant_problems(A(token_ids=(1, 2, 3, 4)), {"max_tokens": 3}) == ["4 tokens generated, max_tokens is 3"]
+    # completion_tokens counts where the ids are missing
+    assert F.invariant_problems(A(completion_tokens=5), {"max_tokens": 4}) == ["5 tokens generated, max_tokens is 4"]
+    assert F.invariant_problems(A(token_ids=(1,) * 7), {"min_tokens": 8}) == ["7 tokens generated, min_tokens is 8"]
+    assert F.invariant_problems(A(token_ids=(1,) * 8), {"min_tokens": 8}) == []
+
+
+def test_ignore_eos_runs_to_the_limit():
+    params = {"ignore_eos": True, "max_tokens": 4}
+    assert F.invariant_problems(A(token_ids=(1, 2), finish_reason="stop"), params) == [
+        "ignore_eos: the answer ended after 2 of 4 tokens (stop)"]
+    assert F.invariant_problems(A(token_ids=(1, 2, 3, 4), finish_reason="length"), params) == []
+    # cut by the model length: "length" before max_tokens is allowed
+    assert F.invariant_problems(A(token_ids=(1, 2), finish_reason="length"), params) == []
+
+
+def test_model_length_kept():
+    answer = A(token_ids=(1, 2, 3), prompt_tokens=14)
+    assert F.invariant_problems(answer, {}, max_model_len=17) == []
+    assert F.invariant_problems(answer, {}, max_model_len=16) == ["prompt 14 + 3 tokens exceed max_model_len 16"]
+
+
+def test_stop_token_ids_end_the_answer():
+    assert F.invariant_problems(A(token_ids=(5, 6, 9)), {"stop_token_ids": [9]}) == []
+    assert F.invariant_problems(A(token_ids=(5, 9, 6)), {"stop_token_ids": [9]}) == [
+        "stop token 9 at token 1, yet the answer went on"]
+
+
+def test_logit_bias_ban():
+    assert F.invariant_problems(A(token_ids=(5, 6)), {"logit_bias": {"7": -100}}) == []
+    assert F.invariant_problems(A(token_ids=(5, 7)), {"logit_bias": {"7": -100}}) == [
+        "token(s) [7] appear although logit_bias is -100"]
+    assert F.invariant_problems(A(token_ids=(5, 7)), {"logit_bias": {"7": -99}}) == []  # not a ban
+
+
+def test_structured_output_rules():
+    rf = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": F.PERSON_SCHEMA}}}
+    assert F.invariant_problems(A('{"name": "Ada", "age": 36, "city": "London"}'), rf) == []
+    assert "not JSON" in F.invariant_problems(A('{"name": "Ada",'), rf)[0]
+    assert "breaks its schema" in F.invariant_problems(A('{"name": "Ada", "age": "x", "city": "L"}'), rf)[0]
+    regex = {"structured_outputs": {"regex": F.PHONE_REGEX}}
+    assert F.invariant_problems(A("555-1234"), regex) == []
+    assert F.invariant_problems(A("555-12345"), regex) != []  # a full match, not a search
+    choice = {"structured_outputs": {"choice": ["yes", "no"]}}
+    assert F.invariant_problems(A("no"), choice) == []
+    assert F.invariant_problems(A("No."), choice) == ["the output 'No.' is not one of ['yes', 'no']"]
+
+
+def test_logprob_rules():
+    params = {"logprobs": 2}
+    good = A(token_ids=(1, 2), logprobs=(-0.1, -2.0), top_logprobs=((("a", -0.1), ("b", -3.0)),
+                                                                      (("c", -1.0), ("d", -2.0))))
+    assert F.invariant_problems(good, params) == []
+    assert F.invariant_problems(A(token_ids=(1, 2), logprobs=(-0.1,)), params) == ["1 logprobs for 2 tokens"]
+    assert F.invariant_problems(A(token_ids=(1,), logprobs=(0.5,)), params) == ["logprob above 0 at token 0"]
+    unsorted = A(token_ids=(1,), logprobs=(-1.0,), top_logprobs=((("a", -2.0), ("b", -1.0)),))
+    assert F.invariant_problems(unsorted, params) == ["top logprobs not in descending order at token 0"]
+    # without logprobs asked, no logprob rule
+    assert F.invariant_problems(A(token_ids=(1,), logprobs=(0.5,)), {}) == []
+
+
+# --- identity and logprobs ----------------------------------------------------------------------
+def test_first_difference():
+    assert F.first_difference(A("abc", token_ids=(1, 2)), A("abc", token_ids=(1, 2))) is None
+    assert F.first_difference(A("abc"), A("abd")) == (2, None)
+    assert F.first_difference(A("abc", token_ids=(1, 2)), A("abcd", token_ids=(1, 2, 3))) == (3, 2)
+    assert F.first_difference(A("ab", token_ids=(1, 2)), A("ab", token_ids=(1, 3))) == (2, 1)
+    # same text, token ids missing on one side: identical
+    assert F.first_difference(A("ab", token_ids=(1, 2)), A("ab")) is None
+
+
+def test_difference_text_names_both_sides():
+    text = F.difference_text(A("hello world"), A("hello there"), (6, 1))
+    assert text == "spec on differs from spec off at token 1, character 6: off 'world' vs on 'there'"
+
+
+def test_near_tie_margin():
+    top = (("token_id:1", -0.5), ("token_id:2", -0.6))
+    assert F.near_tie_margin(top, "token_id:1", "token_id:2") == pytest.approx(0.1)
+    assert F.near_tie_margin(top, "token_id:1", "token_id:3") is None
+    assert F.near_tie_margin(top, "token_id:4", "token_id:2") is None
+
+
+def test_logprob_differences():
+    off = A(logprobs=(-0.1, -1.0), top_logprobs=((("a", -0.1), ("b", -2.0)), (("c", -1.0), ("d", -1.005))))
+    same = A(logprobs=(-0.1, -1.0), top_logprobs=((("a", -0.1), ("b", -2.0)), (("d", -1.004), ("c", -1.0))))
+    assert F.logprob_differences(off, same, 0.01) == []  # a swap of two entries within the tolerance
+    moved = A(logprobs=(-0.1, -1.5), top_logprobs=off.top_logprobs)
+    assert F.logprob_differences(off, moved, 0.01) == ["token 1: logprob -1.5000 on vs -1.0000 off (|diff| 0.5 > 0.01)"]
+    swapped = A(logprobs=(-0.1, -1.0), top_logprobs=((("b", -2.0), ("a", -0.1)), off.top_logprobs[1]))
+    assert F.logprob_differences(off, swapped, 0.01) == [
+        "token 0: top logprobs ranked differently at rank 1: 'b' on vs 'a' off"]
+    value = A(logprobs=(-0.1, -1.0), top_logprobs=((("a", -0.1), ("b", -2.5)), off.top_logprobs[1]))
+    assert F.logprob_differences(off, value, 0.01) == ["token 0: top logprob of 'b' -2.5000 on vs -2.0000 off"]
+    assert F.logprob_differences(off, value, 0.6) == []
+
+
+# --- derived parameters ------------------------------------------------------------------------
+def test_mid_chunk_positions():
+    assert F.mid_chunk_positions([[1], [2, 3, 4], [5, 6]]) == [1, 2, 4]
+    assert F.mid_chunk_positions([[1], [2], [3]]) == []
+
+
+def test_pick_stop_string_ends_where_the_token_ends():
+    full = "a b c a b c d"
+    # token 5 ends at "a b c a b c" (its text prefix): " c" occurs first at 3, so a longer suffix is needed
+    picked = F.pick_stop_string({5: "a b c a b c"}, full)
+    assert picked == ("a b c a b c", 5)
+    assert F.pick_stop_string({5: "a b c a b c"}, full, max_chars=6) == (" a b c", 5)
+    assert F.pick_stop_string({5: "a b c a b c"}, full, max_chars=5) is None  # each first occurs earlier
+    assert F.pick_stop_string({1: "zz", 3: "abX"}, "abXab") == ("abX", 3)  # the first candidate is no prefix
+    assert F.pick_stop_string({2: "ab"}, "abXab") == ("ab", 2)
+    assert F.pick_stop_string({1: "zz"}, "abc") is None  # not a prefix of the text
+    assert F.pick_stop_string({1: "a  "}, "a  b") == ("a  ", 1)
+
+
+def test_pick_stop_id_and_most_frequent():
+    assert F.pick_stop_id([5, 6, 5, 7, 8], [2, 3]) == (7, 3)  # 5 occurs earlier
+    assert F.pick_stop_id([5, 5], [1]) is None
+    assert F.pick_stop_id([5], [3]) is None
+    assert F.most_frequent([3, 1, 3, 1, 2]) == 1  # a tie: the lowest id
+    assert F.most_frequent([4, 4, 1]) == 4
+    assert F.most_frequent([]) is None
+
+
+# --- the exact distribution ---------------------------------------------------------------------
+def brute(raw, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
+    """The same rules, one token at a time, with plain Python floats."""
+    p = [math.exp(x / temperature) for x in raw]
+    p = [v / sum(p) for v in p]
+    keep = [v >= min_p * max(p) for v in p]
+    if top_k:
+        kth = sorted([v for v in p], reverse=True)[top_k - 1]
+        keep = [k and v >= kth for k, v in zip(keep, p)]
+    q = [v if k else 0.0 for v, k in zip(p, keep)]
+    q = [v / sum(q) for v in q]
+    if top_p < 1:
+        order = sorted(range(len(q)), key=lambda i: -q[i])
+        mass, kept = 0.0, set()
+        for i in order:
+            if mass >= top_p:
+                break
+            kept.add(i)
+            mass += q[i]
+        q = [v if i in kept else 0.0 for i, v in enumerate(q)]
+        q = [v / sum(q) for v in q]
+    return [math.log(v) if v > 0 else -math.inf for v in q]
+
+
+RAW = [2.0, 1.5, 0.3, -0.2, -1.0, -3.0]
+
+
+@pytest.mark.parametrize("setting", [dict(), dict(temperature=0.7), dict(temperature=1.3), dict(top_k=2),
+                                     dict(top_p=0.6), dict(top_p=0.9, temperature=0.5), dict(min_p=0.2),
+                                     dict(temperature=0.8, top_k=4, top_p=0.8, min_p=0.05), dict(top_k=6)])
+def test_processed_logprobs_match_brute_force(setting):
+    got = F.processed_logprobs(np.array(RAW), F.Setting(**setting))
+    want = brute(RAW, **setting)
+    for g, w in zip(got, want):
+        assert (g == w == -math.inf) or g == pytest.approx(w, abs=1e-12)
+
+
+def test_processed_logprobs_rows_independent_and_raw_scale_free():
+    rows = np.array([RAW, RAW[::-1]])
+    got = F.processed_logprobs(rows, F.Setting(top_k=2))
+    assert np.isfinite(got[0]).sum() == 2 and np.isfinite(got[1]).sum() == 2
+    assert np.isfinite(got[0, :2]).all() and np.isfinite(got[1, -2:]).all()
+    shifted = F.processed_logprobs(np.array(RAW) - 7.0, F.Setting(temperature=0.7))
+    assert np.allclose(shifted, F.processed_logprobs(np.array(RAW), F.Setting(temperature=0.7)))
+
+
+def test_top_p_keeps_the_token_that_reaches_the_mass():
+    # p = 0.5, 0.3, 0.2: top_p 0.5 keeps one token, 0.51 two, 0.8 two, 0.81 three
+    raw = np.log([0.5, 0.3, 0.2])
+    for top_p, kept in ((0.5, 1), (0.51, 2), (0.8, 2), (0.81, 3)):
+        assert np.isfinite(F.processed_logprobs(raw, F.Setting(top_p=top_p))).sum() == kept
+
+
+def test_min_p_threshold_is_relative_to_the_tempered_best():
+    raw = np.log([0.5, 0.25, 0.125, 0.125])
+    # exactly at the threshold is kept (vLLM masks probabilities below it)
+    assert np.isfinite(F.processed_logprobs(raw, F.Setting(min_p=0.5))).tolist() == [True, True, False, False]
+    assert np.isfinite(F.processed_logprobs(raw, F.Setting(min_p=0.51))).tolist() == [True, False, False, False]
+    raw = np.log([0.6, 0.3, 0.1])
+    # at temperature 2 the ratios are square roots: 0.1/0.6 -> 0.408
+    assert np.isfinite(F.processed_logprobs(raw, F.Setting(temperature=2.0, min_p=0.4))).all()
+
+
+def test_setting_body_and_of():
+    s = F.Setting.of({"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05})
+    assert s == F.Setting(0.8, 20, 0.9, 0.05)
+    assert s.body() == {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "min_p": 0.05}
+    assert F.Setting.of({"temperature": 0.7}).body() == {"temperature": 0.7, "top_p": 1.0}
+
+
+def test_exactness():
+    assert F.exactness_problem(F.Setting(top_k=20), 20, "server") is None
+    assert F.exactness_problem(F.Setting(top_k=21), 20, "server") is not None
+    assert F.exactness_problem(F.Setting(temperature=0.7), 20, "server") is not None
+    assert "--reference" in F.exactness_problem(F.Setting(min_p=0.05), 20, "server")
+    assert F.exactness_problem(F.Setting(temperature=0.7), 20, "reference") is None
+
+
+def test_draw_from_vocab():
+    raw = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    d = F.draw_from_vocab(raw, 1, F.Setting(top_k=2), k=3, position=4, prompt_id="p")
+    assert d.full_vocab and set(d.top) == {0, 1}
+    assert d.logprob == pytest.approx(math.log(0.3 / 0.8)) and d.position == 4 and d.prompt_id == "p"
+    outside = F.draw_from_vocab(raw, 3, F.Setting(top_k=2), k=3, position=0, prompt_id="p")
+    assert outside.logprob == -math.inf
+    wide = F.draw_from_vocab(raw, 3, F.Setting(), k=2, position=0, prompt_id="p")
+    assert not wide.full_vocab and list(wide.top) == [0, 1] and wide.logprob == pytest.approx(math.log(0.05))
+
+
+def test_draw_from_top():
+    top = {7: math.log(0.4), 8: math.log(0.3), 9: math.log(0.1)}
+    d = F.draw_from_top(top, 8, F.Setting(top_k=2), position=1, prompt_id="p")
+    assert d.full_vocab and d.top == pytest.approx({7: math.log(4 / 7), 8: math.log(3 / 7)})
+    assert d.logprob == pytest.approx(math.log(3 / 7))
+    assert F.draw_from_top(top, 9, F.Setting(top_k=2), 0, "p").logprob == -math.inf
+    assert F.draw_from_top(top, 5, F.Setting(top_k=2), 0, "p").logprob == -math.inf
+    tempered = F.draw_from_top(top, 7, F.Setting(temperature=0.5, top_k=2), 0, "p")
+    assert tempered.logprob == pytest.approx(math.log(0.16 / 0.25))
+
+
+# --- activity, lossy, verdicts, gate --------------------------------------------------------------
+def acc(draft_tokens, known=True):
+    return AcceptanceSummary(known=known, draft_tokens=draft_tokens, accepted_tokens=0, acceptance_rate=0.0)
+
+
+def test_activity_of():
+    assert F.activity_of(None).state == "unknown"
+    assert F.activity_of(acc(None)).state == "unknown"
+    assert F.activity_of(acc(5, known=False)).state == "unknown"
+    assert F.activity_of(acc(0)).state == "inactive"
+    assert F.activity_of(acc(1)).state == "active"
+
+
+def test_lossy_reason():
+    assert F.lossy_reason({"method": "ngram", "num_speculative_tokens": 4}) is None
+    assert "relaxed" in F.lossy_reason({"speculative_config": {"use_relaxed_acceptance_for_thinking": True}})
+    assert F.lossy_reason({"use_relaxed_acceptance_for_thinking": False}) is None
+    assert "typical" in F.lossy_reason({"acceptance_method": "typical_acceptance_sampler"})
+    assert "0.3" in F.lossy_reason({"posterior_threshold": 0.3})
+    assert F.lossy_reason({"posterior_threshold": 1}) is None
+    assert F.lossy_reason({"posterior_threshold": True}) is None
+
+
+OK = CellCheck(name="identity", ok=True, detail="identical (8 tokens)")
+BAD = CellCheck(name="invariant (spec-on)", ok=False, detail="4 tokens generated, max_tokens is 3")
+ACTIVE = Activity(state="active")
+INACTIVE = Activity(state="inactive")
+
+
+def test_cell_verdict():
+    assert F.cell_verdict([OK], ACTIVE) == ("pass", "identical (8 tokens)")
+    assert F.cell_verdict([OK, BAD], ACTIVE) == ("fail", "invariant (spec-on): 4 tokens generated, max_tokens is 3")
+    verdict, reason = F.cell_verdict([OK, BAD], ACTIVE, lossy="relaxed")
+    assert verdict == "lossy" and reason.startswith("lossy by configuration (relaxed); invariant (spec-on)")
+    assert F.cell_verdict([OK], INACTIVE)[0] == "inactive"
+    assert F.cell_verdict([OK, BAD], INACTIVE)[0] == "fail"  # a fault shows even when speculation was off
+    assert F.cell_verdict([OK], None)[0] == "pass"  # unknown activity does not block a pass
+    assert F.cell_verdict([OK], ACTIVE, near_tie=True) == ("near-tie", "identical (8 tokens)")
+    assert F.cell_verdict([], ACTIVE) == ("error", "nothing was checked")
+    both = CellCheck(name="invariant (spec-off)", ok=False, detail="x")
+    assert "speculation off too" in F.cell_verdict([BAD, both], ACTIVE)[1]
+
+
+def test_feature_gate():
+    assert F.feature_gate([("a", "pass"), ("b", "inactive"), ("c", "unsupported")]).passed
+    gate = F.feature_gate([("a", "pass"), ("b", "fail"), ("c", "error")])
+    assert not gate.passed and gate.reasons == ["b: fail", "c: error"]
+    assert F.feature_gate([("a", "near-tie"), ("b", "lossy"), ("c", "not-exact")]).passed
+    strict = F.feature_gate([("a", "pass"), ("b", "inactive")], require_active=True)
+    assert not strict.passed and strict.reasons == ["b: speculation inactive"]
+    nothing = F.feature_gate([("a", "inactive"), ("b", "unsupported")])
+    assert not nothing.passed and nothing.reasons == ["no cell passed: nothing about speculation was shown"]
