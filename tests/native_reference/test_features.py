@@ -236,3 +236,33 @@ def test_logprobs_shifted_fault(smol):
     assert [lp for s in base.generate(prompt, N, top_logprobs=1).steps for lp in s.logprobs] == truth_lp
     bad = [lp for s in spec.generate(prompt, N, top_logprobs=1).steps for lp in s.logprobs]
     assert bad != pytest.approx(truth_lp, abs=1e-2)
+
+
+def test_draft_model_q_is_processed_too(smol):
+    """The target as its own draft: with the request's processing applied to the draft's
+    logits as well, every draft is accepted (greedy and sampling) and greedy output equals
+    the target alone."""
+    from specadapt.native_reference.proposers import DraftModelProposer
+
+    ref, prompt = smol
+    params = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={token(ref, " d"): -100})
+    truth = engines(ref)[0].generate(prompt, 8, params).tokens
+    for p in (params, SamplingParams(1.0, repetition_penalty=1.3, logit_bias={token(ref, " d"): -100})):
+        spec = SpecEngine(ref.engine.model, DraftModelProposer(ref.engine.model), 3)
+        g = spec.generate(prompt, 8, p, seed=1)
+        assert g.stats.accepted_tokens == g.stats.draft_tokens > 0
+        if p.greedy:
+            assert g.tokens == truth
+
+
+def test_serve_cli_takes_a_feature_fault(embedded_dir, monkeypatch):
+    from click.testing import CliRunner
+
+    from specadapt.cli import cli
+    from specadapt.native_reference import server
+
+    calls = []
+    monkeypatch.setattr(server, "run_server", lambda ref, *args: calls.append(ref))
+    res = CliRunner().invoke(cli, ["reference", "serve", "--ngram", "--fault", "stop-in-chunk"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert calls[0].engine.fault.kind == "stop-in-chunk"
