@@ -126,7 +126,9 @@ def _format_stats(result: dict) -> str:
               help="Most logprobs / prompt_logprobs a request may ask for (-1: no cap), as vLLM's.")
 @click.option("--inject-fault", "--fault", "fault", default=None,
               help="TEST AID, off by default: accept-always, drop-bonus, perturb-logits=EPS, "
-                   "draft-temperature=T (draft model only), residual-p, bonus-previous or accept-later.")
+                   "draft-temperature=T (draft model only), residual-p, bonus-previous, accept-later, "
+                   "stop-in-chunk, overrun-max-tokens, draft-penalties-skipped, draft-filters-skipped, "
+                   "seed-ignored or logprobs-shifted.")
 def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
           host, port, served_model_name, max_num_seqs, max_model_len, schedule, max_logprobs, fault) -> None:
     """Serve the reference engine as an OpenAI-compatible HTTP server (concurrent requests batched)."""

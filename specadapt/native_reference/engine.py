@@ -21,11 +21,23 @@ import torch
 from specadapt.errors import UsageError
 from specadapt.native_reference.models import SlotCache
 from specadapt.native_reference.proposers import DraftModelProposer, Proposal, Proposer
-from specadapt.native_reference.sampling import SAMPLER_FAULTS, SamplingParams, greedy_verify, probs, rejection_verify
+from specadapt.native_reference.sampling import (
+    SAMPLER_FAULTS,
+    SamplingParams,
+    greedy_verify,
+    probs,
+    process_logits,
+    rejection_verify,
+)
+from specadapt.native_reference.stops import StopStrings
 from specadapt.records.schedule import k_for_batch, schedule_problems
 
+# faults of request features under speculation: each shows only where a verify pass emits
+# several tokens (accepted drafts); target-only decoding (k = 0) never shows them
+FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
+                  "seed-ignored", "logprobs-shifted")
 # engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
-FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS
+FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS + FEATURE_FAULTS
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,9 @@ class Step:
     logprobs: list[float]  # raw target logprob of each emitted token; empty if not asked
     top_logprobs: list[list[tuple[int, float]]]  # per token, best first; empty if not asked
     finish_reason: str | None = None  # "stop" or "length" on the row's last step
+    # vLLM's stop_reason on a "stop" step: the stop string, the stop token id, or None (EOS)
+    stop_reason: int | str | None = None
+    text: str | None = None  # with stop strings: the row's whole output text after this step
     # on a row's first Step only, when asked: None, then one entry per prompt token (prompt_logprobs_of)
     prompt_logprobs: list[list[tuple[int, float, int]] | None] | None = None
 
@@ -149,6 +164,8 @@ class Generation:
     steps: list[Step]
     stats: SpecStats
     finish_reason: str  # "stop" or "length"
+    stop_reason: int | str | None = None
+    text: str | None = None  # with stop strings: the output text, cut at the stop string
 
 
 @dataclass
@@ -167,6 +184,23 @@ class Row:
     tag: object = None  # the caller's handle (the server's request)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     finish_reason: str | None = None
+    stop_token_ids: tuple[int, ...] = ()  # the request's: they stop like EOS, stop_reason = the id
+    stops: StopStrings | None = None  # the request's stop strings (and its output text)
+    stop_reason: int | str | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+    @property
+    def all_stop_ids(self) -> set[int]:
+        """EOS ids and stop token ids: what min_tokens masks and what ends the row."""
+        return set(self.stop_ids) | set(self.stop_token_ids)
+
+    def process(self, logits: torch.Tensor, drafts: Sequence[int] = (), rows: int | None = None) -> torch.Tensor:
+        """The row's logits ``[S, V]`` after min_tokens, logit_bias and penalties, row i
+        after ``drafts[:i]`` (see sampling.process_logits); raw (float64) if none apply."""
+        return process_logits(logits, self.params, self.prompt, self.output, drafts, self.all_stop_ids, rows)
 
     @property
     def generated(self) -> int:
@@ -224,15 +258,19 @@ class SpecEngine:
     # -- one sequence at a time (a batch of one) -------------------------------------------
 
     def generate(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
-                 stop_ids: tuple[int, ...] = (), top_logprobs: int = 0, seed: int | None = None) -> Generation:
+                 stop_ids: tuple[int, ...] = (), top_logprobs: int = 0, seed: int | None = None,
+                 stop_token_ids: tuple[int, ...] = (), stops: StopStrings | None = None) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, params, stop_ids, top_logprobs,
-                                   seeds=None if seed is None else [seed])[0]
+                                   seeds=None if seed is None else [seed], stop_token_ids=stop_token_ids,
+                                   stops=None if stops is None else [stops])[0]
 
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
                        params: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
                        stop_ids: tuple[int, ...] = (), top_logprobs: int = 0,
-                       seeds: Sequence[int] | None = None) -> list[Generation]:
-        """Decode ``prompts`` together in one batch until every row has finished."""
+                       seeds: Sequence[int] | None = None, stop_token_ids: tuple[int, ...] = (),
+                       stops: Sequence[StopStrings | None] | None = None) -> list[Generation]:
+        """Decode ``prompts`` together in one batch until every row has finished
+        (``stops``: one StopStrings, or None, per prompt)."""
         for prompt in prompts:
             _check_prompt(prompt)
         self._idle()
@@ -242,7 +280,8 @@ class SpecEngine:
         try:
             for i, prompt in enumerate(prompts):
                 row, first = self.add(prompt, max_new_tokens, plist[i], stop_ids, top_logprobs=top_logprobs,
-                                      seed=None if seeds is None else seeds[i], tag=i)
+                                      seed=None if seeds is None else seeds[i], tag=i,
+                                      stop_token_ids=stop_token_ids, stops=None if stops is None else stops[i])
                 rows.append(row)
                 steps[i] = [first]
             while self.rows:
@@ -251,7 +290,8 @@ class SpecEngine:
         finally:
             for row in rows:
                 self.remove(row)
-        return [Generation(list(r.prompt), r.tokens[len(r.prompt):], steps[i], r.stats, r.finish_reason or "length")
+        return [Generation(list(r.prompt), r.output, steps[i], r.stats, r.finish_reason or "length",
+                           r.stop_reason, None if r.stops is None else r.stops.text)
                 for i, r in enumerate(rows)]
 
     def _idle(self) -> None:
@@ -263,9 +303,15 @@ class SpecEngine:
     def add(self, prompt: list[int], max_new_tokens: int, params: SamplingParams = SamplingParams(),
             stop_ids: tuple[int, ...] = (), logprobs: bool = False, top_logprobs: int = 0,
             seed: int | None = None, stats: SpecStats | None = None, tag: object = None,
-            prompt_logprobs: int | None = None) -> tuple[Row, Step]:
+            prompt_logprobs: int | None = None, stop_token_ids: tuple[int, ...] = (),
+            stops: StopStrings | None = None) -> tuple[Row, Step]:
         """Prefill ``prompt`` (alone) and join the batch; returns the row and its first Step.
         A row that is finished after its first token (stop or length) does not join.
+
+        ``stop_ids``: EOS ids (finish "stop", stop_reason None); ``stop_token_ids``: the
+        request's stop token ids (finish "stop", stop_reason the id); both are kept in the
+        output tokens, as vLLM keeps them. ``stops``: the request's stop strings, checked
+        on the text after every step (the row leaves at a match).
 
         ``prompt_logprobs`` K (None: not asked; -1: the whole vocabulary): the first Step
         also carries the target's log-probabilities over the prompt, from the same prefill
@@ -276,7 +322,8 @@ class SpecEngine:
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
         noise = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
         row = Row(list(prompt), max_new_tokens, params, tuple(stop_ids), logprobs or top_logprobs > 0,
-                  top_logprobs, gen, noise, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt))
+                  top_logprobs, gen, noise, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt),
+                  stop_token_ids=tuple(stop_token_ids), stops=stops)
         t0 = time.perf_counter()
         if prompt_logprobs is None:
             logits = self.target.add(row.tokens)  # [1, V]
@@ -284,7 +331,7 @@ class SpecEngine:
             every = self.target.add(row.tokens, keep=len(row.tokens))  # [n, V]
             plp = prompt_logprobs_of(every[:-1], row.tokens[1:], prompt_logprobs)
             logits = every[-1:]
-        m, nxt = self._verify(logits, Proposal(), params, gen)
+        m, nxt = self._verify(row, logits, Proposal(), gen)
         step = self._emit(row, Proposal(), logits, m, nxt)
         if prompt_logprobs is not None:
             step.prompt_logprobs = [None] + plp
@@ -328,8 +375,10 @@ class SpecEngine:
         draft_forwards = 0
         if self.proposer is not None and any(ks):
             before = self.proposer.forwards
+            process = [_draft_process(r) for r in rows]
+            extra = {"process": process} if any(process) else {}  # proposers without it serve plain requests
             proposals = self.proposer.propose([r.tokens for r in rows], ks, [r.params for r in rows],
-                                              [r.generator for r in rows])
+                                              [r.generator for r in rows], **extra)
             draft_forwards = self.proposer.forwards - before
         t1 = time.perf_counter()
         # the cache holds every position but the last of each row
@@ -341,7 +390,10 @@ class SpecEngine:
             if prop.tokens and self.fault and self.fault.kind == "perturb-logits":
                 noise = torch.randn(lg.shape, generator=row.noise, dtype=torch.float32, device=lg.device)
                 lg = lg + (self.fault.eps * noise).to(lg.dtype)
-            m, nxt = self._verify(lg, prop, row.params, row.generator)
+            generator = row.generator
+            if prop.tokens and self._fault("seed-ignored"):
+                generator = self.generator  # the bug: the verify pass ignores the request's seeded generator
+            m, nxt = self._verify(row, lg, prop, generator)
             step = self._emit(row, prop, lg, m, nxt)
             # keep the cache entries of every emitted token but the last (fed next step)
             self.target.truncate(b, len(row.tokens) - 1)
@@ -357,48 +409,94 @@ class SpecEngine:
         self.target.trim()
         return out
 
+    def _fault(self, kind: str) -> bool:
+        return self.fault is not None and self.fault.kind == kind
+
     def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int) -> Step:
-        """Append what the row emits this pass (cut at a stop token or the length limit)."""
+        """Append what the row emits this pass: the accepted drafts and the next token, cut
+        at the length limit, at a stop token and at a stop string, in that order (vLLM's
+        scheduler cuts the first two, its output processor the last)."""
         draft = prop.tokens
         emitted = draft[:m] + [nxt]
-        if self.fault and self.fault.kind == "drop-bonus" and draft and m == len(draft):
+        if self._fault("drop-bonus") and draft and m == len(draft):
             emitted = list(draft)  # the target's extra token is thrown away
-        emitted = emitted[:row.max_new_tokens - row.generated]
-        for i, t in enumerate(emitted):
-            if t in row.stop_ids:
-                emitted = emitted[:i + 1]
-                break
+        if not self._fault("overrun-max-tokens"):  # the bug: a chunk is kept whole past max_tokens
+            emitted = emitted[:row.max_new_tokens - row.generated]
+        emitted, stop_reason = self._cut_at_stop(row, emitted)
         position = len(row.tokens)
         row.tokens.extend(emitted)
-        lp: list[float] = []
-        tops: list[list[tuple[int, float]]] = []
-        if row.logprobs and emitted:
-            logp = torch.log_softmax(logits[:len(emitted)].to(torch.float64), dim=-1)  # [n, V]
-            lp = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
-            if row.top_logprobs > 0:
-                vals, ids = torch.topk(logp, row.top_logprobs, dim=-1)
-                tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
-        if emitted and emitted[-1] in row.stop_ids:
-            row.finish_reason = "stop"
+        lp, tops = self._logprobs(row, logits, emitted)
+        if stop_reason is not None or (emitted and emitted[-1] in row.stop_ids):
+            row.finish_reason, row.stop_reason = "stop", stop_reason
         elif row.generated >= row.max_new_tokens or len(row.tokens) >= self.max_model_len:
             row.finish_reason = "length"
         for st in (row.stats, self.totals):
             _count(st, len(draft), m)
             st.generated_tokens += len(emitted)
-        return Step(position, list(draft), m, emitted, lp, tops, row.finish_reason)
+        return Step(position, list(draft), m, emitted, lp, tops, row.finish_reason, row.stop_reason,
+                    None if row.stops is None else row.stops.text)
 
-    def _verify(self, logits: torch.Tensor, proposal: Proposal, params: SamplingParams,
+    def _cut_at_stop(self, row: Row, emitted: list[int]) -> tuple[list[int], int | str | None]:
+        """``emitted`` cut after its first stop token and then at a stop string; the stop
+        reason (the stop token id, or the stop string) or None (no stop, or EOS)."""
+        stop_reason: int | str | None = None
+        ends = row.all_stop_ids
+        for i, t in enumerate(emitted):
+            if t in ends:
+                emitted = emitted[:i + 1]
+                stop_reason = t if t in row.stop_token_ids and t not in row.stop_ids else None
+                break
+        if row.stops is not None and emitted:
+            terminated = emitted[-1] in ends
+            kept, matched = row.stops.update(emitted, terminated, keep_chunk=self._fault("stop-in-chunk"))
+            if matched is not None:
+                return emitted[:kept], matched
+        return emitted, stop_reason
+
+    def _logprobs(self, row: Row, logits: torch.Tensor, emitted: list[int]
+                  ) -> tuple[list[float], list[list[tuple[int, float]]]]:
+        """Raw target logprobs of the emitted tokens (log_softmax of the unprocessed logits,
+        vLLM's default) and the top ones; empty when not asked."""
+        if not row.logprobs or not emitted:
+            return [], []
+        logp = torch.log_softmax(logits[:len(emitted)].to(torch.float64), dim=-1)  # [n, V]
+        if self._fault("logprobs-shifted") and len(emitted) > 1:
+            logp = logp[[0] + list(range(len(emitted) - 1))]  # the bug: token j read at position j-1
+        lp = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
+        tops: list[list[tuple[int, float]]] = []
+        if row.top_logprobs > 0:
+            vals, ids = torch.topk(logp, row.top_logprobs, dim=-1)
+            tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
+        return lp, tops
+
+    def _verify(self, row: Row, logits: torch.Tensor, proposal: Proposal,
                 generator: torch.Generator) -> tuple[int, int]:
-        if self.fault and self.fault.kind == "accept-always":
+        """Accepted drafts and the next token, from the row's processed logits (every
+        position processed with the output as it stands before it)."""
+        params = row.params
+        draft = proposal.tokens
+        rows = 1 if self._fault("draft-penalties-skipped") else None  # the bug: drafted positions raw
+        x = row.process(logits, draft, rows)  # [len(draft)+1, V] float64
+        if self._fault("accept-always"):
             # the bug: no comparison with the target at all; next token from the last row
-            row = logits[len(proposal.tokens):]  # [1, V]
+            last = x[len(draft):]  # [1, V]
             if params.greedy:
-                return len(proposal.tokens), int(row.argmax(-1).item())
-            return len(proposal.tokens), rejection_verify(probs(row, params), None, [], generator)[1]
+                return len(draft), int(last.argmax(-1).item())
+            return len(draft), rejection_verify(probs(last, params), None, [], generator)[1]
         if params.greedy:
-            return greedy_verify(logits, proposal.tokens)
+            return greedy_verify(x, draft)
         kind = self.fault.kind if self.fault and self.fault.kind in SAMPLER_FAULTS else None
-        return rejection_verify(probs(logits, params), proposal.q, proposal.tokens, generator, fault=kind)
+        filtered = 1 if self._fault("draft-filters-skipped") else None  # the bug: drafted positions unfiltered
+        return rejection_verify(probs(x, params, filtered), proposal.q, draft, generator, fault=kind)
+
+
+def _draft_process(row: Row):
+    """The draft's logits processing for ``row``: the same as the target's, so q is built
+    from the same processed logits as p and acceptance stays high."""
+    if not row.params.processed:
+        return None
+    return lambda logits, drafted: process_logits(logits, row.params, row.prompt, row.output + list(drafted),
+                                                  (), row.all_stop_ids)
 
 
 def prompt_logprobs_of(logits: torch.Tensor, tokens: list[int], k: int,

@@ -40,7 +40,10 @@ class Proposer(Protocol):
     def keep_rows(self, rows: list[int]) -> None: ...
 
     def propose(self, seqs: list[list[int]], ks: list[int], params: list[SamplingParams],
-                generators: list[torch.Generator | None]) -> list[Proposal]: ...
+                generators: list[torch.Generator | None], process: list | None = None) -> list[Proposal]:
+        """``process``: per row None, or ``f(logits [1, V], drafted so far) -> logits``, the
+        request's logits processing (bias, penalties, min_tokens) a sampling proposer
+        applies before temperature, as the target's verification does."""
 
 
 class DraftModelProposer:
@@ -83,8 +86,9 @@ class DraftModelProposer:
         self.fed = [self.fed[i] for i in rows]
         self.confirmed = [self.confirmed[i] for i in rows]
 
-    def propose(self, seqs, ks, params, generators) -> list[Proposal]:
+    def propose(self, seqs, ks, params, generators, process=None) -> list[Proposal]:
         B = len(seqs)
+        process = process or [None] * B
         feeds: list[list[int]] = []
         for b, seq in enumerate(seqs):
             fed, n = self.fed[b], self.confirmed[b]
@@ -111,6 +115,8 @@ class DraftModelProposer:
                 if not live[b]:
                     continue
                 row = logits[b, len(feeds[b]) - 1][None]  # [1, V]
+                if process[b] is not None:
+                    row = process[b](row, out[b].tokens)  # the request's bias, penalties, min_tokens
                 if params[b].greedy:
                     x = int(row.argmax(-1).item())
                     q = torch.softmax(row[0].double(), -1) if self.min_confidence > 0 else None
@@ -164,8 +170,8 @@ class NgramProposer:
         self.indexes = [self.indexes[i] for i in rows]
         self.seen = [self.seen[i] for i in rows]
 
-    def propose(self, seqs, ks, params, generators) -> list[Proposal]:
-        out = []
+    def propose(self, seqs, ks, params, generators, process=None) -> list[Proposal]:
+        out = []  # lookup proposes without logits: ``process`` does not apply
         for b, (index, seq, k) in enumerate(zip(self.indexes, seqs, ks)):
             index.extend(seq[self.seen[b]:])  # accepted tokens are final: the index only grows
             self.seen[b] = len(seq)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,23 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off; drop tokens below min_p x the best token's tempered probability
+    repetition_penalty: float = 1.0  # 1.0: off; prompt and output tokens
+    frequency_penalty: float = 0.0  # minus frequency_penalty x count in the output
+    presence_penalty: float = 0.0  # minus presence_penalty for each token present in the output
+    # (token id, bias) pairs, sorted by id; a dict is accepted and each bias clamped to
+    # [-100, 100], as vLLM clamps it
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0  # EOS and stop token ids masked while fewer tokens were generated
 
     def __post_init__(self) -> None:
+        bias = self.logit_bias
+        items = bias.items() if isinstance(bias, dict) else (bias or ())
+        try:
+            pairs = tuple(sorted((int(t), min(100.0, max(-100.0, float(b)))) for t, b in items))
+        except (TypeError, ValueError):
+            raise UsageError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        object.__setattr__(self, "logit_bias", pairs)
         self.validate()
 
     def validate(self) -> None:
@@ -60,19 +76,121 @@ class SamplingParams:
             raise UsageError(f"top_k must be an integer, got {k!r}")
         if k < -1:
             raise UsageError(f"top_k must be 0 or -1 (off) or at least 1, got {k!r}")
+        self._validate_processing()
+
+    def _validate_processing(self) -> None:
+        """vLLM's rules for min_p, the penalties and min_tokens (the max_tokens bound of
+        min_tokens is the server's, which knows max_tokens)."""
+        mp = self.min_p
+        if isinstance(mp, bool) or not isinstance(mp, numbers.Real) or not 0.0 <= mp <= 1.0:
+            raise UsageError(f"min_p must be in [0, 1], got {mp!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not -2.0 <= v <= 2.0:
+                raise UsageError(f"{name} must be in [-2, 2], got {v!r}")
+        r = self.repetition_penalty
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(r):
+            raise UsageError(f"repetition_penalty must be a finite number, got {r!r}")
+        if r <= 0:
+            raise UsageError(f"repetition_penalty must be greater than zero, got {r!r}")
+        n = self.min_tokens
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise UsageError(f"min_tokens must be greater than or equal to 0, got {n!r}")
+        if any(not math.isfinite(b) for _, b in self.logit_bias):
+            raise UsageError("logit_bias values must be finite numbers")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether repetition/frequency/presence penalties change anything."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether the logits need processing before temperature (bias, penalties, min_tokens)."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
 
-def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Processed distributions ``[S, V]`` (float64): temperature, then top-k, then top-p.
+def process_logits(logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int],
+                   output: Sequence[int], drafts: Sequence[int] = (), stop_ids: Iterable[int] = (),
+                   rows: int | None = None) -> torch.Tensor:
+    """The logits ``[S, V]`` after min_tokens, logit_bias and the penalties (float64), in
+    vLLM's order; what greedy takes the argmax of and temperature divides.
 
+    Row i predicts the token after ``output + drafts[:i]``, so each row is processed with
+    the output as it would be after the chunk's earlier tokens: a verify pass then gives
+    the same distributions as decoding one token at a time. ``stop_ids`` (EOS and stop
+    token ids) are masked in a row whose output is shorter than ``params.min_tokens``.
+    ``rows``: process only the first ``rows`` rows (a fault: the others stay raw).
+    """
+    x = logits.to(torch.float64).clone()  # [S, V]
+    if not params.processed:
+        return x
+    vocab = x.shape[-1]
+    stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=x.device)
+    counts = _counts(output, vocab, x.device)  # [V]
+    in_prompt = _counts(prompt, vocab, x.device) > 0  # [V]
+    for i in range(x.shape[0] if rows is None else min(rows, x.shape[0])):
+        if i > 0:
+            counts[drafts[i - 1]] += 1
+        if len(output) + i < params.min_tokens and stops.numel():
+            x[i, stops] = float("-inf")
+        for tid, bias in params.logit_bias:
+            x[i, tid] += bias
+        if params.penalized:
+            x[i] = _penalize(x[i], counts, in_prompt, params)
+    return x
+
+
+def _counts(tokens: Sequence[int], vocab: int, device) -> torch.Tensor:
+    """How often each token id occurs in ``tokens`` ``[V]`` (float64)."""
+    ids = torch.tensor(list(tokens), dtype=torch.long, device=device)
+    return torch.bincount(ids, minlength=vocab)[:vocab].to(torch.float64)
+
+
+def _penalize(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One row ``[V]``: repetition (tokens of the prompt or the output: a positive logit
+    divided by the penalty, a negative one multiplied), then frequency (minus the penalty
+    times the count in the output), then presence (minus the penalty if in the output)."""
+    seen = counts > 0
+    if params.repetition_penalty != 1.0:
+        r = params.repetition_penalty
+        scaled = torch.where(x > 0, x / r, x * r)
+        x = torch.where(seen | in_prompt, scaled, x)
+    return x - params.frequency_penalty * counts - params.presence_penalty * seen.to(x.dtype)
+
+
+def probs(logits: torch.Tensor, params: SamplingParams, filtered_rows: int | None = None) -> torch.Tensor:
+    """Processed distributions ``[S, V]`` (float64): temperature, then min-p, top-k and
+    top-p (vLLM's order); ``logits`` already hold bias and penalties (process_logits).
+
+    ``filtered_rows``: apply min-p, top-k and top-p to the first rows only (a fault: the
+    others keep the tempered, untruncated distribution).
     Raises ValueError instead of returning NaN when a row has no token left to sample
     (NaN or +inf logits, or every token masked).
     """
     x = logits.to(torch.float64) / params.temperature  # [S, V]
+    n = x.shape[0] if filtered_rows is None else min(filtered_rows, x.shape[0])
+    if n:
+        x = torch.cat([_filter(x[:n], params), x[n:]])
+    # softmax is NaN on a row with a NaN or +inf, or with every entry -inf (nothing left)
+    bad = (x.isnan() | (x == float("inf"))).any(-1) | (x == float("-inf")).all(-1)  # [S]
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"no distribution to sample from at row {row}: the logits hold NaN/inf "
+            f"(a {logits.dtype} overflow?) or {params} masks every token")
+    return torch.softmax(x, dim=-1)
+
+
+def _filter(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Tempered logits ``[S, V]`` after min-p, top-k, top-p (dropped tokens at -inf)."""
+    if params.min_p > 0.0:
+        p = torch.softmax(x, dim=-1)
+        x = x.masked_fill(p < params.min_p * p.max(dim=-1, keepdim=True).values, float("-inf"))
     if params.top_k > 0 and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [S, 1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -83,14 +201,7 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted = mass_before >= params.top_p  # keep the smallest set reaching top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
-    # softmax is NaN on a row with a NaN or +inf, or with every entry -inf (nothing left)
-    bad = (x.isnan() | (x == float("inf"))).any(-1) | (x == float("-inf")).all(-1)  # [S]
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"no distribution to sample from at row {row}: the logits hold NaN/inf "
-            f"(a {logits.dtype} overflow?) or {params} masks every token")
-    return torch.softmax(x, dim=-1)
+    return x
 
 
 def sample(p: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -37,6 +37,7 @@ from specadapt.native_reference.engine import Row, Step
 from specadapt.native_reference.models import vocab_size
 from specadapt.native_reference.runtime import Reference
 from specadapt.native_reference.sampling import SamplingParams
+from specadapt.native_reference.stops import StopStrings
 
 log = logging.getLogger("specadapt.reference.server")
 _DONE = object()
@@ -198,11 +199,16 @@ class Scheduler:
         while self.waiting and len(self.engine.rows) < self.max_num_seqs:
             ticket = self.waiting.pop(0)
             job = ticket.job
-            stop = () if job.ignore_eos else self.ref.stop_ids
+            eos, stop_token_ids = self._stop_ids(job)
+            stops = None
+            if job.stop:
+                stops = StopStrings(self.ref.tokenizer, job.stop, job.include_stop_str_in_output,
+                                    job.params.min_tokens)
             try:
-                row, step = self.engine.add(job.prompt, job.max_tokens, job.params, stop, logprobs=job.logprobs,
+                row, step = self.engine.add(job.prompt, job.max_tokens, job.params, eos, logprobs=job.logprobs,
                                             top_logprobs=job.top_logprobs, seed=job.seed, tag=ticket,
-                                            prompt_logprobs=job.prompt_logprobs)
+                                            prompt_logprobs=job.prompt_logprobs, stop_token_ids=stop_token_ids,
+                                            stops=stops)
             except Exception as exc:
                 log.exception("prefill failed")
                 ticket.put(exc)
@@ -216,6 +222,17 @@ class Scheduler:
             else:
                 ticket.put(_DONE)
         self._gauges()
+
+    def _stop_ids(self, job: Job) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(EOS, stop token ids) as vLLM splits them: the tokenizer's EOS stops with
+        stop_reason None; the generation config's other EOS ids join the request's
+        stop_token_ids (stop_reason: the id); ignore_eos drops both EOS kinds."""
+        eos = self.ref.tokenizer.eos_token_id
+        primary = () if eos is None else (int(eos),)
+        others = tuple(i for i in self.ref.stop_ids if i not in primary)
+        if job.ignore_eos:
+            return (), job.stop_token_ids
+        return primary, tuple(dict.fromkeys(job.stop_token_ids + others))
 
     def _fail_all(self, exc: Exception) -> None:
         for ticket in list(self.running.values()) + self.waiting:
@@ -269,6 +286,9 @@ class Job:
     chat: bool
     prompt_logprobs: int | None = None  # K, -1: the whole vocabulary; None: not asked
     token_ids: bool = False  # vLLM's return_token_ids (non-streamed answers)
+    stop: tuple[str, ...] = ()  # stop strings
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
 
 
 def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16,
@@ -418,7 +438,8 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     except Exception as err:  # the engine failed on this batch
         return _error(f"the reference engine failed: {err}", 500)
     tokens = [t for s in steps for t in s.tokens]
-    choice = _choice(state, job, steps, state.ref.decode(tokens), _finish(steps[-1]), final=True)
+    choice = _choice(state, job, steps, _final_text(state, job, steps, tokens), _finish(steps[-1]), final=True,
+                     stop_reason=steps[-1].stop_reason)
     prompt_logprobs = _prompt_logprobs(state, steps[0].prompt_logprobs)
     body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": state.model_name, "choices": [choice], "usage": _usage(len(job.prompt), len(tokens))}
@@ -437,6 +458,7 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
     _check_model(state, body)
     if body.get("n", 1) != 1:
         raise BadRequest("only n = 1 is supported")
+    _refuse_structured(body)
     ref = state.ref
     if chat:
         messages = body.get("messages")
@@ -470,7 +492,11 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
     if max_tokens > limit:
         raise BadRequest(f"this model's maximum context length is {state.max_model_len} tokens; the prompt "
                          f"({len(prompt)} tokens) plus max_tokens ({max_tokens}) ask for {len(prompt) + max_tokens}")
-    params = _sampling(body)
+    params = _sampling(body, state.vocab)
+    if params.min_tokens > max_tokens:
+        raise _invalid(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
+                       f"{params.min_tokens}.", "min_tokens", params.min_tokens)
+    stop, stop_token_ids = _stops(body, state.vocab)
     if chat:
         top = _logprob_count(body, "top_logprobs")
         logprobs = bool(body.get("logprobs"))
@@ -492,7 +518,49 @@ def _parse(state: ServerState, body: dict, chat: bool) -> Job:
     return Job(prompt, max_tokens, params, stream, bool(options.get("include_usage")),
                bool(options.get("continuous_usage_stats")), logprobs, top,
                bool(body.get("return_tokens_as_token_ids")), body.get("seed"),
-               bool(body.get("ignore_eos")), chat, None if stream else prompt_k, bool(body.get("return_token_ids")))
+               bool(body.get("ignore_eos")), chat, None if stream else prompt_k, bool(body.get("return_token_ids")),
+               stop, stop_token_ids, _flag(body, "include_stop_str_in_output", False))
+
+
+# request fields that ask for structured output (vLLM's current and older names)
+_STRUCTURED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "guided_decoding_backend", "guided_whitespace_pattern")
+
+
+def _refuse_structured(body: dict) -> None:
+    """Structured output (a JSON schema, a regex, a grammar, a choice) is not implemented:
+    a 400 naming the field, rather than an answer that silently ignores the constraint."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if fmt is not None and kind != "text":
+        raise _invalid("structured output is not supported by the reference server", "response_format", kind)
+    for name in _STRUCTURED:
+        if body.get(name) is not None:
+            raise _invalid("structured output is not supported by the reference server", name)
+
+
+def _stops(body: dict, vocab: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``stop`` (a string or a list of strings, none empty) and ``stop_token_ids`` (token
+    ids in the vocabulary), checked as vLLM checks them."""
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+        raise _invalid("stop must be a string or a list of strings", "stop")
+    if any(not x for x in stop):
+        raise _invalid("stop cannot contain an empty string.", "stop")
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        ids = []
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise _invalid(f"stop_token_ids must contain only integers, got {ids}.", "stop_token_ids")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise _invalid(f"token_id(s) {bad} in stop_token_ids contain out-of-vocab token ids. "
+                       f"Vocabulary size: {vocab}", "stop_token_ids", bad)
+    return tuple(dict.fromkeys(stop)), tuple(dict.fromkeys(ids))
 
 
 def _logprob_count(body: dict, name: str) -> int | None:
@@ -516,24 +584,63 @@ def _within_max(state: ServerState, k: int, kind: str, name: str) -> None:
         raise _invalid(f"Requested {kind} logprobs of {k}, which is greater than max allowed: {cap}", name, k)
 
 
-def _sampling(body: dict) -> SamplingParams:
-    """The request's sampling parameters, checked as vLLM checks them (BadRequest: 400)."""
+def _sampling(body: dict, vocab: int) -> SamplingParams:
+    """The request's sampling parameters, checked as vLLM checks them (BadRequest: 400,
+    naming the parameter)."""
     def number(name: str, default: float) -> float:
         value = body.get(name)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise BadRequest(f"'{name}' must be a number, not {value!r}")
+            raise _invalid(f"'{name}' must be a number, not {value!r}", name)
         return float(value)
 
-    top_k = body.get("top_k")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-        raise BadRequest(f"'top_k' must be an integer, not {top_k!r}")
-    try:  # SamplingParams checks its values as vLLM does
-        return SamplingParams(number("temperature", 1.0), 0 if top_k in (None, -1) else top_k,
-                              number("top_p", 1.0))
+    def integer(name: str, default: int) -> int:
+        value = body.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(f"'{name}' must be an integer, not {value!r}", name)
+        return value
+
+    top_k = integer("top_k", 0)
+    bias = _logit_bias(body.get("logit_bias"), vocab)
+    try:  # SamplingParams checks its values as vLLM does; each message starts with the name
+        return SamplingParams(number("temperature", 1.0), 0 if top_k == -1 else top_k, number("top_p", 1.0),
+                              min_p=number("min_p", 0.0), repetition_penalty=number("repetition_penalty", 1.0),
+                              frequency_penalty=number("frequency_penalty", 0.0),
+                              presence_penalty=number("presence_penalty", 0.0), logit_bias=bias,
+                              min_tokens=integer("min_tokens", 0))
     except SpecadaptError as err:
-        raise BadRequest(str(err)) from None
+        raise BadRequest(f"{err} (parameter={str(err).split()[0]})", param=str(err).split()[0]) from None
+
+
+def _logit_bias(value: object, vocab: int) -> dict[int, float]:
+    """``logit_bias``: {token id (a string or an int): bias}; ids must be integers in the
+    vocabulary; biases are clamped to [-100, 100] (by SamplingParams), as vLLM does."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _invalid("logit_bias must be an object mapping token ids to biases", "logit_bias")
+    out: dict[int, float] = {}
+    bad_keys = []
+    for key, bias in value.items():
+        try:
+            tid = int(key)
+        except (TypeError, ValueError):
+            bad_keys.append(key)
+            continue
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise _invalid(f"logit_bias values must be numbers, got {bias!r}", "logit_bias")
+        out[tid] = float(bias)
+    if bad_keys:
+        raise _invalid(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad_keys!r}",
+                       "logit_bias", bad_keys)
+    bad = [t for t in out if not 0 <= t < vocab]
+    if bad:
+        raise _invalid(f"token_id(s) {bad} in logit_bias contain out-of-vocab token ids. Vocabulary size: {vocab}",
+                       "logit_bias", bad)
+    return out
 
 
 async def _run(state: ServerState, job: Job):
@@ -563,7 +670,7 @@ async def _stream(state: ServerState, job: Job, rid: str):
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
-    detok = IncrementalDetokenizer(state.ref.tokenizer)
+    text = _StreamText(state, job)
     tokens: list[int] = []
     if job.chat:
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -572,7 +679,7 @@ async def _stream(state: ServerState, job: Job, rid: str):
     try:
         async for step in steps:
             tokens.extend(step.tokens)
-            choice = _choice(state, job, [step], detok.add(step.tokens), None, final=False)
+            choice = _choice(state, job, [step], text.add(step), None, final=False)
             usage = _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None
             yield chunk([choice], usage)
     except Exception as err:  # the engine failed mid-stream: say so in the stream, as vLLM does
@@ -580,11 +687,54 @@ async def _stream(state: ServerState, job: Job, rid: str):
         return
     finally:
         await steps.aclose()
-    last = _choice(state, job, [], detok.flush(), _finish(step), final=False)
+    last = _choice(state, job, [], text.flush(), _finish(step), final=False, stop_reason=step.stop_reason)
     yield chunk([last], _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None)
     if job.include_usage:
         yield chunk([], _usage(len(job.prompt), len(tokens)))
     yield "data: [DONE]\n\n"
+
+
+def _stop_token_ended(step: Step) -> bool:
+    """Whether the step ended its request on a stop token (EOS or a stop token id), whose
+    text vLLM leaves out unless include_stop_str_in_output."""
+    return step.finish_reason == "stop" and not isinstance(step.stop_reason, str) and bool(step.tokens)
+
+
+def _final_text(state: ServerState, job: Job, steps: list[Step], tokens: list[int]) -> str:
+    """The completion's text: the stop-string tracker's (cut at the stop string) when the
+    request has stop strings, else the tokens decoded, a final stop token left out."""
+    if steps[-1].text is not None:
+        return steps[-1].text
+    if _stop_token_ended(steps[-1]) and not job.include_stop_str_in_output:
+        tokens = tokens[:-1]
+    return state.ref.decode(tokens)
+
+
+class _StreamText:
+    """The text deltas of a stream, adding up to ``_final_text``. With stop strings the
+    engine's text is sent minus the last (longest stop string - 1) characters while the
+    request runs (they may begin a stop string that will be cut), all of it at the end,
+    as vLLM holds back; without, the step's tokens go through the incremental detokenizer."""
+
+    def __init__(self, state: ServerState, job: Job):
+        self.job = job
+        self.detok = IncrementalDetokenizer(state.ref.tokenizer)
+        self.sent = 0
+        self.hold = 0 if job.include_stop_str_in_output or not job.stop else max(map(len, job.stop)) - 1
+
+    def add(self, step: Step) -> str:
+        if step.text is not None:
+            end = len(step.text) if step.finish_reason else len(step.text) - self.hold
+            delta = step.text[self.sent:end] if end > self.sent else ""
+            self.sent = max(self.sent, end)
+            return delta
+        ids = step.tokens
+        if _stop_token_ended(step) and not self.job.include_stop_str_in_output:
+            ids = ids[:-1]
+        return self.detok.add(ids)
+
+    def flush(self) -> str:
+        return self.detok.flush()
 
 
 def _finish(last: Step) -> str:
@@ -617,15 +767,18 @@ def _token_text(state: ServerState, job: Job, tid: int) -> str:
     return f"token_id:{tid}" if job.ids_as_tokens else state.ref.tokenizer.decode([tid])
 
 
-def _choice(state: ServerState, job: Job, steps: list[Step], text: str, finish: str | None, final: bool) -> dict:
+def _choice(state: ServerState, job: Job, steps: list[Step], text: str, finish: str | None, final: bool,
+            stop_reason: int | str | None = None) -> dict:
+    """One choice; ``stop_reason`` as vLLM sends it: the stop string or stop token id that
+    ended the request, else null (EOS, length, and every chunk before the last)."""
     toks = [(t, lp, top) for s in steps for t, lp, top in
             zip(s.tokens, s.logprobs, s.top_logprobs or [[]] * len(s.tokens))]
     logprobs = _logprobs(state, job, toks) if job.logprobs and (toks or final) else None
     if job.chat:
         key = "message" if final else "delta"
         content = {"role": "assistant", "content": text} if final else ({"content": text} if text else {})
-        return {"index": 0, key: content, "logprobs": logprobs, "finish_reason": finish}
-    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": 0, key: content, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop_reason}
+    return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "stop_reason": stop_reason}
 
 
 def _logprobs(state: ServerState, job: Job, toks: list) -> dict:
