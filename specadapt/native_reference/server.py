@@ -285,7 +285,7 @@ class Job:
     ignore_eos: bool
     chat: bool
     prompt_logprobs: int | None = None  # K, -1: the whole vocabulary; None: not asked
-    token_ids: bool = False  # vLLM's return_token_ids (non-streamed answers)
+    token_ids: bool = False  # vLLM's return_token_ids (all ids in a non-streamed answer, each chunk's in a stream)
     stop: tuple[str, ...] = ()  # stop strings
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
@@ -680,6 +680,8 @@ async def _stream(state: ServerState, job: Job, rid: str):
         async for step in steps:
             tokens.extend(step.tokens)
             choice = _choice(state, job, [step], text.add(step), None, final=False)
+            if job.token_ids:  # vLLM: each chunk's own token ids (the step's tokens)
+                choice["token_ids"] = list(step.tokens)
             usage = _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None
             yield chunk([choice], usage)
     except Exception as err:  # the engine failed mid-stream: say so in the stream, as vLLM does

@@ -444,7 +444,7 @@ async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) ->
         return await seed_cell(m, feature, inputs[0].ids)
     except Refused as exc:
         return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
-                          verdict="unsupported", reason=f"unsupported by the server: {exc}")
+                          verdict="unsupported", reason=str(exc))
     except (ServerError, NotAServer, UsageError) as exc:
         return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
                           verdict="error", reason=str(exc))
