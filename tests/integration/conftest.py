@@ -187,8 +187,29 @@ def sampling_reference_servers(embedded_model):
         yield dict(zip(opts, servers, strict=True))
 
 
+FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
+                  "seed-ignored", "logprobs-shifted")
+
+
+@pytest.fixture(scope="session")
+def feature_reference_servers(embedded_model):
+    """`specadapt reference serve` servers for `equiv --features` (float32, CPU, max_model_len 1024, so that
+    the long-prompt cells stay cheap): spec off, healthy n-gram k=4, and n-gram k=4 with each planted fault
+    of a request feature."""
+    from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
+
+    short = ["--max-model-len=1024"]
+    opts = {"off": ReferenceLaunch(model=embedded_model, extra_args=short),
+            "ngram": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, extra_args=short)}
+    opts.update({fault: ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault=fault, extra_args=short)
+                 for fault in FEATURE_FAULTS})
+    with ReferenceBackend().launched_many(list(opts.values())) as servers:
+        _STARTED["feature_reference_servers"] = servers
+        yield dict(zip(opts, servers, strict=True))
+
+
 # --- the schedule: vLLM first, reference servers after, each server stopped after its last test ---
-REFERENCE_GROUPS = ("reference_servers", "sampling_reference_servers")
+REFERENCE_GROUPS = ("reference_servers", "sampling_reference_servers", "feature_reference_servers")
 _STARTED: dict[str, list] = {}  # a vLLM server's name or a reference group: its started servers
 _LAST_USER: dict[str, str] = {}  # the same keys: node id of the last test that uses them
 
