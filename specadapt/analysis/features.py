@@ -101,7 +101,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("logprobs", "deterministic", "logprobs 5: values and ranking", params={"logprobs": 5}),
     Feature("json-schema", "deterministic", "structured output: response_format json_schema", prompt=JSON_ASK,
             params={"response_format": {"type": "json_schema",
-                                        "json_schema": {"name": "person", "schema": PERSON_SCHEMA}}},
+                                        "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
+                    "max_tokens": 96},
             raw_logits=False),
     Feature("regex", "deterministic", f"structured output: regex {PHONE_REGEX}", prompt=PHONE,
             params={"structured_outputs": {"regex": PHONE_REGEX}}, raw_logits=False),
@@ -205,7 +206,8 @@ def invariant_problems(answer: Answer, params: Mapping[str, Any], max_model_len:
     if max_model_len and answer.prompt_tokens is not None and n is not None \
             and answer.prompt_tokens + n > max_model_len:
         out.append(f"prompt {answer.prompt_tokens} + {n} tokens exceed max_model_len {max_model_len}")
-    out += _structure_problems(answer.text, params)
+    if answer.finish_reason != "length":  # a structure cut by max_tokens cannot be complete
+        out += _structure_problems(answer.text, params)
     if params.get("logprobs") is not None and answer.logprobs is not None:
         out += _logprob_problems(answer)
     return out
@@ -440,7 +442,10 @@ def draw_from_top(top_raw: Mapping[int, float], token: int, s: Setting, position
 
 # --- activity, lossy configurations, verdicts, the gate --------------------------------------------
 def activity_of(acceptance: AcceptanceSummary | None) -> Activity:
-    """active: drafts were proposed during the cell; inactive: none; unknown: no counters."""
+    """active: drafts were proposed during the cell; inactive: none (counters read, no draft); unknown:
+    the counters could not tell."""
+    if acceptance is not None and acceptance.draft_tokens == 0 and acceptance.drafts is not None:
+        return Activity(state="inactive", acceptance=acceptance)
     if acceptance is None or not acceptance.known or acceptance.draft_tokens is None:
         return Activity(state="unknown", acceptance=acceptance)
     return Activity(state="active" if acceptance.draft_tokens > 0 else "inactive", acceptance=acceptance)
@@ -496,8 +501,8 @@ def cell_verdict(checks: Sequence[CellCheck], activity: Activity | None, near_ti
             return "lossy", f"lossy by configuration ({lossy}); {first}"
         return "fail", first
     if activity is not None and activity.state == "inactive":
-        return "inactive", ("speculation inactive: the spec-on server proposed no draft during this cell (it turned "
-                            "speculation off for this feature), so the result says nothing about speculation")
+        return "inactive", ("the spec-on server proposed no draft during this cell (speculation was off for this "
+                            "feature, or the answer too short to draft), so the result says nothing about speculation")
     if near_tie:
         return "near-tie", next((c.detail for c in checks if c.name == "identity"), "numerical near-tie")
     if not checks:

@@ -73,9 +73,11 @@ def run_features(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
     features_render.render_console(report, Console())
     for path in written:
         stderr.print(f"wrote {path}")
-    if report.partial:
+    if report.partial and report.stopped == "interrupted (Ctrl-C)":
         return 130
-    return 0 if report.gate.passed else 1
+    if not report.gate.passed:
+        return 1
+    return 2 if report.partial else 0
 
 
 def _planned_threshold(dtype: str | None) -> float | None:

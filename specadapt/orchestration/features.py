@@ -80,7 +80,8 @@ class Endpoint:
         if 400 <= resp.status_code < 500 and resp.status_code not in (401, 403, 404):
             raise Refused(self.label, resp.status_code, _message(resp))
         if resp.status_code != 200:
-            raise ServerError(f"the {self.label} server answered {path} with HTTP {resp.status_code}: {_message(resp)}")
+            raise ServerError(f"the {self.label} server failed on this feature (HTTP {resp.status_code} on {path}: "
+                              f"{_message(resp)})")
         try:
             return resp.json()
         except ValueError as exc:
@@ -416,10 +417,10 @@ async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) ->
             texts.append(parse_answer(await m.on.post(path, body)).text)
     same = texts[0] == texts[1]
     varied = len(set(texts[1:])) > 1
-    checks = [CellCheck(name="same seed", ok=same, detail="seed %d twice: %s" % (
-                  seed, "the same text" if same else f"different texts ({texts[0][:30]!r} vs {texts[1][:30]!r})")),
-              CellCheck(name="seed honoured", ok=varied, detail="seeds %d..%d: %s" % (
-                  seed, seed + 3, "texts differ" if varied else "all four texts are the same: the seed is not used"))]
+    twice = "the same text" if same else f"different texts ({texts[0][:30]!r} vs {texts[1][:30]!r})"
+    four = "texts differ" if varied else "all four texts are the same: the seed is not used"
+    checks = [CellCheck(name="same seed", ok=same, detail=f"seed {seed} twice: {twice}"),
+              CellCheck(name="seed honoured", ok=varied, detail=f"seeds {seed + 1}..{seed + 3} and {seed}: {four}")]
     activity = F.activity_of(window.acceptance)
     verdict, reason = F.cell_verdict(checks, activity, lossy=m.lossy)
     return CellResult(**base, verdict=verdict, reason=reason, checks=checks, activity=activity, requests=5,
@@ -442,6 +443,8 @@ async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) ->
         if feature.kind == "distribution":
             return await distribution_cell(m, feature, inputs)
         return await seed_cell(m, feature, inputs[0].ids)
+    except ServerUnreachable:
+        raise  # not this cell's verdict: the run stops (check_features)
     except Refused as exc:
         return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
                           verdict="unsupported", reason=str(exc))
@@ -519,7 +522,13 @@ async def _run_all(plan: ServerPlan, on: Server, off: Server, settings: FeatureS
                    max_model_len=report.on_server.max_model_len or report.baseline_server.max_model_len)
         inputs = await _inputs(m, F.DISTRIBUTION_PROMPTS) if any(f.kind != "deterministic" for f in features) else []
         for feature in features:
-            cell = await run_cell(m, feature, inputs)
+            try:
+                cell = await run_cell(m, feature, inputs)
+            except ServerUnreachable as exc:  # the server went away (a feature may have killed it): stop here
+                report.partial, report.stopped = True, f"{exc}; {feature.name} and the cells after it did not run"
+                report.cells.append(CellResult(name=feature.name, kind=feature.kind, title=feature.title,
+                                               params=dict(feature.params), verdict="error", reason=str(exc)))
+                return
             report.cells.append(cell)
             progress(finished(feature.name, feature.kind, cell.tokens, cell.verdict, None))
 

@@ -60,6 +60,7 @@ from specadapt.records.sampling_report import PromptTokens, SamplingGate, Sampli
 
 TEMPERATURE = 1.0
 TOP_P = 1.0
+PROMPT_STATES = 8  # prompts whose float64 state the reference keeps
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 _ASKED = TokenRequests()  # what the request builders add when the caller names no backend's declaration
 
@@ -369,7 +370,7 @@ class ReferenceDistribution:
             raise UsageError(f"--reference {model_dir} is not a local HF model directory (no config.json)")
         self._model = None
         self._tokenizer = None
-        self._prompt = None  # (prompt ids, log-probabilities after them, their KV cache)
+        self._prompts: dict = {}  # prompt ids -> (log-probabilities after them, their KV cache)
 
     def _transformers(self):
         purpose = "--reference (float64 recomputation)"
@@ -400,15 +401,19 @@ class ReferenceDistribution:
         return self._model
 
     def _prompt_state(self, prompt_ids: tuple[int, ...]):
-        """(log-probabilities after the prompt, the prompt's KV cache), computed once per prompt:
-        the samples of a prompt share it, so only their own tokens are run."""
-        if self._prompt is None or self._prompt[0] != prompt_ids:
+        """(log-probabilities after the prompt, the prompt's KV cache), computed once per prompt and kept
+        for the last ``PROMPT_STATES`` prompts: the samples of a prompt share it, so only their own tokens
+        are run (and a run that samples the same prompts at several settings computes each once)."""
+        state = self._prompts.pop(prompt_ids, None)
+        if state is None:
             torch = self._torch
             with torch.no_grad():
                 out = self._load()(torch.tensor([list(prompt_ids)]), use_cache=True)
-            self._prompt = (prompt_ids, torch.log_softmax(out.logits[0, -1:].to(torch.float64), dim=-1),
-                            out.past_key_values)
-        return self._prompt[1], self._prompt[2]
+            state = (torch.log_softmax(out.logits[0, -1:].to(torch.float64), dim=-1), out.past_key_values)
+        self._prompts[prompt_ids] = state  # the most recent last
+        while len(self._prompts) > PROMPT_STATES:
+            self._prompts.pop(next(iter(self._prompts)))
+        return state
 
     def _rows(self, sample: Sample):
         """The target's float64 log-probabilities ``[n, V]`` (torch): row j is the distribution of sampled

@@ -230,13 +230,19 @@ def schedule_rank(used: set[str]) -> int:
     return 1 if ref and vllm else 2 if ref else 0 if vllm else 3
 
 
+def run_order(item) -> float:
+    """schedule_rank, with a test that may stop its shared servers (marked ends_servers) moved after every other
+    test of its rank and of the next (so after the tests that use the same vLLM servers with reference ones)."""
+    rank = schedule_rank(servers_used(getattr(item, "fixturenames", ())))
+    return rank + 1.5 if item.get_closest_marker("ends_servers") and rank < 2 else rank
+
+
 def pytest_collection_modifyitems(session, config, items):
     here = Path(__file__).parent
     mine = [i for i, item in enumerate(items) if item.path.is_relative_to(here)]
     if not mine:
         return
-    ordered = sorted((items[i] for i in mine),
-                     key=lambda item: schedule_rank(servers_used(getattr(item, "fixturenames", ()))))
+    ordered = sorted((items[i] for i in mine), key=run_order)
     for slot, item in zip(mine, ordered, strict=True):  # the other directories keep their places
         items[slot] = item
     _LAST_USER.clear()

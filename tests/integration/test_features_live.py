@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from specadapt.analysis import features as F
+
 pytestmark = pytest.mark.integration
 
 # planted fault -> the cells that must catch it (and every cell run against it)
@@ -52,8 +54,8 @@ def cells(report) -> dict[str, dict]:
 
 def test_healthy_reference_passes_every_cell_it_supports(tmp_path, feature_reference_servers, embedded_model):
     servers = feature_reference_servers
-    proc, report, junit = features_equiv(tmp_path, servers["off"], servers["ngram"], "all",
-                                         reference=embedded_model, max_tokens=24, samples=3)
+    proc, report, junit = features_equiv(tmp_path, servers["off"], servers["ngram"], "all", "--concurrency", "16",
+                                         reference=embedded_model, max_tokens=16, samples=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by = cells(report)
     assert set(by) == {c for c in by} and len(by) == 25
@@ -68,18 +70,18 @@ def test_healthy_reference_passes_every_cell_it_supports(tmp_path, feature_refer
     # the stop and length cells were placed inside an accepted chunk of the spec-on answer
     assert "inside a streamed chunk" in " ".join(by["stop-string"]["notes"])
     assert "inside a streamed chunk" in " ".join(by["max-tokens"]["notes"])
-    assert by["top-k-20"]["stats"]["n_tokens"] == 3 * 3 * 24
+    assert by["top-k-20"]["stats"]["n_tokens"] == 3 * 2 * 16
     text = junit.read_text()
     assert text.count("<testcase") == 25 and "<failure" not in text and text.count("<skipped") == 3
     assert "gate: PASS" in proc.stdout
 
 
 @pytest.mark.parametrize("fault", list(CAUGHT_BY))
-def test_each_planted_fault_is_caught_by_its_cell(tmp_path, feature_reference_servers, embedded_model, fault):
+def test_each_planted_fault_is_caught_by_its_cell(tmp_path, feature_reference_servers, fault):
     servers = feature_reference_servers
     names = CAUGHT_BY[fault]
-    proc, report, junit = features_equiv(tmp_path, servers["off"], servers[fault], ",".join(names),
-                                         reference=embedded_model)
+    # top_k <= K: the spec-off server's top 20 scores the filter cells exactly (no float64 recompute needed)
+    proc, report, junit = features_equiv(tmp_path, servers["off"], servers[fault], ",".join(names))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     by = cells(report)
     for name in names:
@@ -89,7 +91,7 @@ def test_each_planted_fault_is_caught_by_its_cell(tmp_path, feature_reference_se
     assert "gate: FAIL" in proc.stdout
 
 
-def test_fault_is_invisible_to_the_other_cells(tmp_path, feature_reference_servers, embedded_model):
+def test_fault_is_invisible_to_the_other_cells(tmp_path, feature_reference_servers):
     """The stop-in-chunk server passes the cells that send no stop string: a cell fails for its own
     feature, not for any difference between the servers."""
     servers = feature_reference_servers
@@ -99,16 +101,39 @@ def test_fault_is_invisible_to_the_other_cells(tmp_path, feature_reference_serve
     assert {c["verdict"] for c in report["cells"]} == {"pass"}
 
 
+# top_k under speculation crashes vLLM 0.32.0's CPU engine (below): those cells run last, on their own
+CRASHING = ("top-k-20", "combined")
+
+
 def test_vllm_matrix(tmp_path, vllm_off_fp32, vllm_ngram_fp32, embedded_model):
-    proc, report, junit = features_equiv(tmp_path, vllm_off_fp32, vllm_ngram_fp32, "all",
-                                         reference=embedded_model, max_tokens=24, samples=3)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    names = ",".join(n for n in F.GROUPS["all"] if n not in CRASHING)
+    proc, report, junit = features_equiv(tmp_path, vllm_off_fp32, vllm_ngram_fp32, names, "--concurrency", "16",
+                                         reference=embedded_model, max_tokens=16, samples=2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     by = cells(report)
-    assert len(by) == 25 and junit.read_text().count("<testcase") == 25
+    assert len(by) == 23 and junit.read_text().count("<testcase") == 23 and not report["partial"]
     verdicts = {name: c["verdict"] for name, c in by.items()}
-    assert "error" not in verdicts.values(), by
-    (tmp_path / "verdicts.json").write_text(json.dumps(verdicts))
-    # greedy stays identical where nothing reshapes the logits after the draft is verified
+    # greedy stays identical where nothing but the draft and the verify pass decides the text
     for name in ("stop-string", "stop-string-kept", "stop-token-ids", "max-tokens", "ignore-eos", "prefix-cache",
-                 "multi-turn", "model-length", "chunked-prefill"):
+                 "multi-turn", "model-length", "chunked-prefill", "repetition-penalty", "frequency-penalty",
+                 "presence-penalty", "logprobs", "min-tokens"):
         assert verdicts[name] == "pass", by[name]
+        assert by[name]["activity"]["state"] == "active", by[name]
+    # refused under speculation, in one line each: "not yet supported with speculative decoding"
+    for name in ("logit-bias", "min-p-0.05"):
+        assert verdicts[name] == "unsupported" and "spec-on server refuses it" in by[name]["reason"], by[name]
+    # the CPU build's sampler at draft positions (uninitialised temperatures): tempered sampling is not the target's
+    assert verdicts["temperature-0.7"] == "fail", by["temperature-0.7"]
+
+
+@pytest.mark.ends_servers
+def test_vllm_top_k_under_speculation_kills_the_engine(tmp_path, vllm_off_fp32, vllm_ngram_fp32, embedded_model):
+    """vLLM 0.32.0 CPU: a sampled request with top_k on the n-gram server ends its engine (apply_top_k_only on an
+    empty k tensor in the rejection sampler): the cell says so, and the run stops with a partial report."""
+    proc, report, _ = features_equiv(tmp_path, vllm_off_fp32, vllm_ngram_fp32, ",".join(CRASHING + ("seed",)),
+                                     "--concurrency", "16", max_tokens=16, samples=2)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    by = cells(report)
+    assert by["top-k-20"]["verdict"] == "error" and "HTTP 500" in by["top-k-20"]["reason"], by["top-k-20"]
+    assert report["partial"] and "did not run" in report["stopped"]
+    assert "seed" not in by  # never sent: the server was gone
