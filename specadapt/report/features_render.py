@@ -39,9 +39,10 @@ def header_lines(report: FeatureReport) -> list[str]:
     s = report.settings
     source = (f"the target recomputed in float64 from {s.reference}" if s.source == "reference"
               else f"the spec-off server's top {s.top_logprobs} prompt logprobs")
+    ran = "" if len(report.cells) == len(s.features) else f" ({len(report.cells)} ran)"
     lines = [f"features: spec-on {_server(report.on_server)}; model {report.on_server.model_id}",
              f"baseline: spec-off {_server(report.baseline_server)}",
-             f"{len(report.cells)} cells; greedy cells up to {s.max_tokens} tokens; distribution cells "
+             f"{len(s.features)} cells{ran}; greedy cells up to {s.max_tokens} tokens; distribution cells "
              f"{s.samples} samples per prompt of {s.sample_tokens} tokens at alpha {s.alpha:g}, p from {source}; "
              f"near-tie threshold {s.near_tie_threshold:g} nats"]
     if report.lossy:
