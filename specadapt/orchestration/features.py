@@ -36,6 +36,7 @@ from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.sampling import (
     PromptInput,
     ReferenceDistribution,
+    RequestRefused,
     Sample,
     async_client,
     draw_samples,
@@ -445,7 +446,7 @@ async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) ->
         return await seed_cell(m, feature, inputs[0].ids)
     except ServerUnreachable:
         raise  # not this cell's verdict: the run stops (check_features)
-    except Refused as exc:
+    except (Refused, RequestRefused) as exc:
         return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
                           verdict="unsupported", reason=str(exc))
     except (ServerError, NotAServer, UsageError) as exc:

@@ -65,6 +65,10 @@ _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 _ASKED = TokenRequests()  # what the request builders add when the caller names no backend's declaration
 
 
+class RequestRefused(ServerError):
+    """The server answered a request with a 4xx: it refuses what was asked (not a failure of the server)."""
+
+
 @dataclass(frozen=True)
 class PromptInput:
     """One prompt as token ids, and the tokens to sample after it."""
@@ -322,8 +326,9 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
                                             sample_body(inp.ids, server.model_id, inp.max_tokens, s, requests, sampling),
                                             "spec-on server")
             if status != 200:
-                raise ServerError(f"the spec-on server refused a sampling request for prompt {inp.prompt.id!r} "
-                                  f"(HTTP {status}: {msg})")
+                kind = RequestRefused if 400 <= status < 500 else ServerError
+                raise kind(f"the spec-on server refused a sampling request for prompt {inp.prompt.id!r} "
+                           f"(HTTP {status}: {msg})")
             tokens, finish = parse_sample(data, requests)
             if progress:
                 progress(finished(inp.prompt.id, inp.prompt.category, len(tokens), finish, status))

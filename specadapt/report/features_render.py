@@ -75,7 +75,7 @@ def render_console(report: FeatureReport, console: Console) -> None:
     for note in report.notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     if report.partial:
-        console.print(f"partial: {report.stopped}; {len(report.cells)} of {len(report.settings.features)} cells ran")
+        console.print(f"partial: {report.stopped}", soft_wrap=True, markup=False)
     console.print(f"cells: {counts(report)}", soft_wrap=True, markup=False)
     console.print(f"gate: [bold]{'PASS' if report.gate.passed else 'FAIL'}[/]"
                   + ("" if report.gate.passed else ": " + "; ".join(report.gate.reasons)), soft_wrap=True)
