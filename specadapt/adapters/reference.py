@@ -40,8 +40,9 @@ class ReferenceLaunch(LaunchOptions):
 
     dtype: str | None = Field(None, description="auto, float64, float32, bfloat16, float16.")
     seed: int | None = 0
-    fault: str | None = Field(None, description="TEST AID: accept-always, drop-bonus, perturb-logits=EPS, "
-                                                "draft-temperature=T, residual-p, bonus-previous, accept-later.")
+    fault: str | None = Field(None, description="TEST AID: a planted fault of the engine (accept-always, drop-bonus, "
+                                                "perturb-logits=EPS, draft-temperature=T, the sampler's and the request "
+                                                "features' faults: `specadapt reference serve --help` lists them).")
     threads: int = 1
 
 

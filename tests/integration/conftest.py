@@ -187,16 +187,13 @@ def sampling_reference_servers(embedded_model):
         yield dict(zip(opts, servers, strict=True))
 
 
-FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
-                  "seed-ignored", "logprobs-shifted")
-
-
 @pytest.fixture(scope="session")
 def feature_reference_servers(embedded_model):
     """`specadapt reference serve` servers for `equiv --features` (float32, CPU, max_model_len 1024, so that
     the long-prompt cells stay cheap): spec off, healthy n-gram k=4, and n-gram k=4 with each planted fault
     of a request feature."""
     from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
+    from specadapt.native_reference.engine import FEATURE_FAULTS
 
     short = ["--max-model-len=1024"]
     opts = {"off": ReferenceLaunch(model=embedded_model, extra_args=short),

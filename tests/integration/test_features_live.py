@@ -36,6 +36,13 @@ CAUGHT_BY = {
 STRUCTURED = {"json-schema", "regex", "choice"}
 
 
+def test_every_planted_feature_fault_has_its_cells():
+    from specadapt.native_reference.engine import FEATURE_FAULTS
+
+    assert set(CAUGHT_BY) == set(FEATURE_FAULTS)
+    assert all(name in F.BY_NAME for names in CAUGHT_BY.values() for name in names)
+
+
 def features_equiv(tmp_path: Path, off, on, features: str, *extra: str, reference: str | None = None,
                    max_tokens: int = 32, samples: int = 4):
     out = tmp_path / "report.json"
