@@ -75,9 +75,7 @@ def run_features(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
         stderr.print(f"wrote {path}")
     if report.partial and report.stopped == "interrupted (Ctrl-C)":
         return 130
-    if not report.gate.passed:
-        return 1
-    return 2 if report.partial else 0
+    return 0 if report.gate.passed else 1
 
 
 def _planned_threshold(dtype: str | None) -> float | None:
