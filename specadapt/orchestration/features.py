@@ -17,6 +17,7 @@ refused as "not-exact", with the reason, rather than approximated.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -220,12 +221,12 @@ async def _both(m: Matrix, prompt, params: dict[str, Any], max_tokens: int,
         path, body = request_body(prompt, side.server.model_id, params, max_tokens, side.requests)
         return parse_answer(await side.post(path, body))
 
-    off = await ask(m.off)
-    if twice:
-        await ask(m.off)
-        first = await ask(m.on)
-        return off, await ask(m.on), first
-    return off, await ask(m.on), None
+    async def answers(side: Endpoint) -> list[F.Answer]:
+        return [await ask(side) for _ in range(2 if twice else 1)]
+
+    # the two servers answer at the same time (each side's requests in order): the texts do not depend on it
+    offs, ons = await asyncio.gather(answers(m.off), answers(m.on))
+    return offs[0], ons[-1], ons[0] if twice else None
 
 
 async def _derive(m: Matrix, feature: F.Feature, params: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
