@@ -41,6 +41,7 @@ from specadapt.orchestration.sampling import (
     Sample,
     async_client,
     draw_samples,
+    error_message,
     finished,
     parse_tokenize,
     score_on_server,
@@ -80,25 +81,14 @@ class Endpoint:
             raise ServerUnreachable(f"the {self.label} server at {self.server.base_url} cannot be reached "
                                     f"({type(exc).__name__})") from exc
         if 400 <= resp.status_code < 500 and resp.status_code not in (401, 403, 404):
-            raise Refused(self.label, resp.status_code, _message(resp))
+            raise Refused(self.label, resp.status_code, error_message(resp))
         if resp.status_code != 200:
             raise ServerError(f"the {self.label} server failed on this feature (HTTP {resp.status_code} on {path}: "
-                              f"{_message(resp)})")
+                              f"{error_message(resp)})")
         try:
             return resp.json()
         except ValueError as exc:
             raise NotAServer(f"the {self.label} server answered {path} with something that is not JSON") from exc
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        data = resp.json()
-    except ValueError:
-        return " ".join(resp.text.split())[:300] or "no detail"
-    err = data.get("error") if isinstance(data, dict) else None
-    msg = err.get("message") if isinstance(err, dict) else err or (data.get("message") if isinstance(data, dict)
-                                                                   else None)
-    return " ".join(str(msg or data).split())[:300]
 
 
 def request_body(prompt: str | list[int] | list[dict], model: str, params: dict[str, Any], max_tokens: int,
@@ -157,7 +147,7 @@ async def stream_chunks(side: Endpoint, prompt: str | list[int], params: dict[st
     async with side.client.stream("POST", path, json=body) as resp:
         if resp.status_code != 200:
             await resp.aread()
-            raise Refused(side.label, resp.status_code, _message(resp))
+            raise Refused(side.label, resp.status_code, error_message(resp))
         async for line in resp.aiter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":
                 continue

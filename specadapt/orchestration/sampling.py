@@ -219,7 +219,7 @@ def parse_scores(data: Any, sample: Sample, k: int) -> list[TokenDraw]:
     return draws
 
 
-def _error_message(resp: httpx.Response) -> str:
+def error_message(resp: httpx.Response) -> str:
     """The server's own error sentence (vLLM: {"error": {"message"}}), on one line."""
     try:
         data = resp.json()
@@ -263,7 +263,7 @@ async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any], who:
         raise ServerUnreachable(f"the {who} at {client.base_url} cannot be reached ({type(exc).__name__}: "
                                 f"{detail})") from exc
     if resp.status_code != 200:
-        return resp.status_code, None, _error_message(resp)
+        return resp.status_code, None, error_message(resp)
     try:
         return 200, resp.json(), ""
     except ValueError as exc:

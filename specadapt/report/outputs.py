@@ -34,24 +34,24 @@ def write_outputs(report: CompareReport, json_path: Path | None = None, junit_pa
 def write_sampling_outputs(report: SamplingReport, json_path: Path | None = None, junit_path: Path | None = None,
                            markdown_path: Path | None = None) -> list[Path]:
     """The sampling report (equiv --sampling) as JSON, JUnit XML and Markdown."""
-    written = []
-    for path, render in ((json_path, lambda: report.model_dump_json(indent=2)),
-                         (junit_path, lambda: sampling_render.to_junit(report)),
-                         (markdown_path, lambda: sampling_render.to_markdown(report))):
-        if path:
-            atomic_write_text(path, render())
-            written.append(path)
-    return written
+    return _write_each(((json_path, lambda: report.model_dump_json(indent=2)),
+                        (junit_path, lambda: sampling_render.to_junit(report)),
+                        (markdown_path, lambda: sampling_render.to_markdown(report))))
 
 
 def write_feature_outputs(report: FeatureReport, json_path: Path | None = None, junit_path: Path | None = None,
                           markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
     """The feature matrix (equiv --features) as JSON, JUnit XML, Markdown and HTML."""
+    return _write_each(((json_path, lambda: report.model_dump_json(indent=2)),
+                        (junit_path, lambda: features_render.to_junit(report)),
+                        (markdown_path, lambda: features_render.to_markdown(report)),
+                        (html_path, lambda: features_render.to_html(report))))
+
+
+def _write_each(outputs) -> list[Path]:
+    """Write each (path, render) whose path is given; the paths written, in order."""
     written = []
-    for path, render in ((json_path, lambda: report.model_dump_json(indent=2)),
-                         (junit_path, lambda: features_render.to_junit(report)),
-                         (markdown_path, lambda: features_render.to_markdown(report)),
-                         (html_path, lambda: features_render.to_html(report))):
+    for path, render in outputs:
         if path:
             atomic_write_text(path, render())
             written.append(path)

@@ -198,10 +198,10 @@ def test_refused_k_is_recognised_from_vllms_message_only():
 
 def test_the_servers_own_error_sentence_is_kept_on_one_line():
     vllm = httpx.Response(400, json={"error": {"message": REFUSED_K, "type": "BadRequestError", "code": 400}})
-    assert S._error_message(vllm) == REFUSED_K
-    assert S._error_message(httpx.Response(400, json={"detail": "Not Found"})) == "Not Found"
-    assert S._error_message(httpx.Response(502, text="bad\n  gateway")) == "bad gateway"
-    assert S._error_message(httpx.Response(500, text="")) == "no detail"
+    assert S.error_message(vllm) == REFUSED_K
+    assert S.error_message(httpx.Response(400, json={"detail": "Not Found"})) == "Not Found"
+    assert S.error_message(httpx.Response(502, text="bad\n  gateway")) == "bad gateway"
+    assert S.error_message(httpx.Response(500, text="")) == "no detail"
 
 
 # --- HTTP, with the requests answered here ----------------------------------------------------------------
@@ -523,9 +523,9 @@ def test_the_servers_ranks_decide_ties_and_plain_logprobs_are_read_too():
 
 
 def test_error_message_forms():
-    assert S._error_message(httpx.Response(400, json={"error": "plain"})) == "plain"
-    assert S._error_message(httpx.Response(400, json={"object": "error", "message": "old form"})) == "old form"
-    assert S._error_message(httpx.Response(400, json={"error": {"message": "x" * 400}})) == "x" * 300
+    assert S.error_message(httpx.Response(400, json={"error": "plain"})) == "plain"
+    assert S.error_message(httpx.Response(400, json={"object": "error", "message": "old form"})) == "old form"
+    assert S.error_message(httpx.Response(400, json={"error": {"message": "x" * 400}})) == "x" * 300
 
 
 def test_refused_k_by_either_vllm_sentence():
@@ -600,7 +600,7 @@ def test_a_server_source_without_its_description_is_unnamed():
 
 
 def test_more_error_message_forms_and_vllms_max_allowed_alone():
-    assert S._error_message(httpx.Response(400, json={"error": 5, "detail": "d"})) == "d"
+    assert S.error_message(httpx.Response(400, json={"error": 5, "detail": "d"})) == "d"
     assert S.refuses_k("prompt logprobs: 25 is above the max allowed (20)")
 
 
