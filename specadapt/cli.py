@@ -20,6 +20,7 @@ from specadapt.commands.probe import probe
 from specadapt.commands.reference import reference
 from specadapt.commands.report import report
 from specadapt.commands.tune import tune
+from specadapt.commands.watch import watch
 from specadapt.errors import ServerDied, ServerStartError, SpecadaptError
 
 INTERRUPTED = "error: interrupted; every server this run started has been stopped"
@@ -49,7 +50,7 @@ def cli() -> None:
     """Speculative decoding an operator can trust: configs, probes, on/off comparison."""
 
 
-for command in (demo, probe, compare, equiv, tune, report, config, models, backends, reference):
+for command in (demo, probe, compare, equiv, tune, report, config, models, backends, reference, watch):
     cli.add_command(command)
 
 

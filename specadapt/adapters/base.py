@@ -42,6 +42,7 @@ from specadapt.errors import UsageError
 from specadapt.models import resolve_model_dir
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.server import LaunchRecord
+from specadapt.records.watch import LiveSnapshot
 
 __all__ = ["Backend", "Capabilities", "CAPABILITIES", "CounterSnapshot", "LaunchOptions", "LaunchPlan", "LaunchRecord",
            "OnPlan", "OnWait", "REDACTED", "SECRET_ENV", "SECRET_FLAGS", "Server", "ServerBase", "ServerInfo",
@@ -87,6 +88,10 @@ class Server(Protocol):
     def end_run(self) -> None:
         """Called after a run's last counter snapshot."""
 
+    def read_live(self) -> LiveSnapshot:
+        """The counters plus what the server says about load and latency (running batch, TTFT and
+        inter-token histograms), for `specadapt watch`; ``at`` is left for the caller to set."""
+
     def close(self) -> None: ...
 
 
@@ -104,6 +109,10 @@ class ServerBase:
 
     def end_run(self) -> None:
         pass
+
+    def read_live(self) -> LiveSnapshot:
+        """Counters only (a backend that knows its gauges and histograms says more)."""
+        return LiveSnapshot(at=0.0, counters=self.read_counters())  # type: ignore[attr-defined]
 
     def close(self) -> None:
         pass

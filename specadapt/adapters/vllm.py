@@ -24,6 +24,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
+from specadapt.records.watch import HistogramState, LiveSnapshot
 
 # vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -33,6 +34,11 @@ ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 SPEC_COUNTERS = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+TTFT = "vllm:time_to_first_token_seconds"
+# inter-token latency; vLLM before 0.11 named it time_per_output_token
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 # What vLLM writes as speculative_config "model" for a method that has no draft model
 # (vllm/config/speculative.py __post_init__, vLLM 0.32.0): a placeholder, not a draft.
 MODEL_FREE_DRAFTS = ("ngram", "[ngram]", "ngram_gpu", "suffix", "extract_hidden_states")
@@ -40,13 +46,30 @@ MODEL_FREE_DRAFTS = ("ngram", "[ngram]", "ngram_gpu", "suffix", "extract_hidden_
 
 def counters_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> CounterSnapshot:
     """vLLM's ``/metrics`` text -> a CounterSnapshot (label sets summed, e.g. over engines)."""
-    samples = parse_samples(text)
+    return counters_from_samples(parse_samples(text), source)
+
+
+def counters_from_samples(samples: dict, source: str) -> CounterSnapshot:
     per_pos = {int(pos): v for pos, v in by_label(samples, ACCEPTED_PER_POS, "position").items()}
     return CounterSnapshot(
         drafts=total(samples, DRAFTS), draft_tokens=total(samples, DRAFT_TOKENS),
         accepted_tokens=total(samples, ACCEPTED), accepted_per_position=dict(sorted(per_pos.items())),
         generation_tokens=total(samples, GENERATION_TOKENS), prompt_tokens=total(samples, PROMPT_TOKENS),
         source=source)
+
+
+def _histogram(samples: dict, name: str) -> HistogramState | None:
+    s, n = total(samples, name + "_sum"), total(samples, name + "_count")
+    return None if s is None or n is None else HistogramState(sum=s, count=n)
+
+
+def live_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> LiveSnapshot:
+    """vLLM's ``/metrics`` text -> counters, running/waiting gauges and the TTFT and inter-token
+    latency histograms' sums and counts (label sets summed)."""
+    samples = parse_samples(text)
+    itl = next((h for name in ITL if (h := _histogram(samples, name)) is not None), None)
+    return LiveSnapshot(at=0.0, counters=counters_from_samples(samples, source), running=total(samples, RUNNING),
+                        waiting=total(samples, WAITING), ttft=_histogram(samples, TTFT), tpot=itl)
 
 
 # the request keys that make vLLM's completions name each token as "token_id:N"
@@ -78,6 +101,15 @@ class VLLMServer(OpenAIServer):
             return counters_from_metrics(text)
         except NotAServer as exc:
             return CounterSnapshot(source=f"unavailable: {exc}")
+
+    def read_live(self) -> LiveSnapshot:
+        text = self.metrics_text()
+        if text is None:
+            return LiveSnapshot(at=0.0, counters=CounterSnapshot(source="unavailable: GET /metrics did not answer 200"))
+        try:
+            return live_from_metrics(text)
+        except NotAServer as exc:
+            return LiveSnapshot(at=0.0, counters=CounterSnapshot(source=f"unavailable: {exc}"))
 
     def describe(self) -> ServerInfo:
         models = self._http.models()

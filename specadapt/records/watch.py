@@ -117,3 +117,49 @@ class LiveSnapshot(BaseModel):
     waiting: float | None = Field(None, description="Requests waiting for the batch (a gauge).")
     ttft: HistogramState | None = None
     tpot: HistogramState | None = Field(None, description="Inter-token latency histogram.")
+
+
+class WatchServerSummary(BaseModel):
+    """One server at the end of a watch."""
+
+    name: str
+    url: str
+    info: dict | None = Field(None, description="What the server said about itself (ServerInfo), when it answered.")
+    reads: int
+    errors: int
+    restarts: int
+    last_error: str | None = None
+    spec_counters: bool | None = None
+    figures: dict = Field(default_factory=dict, description="The last window's figures (analysis.watch).")
+    drift: dict = Field(default_factory=dict, description="Reference mean and sigma, CUSUM statistic, level, "
+                                                          "blocks judged and skipped.")
+    expectation: dict | None = Field(None, description="Expected speedup at the live load (with --baseline).")
+    baseline_refused: str | None = None
+    canary_counts: dict[str, int] = Field(default_factory=dict)
+    alerts: dict[str, str] = Field(default_factory=dict, description="Alerts raised at the end, with their reason.")
+
+
+class WatchEvent(BaseModel):
+    wall: float = Field(description="Unix time.")
+    server: str
+    alert: str
+    raised: bool
+    text: str
+
+
+class WatchReport(BaseModel):
+    """What `specadapt watch --out FILE` writes when it ends (however it ends)."""
+
+    kind: Literal["watch"] = "watch"
+    specadapt_version: str
+    started_at: str
+    ended_at: str
+    end_reason: str
+    settings: dict
+    drift_h: float = Field(description="The CUSUM decision level from the stated false-alarm rate.")
+    drift_delay_s: float = Field(description="Expected seconds to the alarm after a fall of the tuned shift.")
+    baseline: str | None = None
+    fleet: dict = Field(default_factory=dict)
+    servers: list[WatchServerSummary] = Field(default_factory=list)
+    events: list[WatchEvent] = Field(default_factory=list)
+    alerts_raised: int = 0

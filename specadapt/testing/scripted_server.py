@@ -33,7 +33,10 @@ requests also ``"messages": [[role, content], ...]``, to check multi-turn histor
 ``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
 /_script/metrics`` with ``{"mode": ...}`` switches them: ``vllm`` (spec counters),
 ``off`` (no spec counters), ``missing`` (404), ``malformed`` (not Prometheus text),
-``reset`` (counters fall back to zero at the next completion request: a restarted server).
+``reset`` (counters fall back to zero at the next completion request: a restarted server),
+``timeline`` (with ``"timeline": {...}``: counters, running batch and latency histograms follow
+testing/counter_series.py's simulation from the moment of the POST, whatever the requests).
+``"delay_s": x`` in the same POST makes /metrics answer x seconds late (a slow server).
 
 Run: ``python -m specadapt.testing.scripted_server --port 8123 [--api-key K]
 [--ssl-certfile C --ssl-keyfile K]``. Needs uvicorn (``pip install 'specadapt[test]'``).
@@ -67,6 +70,9 @@ class State:
         self.chunks = 0
         self.tokens = 0
         self.accepted_per_pos = [0] * K
+        self.sim: Any = None  # counter_series.Simulator in timeline mode
+        self.sim_t0 = 0.0
+        self.metrics_delay_s = 0.0
 
 
 def parse_script(text: str) -> dict[str, Any]:
@@ -83,6 +89,8 @@ def parse_script(text: str) -> dict[str, Any]:
 
 
 def metrics_text(st: State) -> tuple[int, str]:
+    if st.metrics_mode == "timeline":
+        return 200, st.sim.metrics_text(time.monotonic() - st.sim_t0, MODEL)
     if st.metrics_mode == "missing":
         return 404, "not found"
     if st.metrics_mode == "malformed":
@@ -153,6 +161,8 @@ def make_app(st: State):
             return await _respond(send, 200, {"object": "list", "data": [
                 {"id": MODEL, "object": "model", "root": MODEL, "max_model_len": 4096}]})
         if path == "/metrics":
+            if st.metrics_delay_s:
+                await asyncio.sleep(st.metrics_delay_s)
             code, text = metrics_text(st)
             return await _respond(send, code, text, b"text/plain; version=0.0.4")
         if path == "/_script/log":
@@ -163,7 +173,13 @@ def make_app(st: State):
                 return await _respond(send, 200, done)
             return await _respond(send, 200, st.log)
         if path == "/_script/metrics" and method == "POST":
-            st.metrics_mode = json.loads(await _read_body(receive))["mode"]
+            body = json.loads(await _read_body(receive))
+            st.metrics_mode = body["mode"]
+            st.metrics_delay_s = float(body.get("delay_s", 0.0))
+            if st.metrics_mode == "timeline":
+                from specadapt.testing.counter_series import Simulator, Timeline
+
+                st.sim, st.sim_t0 = Simulator(Timeline.model_validate(body.get("timeline", {}))), time.monotonic()
             return await _respond(send, 200, {"mode": st.metrics_mode})
         if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             recv_ns = time.perf_counter_ns()
