@@ -160,7 +160,7 @@ class Watcher:
             if fut is None:
                 continue
             if not fut.done():
-                if self.clock() - now >= self.settings.timeout_s and sw in started:
+                if sw in started:  # cf.wait above returned at the timeout with this read unanswered
                     events += self._failed(sw, f"no answer within {self.settings.timeout_s:g} s")
                 continue  # a slow read still under way: no new read until it ends
             sw.in_flight = None
