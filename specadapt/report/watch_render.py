@@ -23,7 +23,7 @@ def _ms(x: float | None) -> str:
 
 def _row(name: str, f: WindowFigures, state: str, extra: list[str]) -> list[str]:
     return [name, state, _num(f.acceptance_rate), _num(f.mean_acceptance_length, "{:.2f}"),
-            " ".join(f"{r:.2f}" for r in f.per_position_rate) or "-", _num(f.draft_tokens_per_s, "{:.0f}"),
+            "/".join(f"{r:.2f}" for r in f.per_position_rate) or "-", _num(f.draft_tokens_per_s, "{:.0f}"),
             _num(f.running, "{:.1f}"), _ms(f.ttft_s), _ms(f.tpot_s), *extra]
 
 
@@ -54,9 +54,9 @@ def status_table(w: Watcher) -> Table:
     now = w.clock()
     t = Table(title=f"specadapt watch: window {w.settings.window_s:g} s, read every {w.settings.interval_s:g} s",
               title_justify="left")
-    for col in ("server", "state", "accept", "length", "per position", "draft tok/s", "batch", "TTFT ms",
-                "TPOT ms", "drift", "expected speedup", "canary"):
-        t.add_column(col)
+    for col in ("server", "state", "accept", "length", "per position", "draft/s", "batch", "TTFT ms", "TPOT ms",
+                "drift", "speedup", "canary"):
+        t.add_column(col, no_wrap=col not in ("state", "speedup"))
     with w.lock:
         for sw in w.servers:
             canary = sw.canary.verdict if sw.canary else "-"

@@ -90,5 +90,7 @@ def test_watch_against_vllm_equals_the_counter_deltas(vllm_ngram, settled_counte
         1 + (after[ACCEPTED] - before[ACCEPTED]) / (after[DRAFTS] - before[DRAFTS]))
     assert report["servers"][0]["restarts"] == 0 and report["alerts_raised"] == 0
     assert report["servers"][0]["info"]["model_id"] == vllm_ngram.model_id
-    with socket.socket() as s:  # the exporter's port is free again: nothing left running
+    with socket.socket() as s:  # nobody listens on the exporter's port any more: nothing left running
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its closed connections may be in TIME_WAIT
         s.bind(("127.0.0.1", port))
+        s.listen()
