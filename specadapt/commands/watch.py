@@ -209,8 +209,9 @@ def _loop(w: Watcher, duration: float | None, plain: bool, settings: WatchSettin
                     out.print(line, markup=False)
 
         w.run(stop, until, on_events)
-        for line in status_lines(w):
-            out.print(line, markup=False)
+        if w.clock() - last_status[0] > settings.interval_s:  # not just printed
+            for line in status_lines(w):
+                out.print(line, markup=False)
         return
     with Live(status_table(w), console=out, refresh_per_second=2, transient=False) as live:
         def on_events(events) -> None:
