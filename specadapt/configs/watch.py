@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import re
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 
 from specadapt import __version__
@@ -283,10 +286,13 @@ def _panel_rows() -> list[tuple[int, list[tuple[int, dict[str, Any]]]]]:
                       mappings={"0": "ok", "1": "SUSPECT"})),
         ]),
         (8, [
-            (12, _timeseries("Canary rounds by verdict", [(rounds, "{{server}} {{verdict}}")],
-                             draw="bars", min_=0, description=_help("canary_rounds_total"))),
+            (8, _timeseries("Canary rounds by verdict", [(rounds, "{{server}} {{verdict}}")],
+                            draw="bars", min_=0, description=_help("canary_rounds_total"))),
             (4, _stat("Server up", _q("server_up"), steps=HEALTH, description=_help("server_up"),
                       mappings={"0": "DOWN", "1": "up"})),
+            (4, _stat("Speculation counters exposed", _q("speculation_counters"), steps=HEALTH,
+                      description=_help("speculation_counters"),
+                      mappings={"0": "MISSING", "1": "yes"})),
             (4, _timeseries("Server restarts", [(
                 f"increase({_q('server_restarts_total')}[$__rate_interval])", srv)],
                 draw="bars", min_=0, description=_help("server_restarts_total"))),
@@ -494,3 +500,46 @@ def write_watch_artifacts(out_dir: Path, urls: list[str], image: str = DEFAULT_I
         atomic_write_text(out_dir / name, text)
         written.append(out_dir / name)
     return written
+
+
+# ------------------------------------------------------------------ dashboard schema
+
+GRAFANA_SCHEMAS = {"dashboard": "grafana-dashboard.schema.json",
+                   "timeseries": "grafana-timeseries.schema.json",
+                   "stat": "grafana-stat.schema.json"}
+
+
+@cache
+def grafana_schema(kind: str) -> dict[str, Any]:
+    """A vendored Grafana JSON schema (schemas/README.md says where each comes from)."""
+    text = resources.files("specadapt.configs").joinpath("schemas", GRAFANA_SCHEMAS[kind])
+    return json.loads(text.read_text())
+
+
+def _errors(schema: dict[str, Any], ref: str | None, doc: Any, where: str) -> list[str]:
+    if ref is not None:
+        schema = {**schema, "$ref": f"#/definitions/{ref}"}
+    out = []
+    for err in jsonschema.Draft7Validator(schema).iter_errors(doc):
+        while err.context:  # oneOf (a panel or a row): the error that went deepest
+            err = max(err.context, key=lambda e: len(e.absolute_path))
+        path = "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in err.absolute_path)
+        out.append(f"{where}{path}: {err.message[:200]}")
+    return sorted(out)
+
+
+def dashboard_problems(dashboard: dict[str, Any]) -> list[str]:
+    """The dashboard against Grafana's dashboard schema, and each time series and stat panel's
+    options and custom field config against that panel's schema; one line per wrong field."""
+    out = _errors(grafana_schema("dashboard"), None, dashboard, "dashboard")
+    for i, panel in enumerate(dashboard.get("panels") or []):
+        kind = panel.get("type")
+        if kind not in ("timeseries", "stat"):
+            continue
+        schema = grafana_schema(kind)
+        out += _errors(schema, "Options", panel.get("options", {}), f"panels[{i}].options")
+        if kind == "timeseries":
+            custom = ((panel.get("fieldConfig") or {}).get("defaults") or {}).get("custom", {})
+            out += _errors(schema, "FieldConfig", custom,
+                           f"panels[{i}].fieldConfig.defaults.custom")
+    return out
