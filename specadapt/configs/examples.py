@@ -48,7 +48,7 @@ MULTINODE_EXAMPLES: dict[str, tuple[str, SpecConfig, Topology]] = {
 
 
 # name -> example whose Kubernetes manifest gets the `specadapt watch` sidecar (config --watch)
-WATCH_EXAMPLES: dict[str, str] = {"vllm-eagle3-watch": "vllm-eagle3"}
+WATCH_EXAMPLES: dict[str, str] = {"watch-vllm-eagle3": "vllm-eagle3"}
 # `specadapt watch --emit`: rules, dashboard and one watcher pod for the multi-node replicas
 WATCH_FLEET = ("watch-fleet", "multinode-vllm-eagle3")
 
