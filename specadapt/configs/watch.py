@@ -355,7 +355,7 @@ def _check_urls(urls: list[str]) -> list[str]:
         raise UsageError("Give the servers to watch: one --url per server (NAME=URL or URL).")
     for u in urls:
         name, sep, url = u.partition("=")
-        if not sep:
+        if not sep or "://" in name:  # a bare URL (an '=' in its query is not a name)
             name, url = "", u
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"--url {u!r} is not an http(s) URL: give e.g. "

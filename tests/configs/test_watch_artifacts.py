@@ -433,6 +433,16 @@ def test_emit_writes_three_files_atomically_and_prints_how_to_load_them(tmp_path
     assert any(f"kubectl apply -n monitoring -f {out / W.DEPLOY_FILE}" in ln for ln in lines)
 
 
+def test_emit_takes_name_url_pairs_and_no_image(tmp_path):
+    """How `specadapt watch --emit` calls it: parsed (name, url) targets, --image maybe unset."""
+    emit(tmp_path, [("a", "http://a:8000"), ("http://b:8000/?x=1", "http://b:8000/?x=1")],
+         None)
+    (dep, _) = yaml.safe_load_all((tmp_path / W.DEPLOY_FILE).read_text())
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == W.DEFAULT_IMAGE
+    assert c["command"][2:6] == ["--url", "a=http://a:8000", "--url", "http://b:8000/?x=1"]
+
+
 def test_emit_with_bad_input_writes_nothing(tmp_path):
     with pytest.raises(UsageError):
         emit(tmp_path / "w", ["not-a-url"])
