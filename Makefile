@@ -13,7 +13,7 @@ PIP_INDEX_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
 OUT ?= out
 PYTEST_ARGS ?=
 
-.PHONY: venv model browser demo test mutate clean
+.PHONY: venv model browser promtool demo test mutate clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,15 @@ browser:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "note: chromium not found and cannot be installed here; the browser test will be skipped" >&2; fi; }
 
-test: model browser
+# The alerting rules `specadapt watch --emit` writes are checked by Prometheus's own promtool
+# (`check rules`, and `test rules` on series); Debian ships it in the prometheus package.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "note: promtool not found and cannot be installed here; the promtool tests will be skipped" >&2; fi; }
+
+test: model browser promtool
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests; that is a failure here" >&2; exit 1; fi; \
 	exit $$rc

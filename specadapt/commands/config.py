@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from specadapt.configs import multinode as MN
 from specadapt.configs import render as R
 from specadapt.configs import versions as V
+from specadapt.configs import watch as W
 from specadapt.configs.examples import stale_examples, write_examples
 from specadapt.configs.files import explain_file, validate_file
 from specadapt.configs.spec import METHODS, SpecConfig
@@ -83,10 +84,16 @@ def _build_spec(**kw) -> SpecConfig:
                                       "(e.g. rdma/ib=1).")
 @click.option("--namespace", default="default", show_default=True,
               help="Namespace used in the printed replica URLs.")
+@click.option("--watch", is_flag=True,
+              help=f"k8s: run `specadapt watch` beside each server (the leader, with --nodes), "
+                   f"exporting on port {W.WATCH_PORT} with the pods' Prometheus scrape "
+                   "annotations.")
+@click.option("--watch-image",
+              help=f"Container image of the --watch sidecar (default {W.DEFAULT_IMAGE}).")
 @click.pass_context
 def config(ctx: click.Context, backend, backend_version, engine, formats, entry, port, image,
-           out_dir, nodes, pp, gpus_per_node, replicas, rdma_resource, namespace,
-           **spec_kw) -> None:
+           out_dir, nodes, pp, gpus_per_node, replicas, rdma_resource, namespace, watch,
+           watch_image, **spec_kw) -> None:
     """Write validated speculative-decoding configs for vLLM and TensorRT-LLM."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"backend": backend, "version": backend_version, "engine": engine}
@@ -101,6 +108,10 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
         raise UsageError(f"Choose a speculation method: add --method "
                          f"({', '.join(METHODS)}).")
     spec = _build_spec(**spec_kw)
+    if watch_image is not None and not watch:
+        raise UsageError("--watch-image sets the image of the --watch sidecar: add --watch, or "
+                         "leave it out.")
+    watch_image = (watch_image or W.DEFAULT_IMAGE) if watch else None
     if nodes is None:
         unused = [f for f, v in (("--pp", pp), ("--gpus-per-node", gpus_per_node),
                                  ("--rdma-resource", rdma_resource)) if v is not None]
@@ -114,16 +125,17 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
     else:
         _multinode(spec, backend, backend_version, engine, formats, port, image, out_dir,
                    namespace, MN.Topology.build(spec, nodes, pp, gpus_per_node, replicas,
-                                                rdma_resource))
+                                                rdma_resource), watch_image)
         return
     for warning in R.validate(spec, backend, backend_version, engine):
         click.echo(str(warning), err=True)
     fmts = (R.available_formats(spec, backend, backend_version) if "all" in formats
             else list(formats or ["yaml"]))
+    _check_watch(watch_image, fmts)
     if out_dir is not None:
         for path in R.write_outputs(spec, backend, fmts, out_dir, backend_version, engine,
                                     entry=entry, port=port, image=image, replicas=replicas,
-                                    namespace=namespace):
+                                    namespace=namespace, watch_image=watch_image):
             click.echo(str(path))
         return
     for note in R.unread_notes(backend, fmts):
@@ -132,25 +144,39 @@ def config(ctx: click.Context, backend, backend_version, engine, formats, entry,
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")
         click.echo(R.render(spec, backend, fmt, backend_version, engine, entry=entry,
-                            port=port, image=image, replicas=replicas), nl=False)
+                            port=port, image=image, replicas=replicas,
+                            watch_image=watch_image if fmt == "k8s" else None), nl=False)
     if replicas > 1 and "k8s" in fmts:
         click.echo(R.single_node_probe_hint(spec, backend, replicas, port=port,
                                             namespace=namespace), err=True, nl=False)
 
 
+def _check_watch(watch_image: str | None, fmts: list[str], k8s: bool = True) -> None:
+    """--watch needs a format with pods (k8s); among several, only k8s gets the sidecar."""
+    if watch_image is not None and "k8s" not in fmts:
+        fix = ("add --format k8s" if k8s else "leave out --watch and run `specadapt watch "
+               "--url http://HOST:PORT` against the API the job prints")
+        raise UsageError(f"--watch adds a container to the server's pods and --format "
+                         f"{', '.join(fmts)} has none: {fix}.")
+
+
 def _multinode(spec, backend, version, engine, formats, port, image, out_dir, namespace,
-               topo) -> None:
+               topo, watch_image) -> None:
     for warning in R.validate_multinode(spec, backend, topo, version, engine):
         click.echo(str(warning), err=True)
     allowed = list(R.MULTINODE_FORMATS[backend])
     fmts = allowed if "all" in formats else list(formats or [allowed[-1]])
+    _check_watch(watch_image, fmts, "k8s" in allowed)
     if out_dir is not None:
         for path in R.write_multinode(spec, backend, fmts, out_dir, topo, version, engine,
-                                      namespace=namespace, port=port, image=image):
+                                      namespace=namespace, port=port, image=image,
+                                      watch_image=watch_image):
             click.echo(str(path))
         return
     texts = [(fmt, R.render_multinode(spec, backend, fmt, topo, version, engine, port=port,
-                                      image=image)) for fmt in fmts]
+                                      image=image,
+                                      watch_image=watch_image if fmt == "k8s" else None))
+             for fmt in fmts]
     for fmt, text in texts:
         if len(fmts) > 1:
             click.echo(f"# --- {fmt} ---")

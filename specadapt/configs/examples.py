@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specadapt.configs.multinode import Topology
+from specadapt.configs import watch
+from specadapt.configs.multinode import Topology, replica_urls
 from specadapt.configs.render import MULTINODE_FORMATS, available_formats, write_multinode, write_outputs
 from specadapt.configs.spec import SpecConfig
 
@@ -46,6 +47,18 @@ MULTINODE_EXAMPLES: dict[str, tuple[str, SpecConfig, Topology]] = {
 }
 
 
+# name -> example whose Kubernetes manifest gets the `specadapt watch` sidecar (config --watch)
+WATCH_EXAMPLES: dict[str, str] = {"watch-vllm-eagle3": "vllm-eagle3"}
+# `specadapt watch --emit`: rules, dashboard and one watcher pod for the multi-node replicas
+WATCH_FLEET = ("watch-fleet", "multinode-vllm-eagle3")
+
+
+def _fleet_urls() -> list[str]:
+    name = WATCH_FLEET[1]
+    backend, spec, topo = MULTINODE_EXAMPLES[name]
+    return [f"{name}-{i}={url}" for i, url in enumerate(replica_urls(spec, topo, backend))]
+
+
 def write_examples(root: Path) -> list[Path]:
     written = []
     for name, (backend, spec) in EXAMPLES.items():
@@ -53,6 +66,11 @@ def write_examples(root: Path) -> list[Path]:
     for name, (backend, spec, topo) in MULTINODE_EXAMPLES.items():
         written += write_multinode(spec, backend, list(MULTINODE_FORMATS[backend]), root / name,
                                    topo)
+    for name, source in WATCH_EXAMPLES.items():
+        backend, spec = EXAMPLES[source]
+        written += write_outputs(spec, backend, ["k8s"], root / name,
+                                 watch_image=watch.DEFAULT_IMAGE)
+    written += watch.write_watch_artifacts(root / WATCH_FLEET[0], _fleet_urls())
     return written
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from specadapt.configs import deploy, multinode, trtllm, vllm, yamlio
+from specadapt.configs import deploy, multinode, trtllm, vllm, watch, yamlio
 from specadapt.configs import versions as V
 from specadapt.configs.checks import Problem, check_model_dirs, check_spec, raise_on_errors
 from specadapt.configs.spec import SpecConfig
@@ -138,13 +138,16 @@ def validate(spec: SpecConfig, backend: str, version: str | None = None,
 def render(spec: SpecConfig, backend: str, fmt: str, version: str | None = None,
            engine: str = "pytorch", *, entry: str = "module", host: str = "0.0.0.0",
            port: int = 8000, image: str | None = None, name: str | None = None,
-           replicas: int = 1) -> str:
-    """The text of one output format (``replicas`` applies to k8s only)."""
+           replicas: int = 1, watch_image: str | None = None) -> str:
+    """The text of one output format (``replicas`` applies to k8s only; ``watch_image``: the
+    k8s pods carry a `specadapt watch` sidecar of that image)."""
     if fmt not in FORMATS:
         raise UsageError(f"Unknown format '{fmt}': use one of {', '.join(FORMATS)}.")
+    _refuse_watch(fmt, watch_image)
     if fmt == "k8s":
-        return deploy.render_k8s(spec, backend, version, engine, name=name, image=image,
+        text = deploy.render_k8s(spec, backend, version, engine, name=name, image=image,
                                  port=port, replicas=replicas)
+        return text if watch_image is None else watch.add_watch_sidecar(text, port, watch_image)
     if fmt == "compose":
         return deploy.render_compose(spec, backend, version, engine, name=name, image=image,
                                      port=port)
@@ -154,6 +157,17 @@ def render(spec: SpecConfig, backend: str, fmt: str, version: str | None = None,
     if fmt == "json":
         return _json(out.json(spec, version, engine))
     return out.yaml(spec, version, engine, host=host, port=port)
+
+
+def _refuse_watch(fmt: str, watch_image: str | None) -> None:
+    if watch_image is not None and fmt != "k8s":
+        raise UsageError(f"--watch adds a container to the server's pods and --format {fmt} "
+                         "has none: use --format k8s.")
+
+
+def _for_format(fmt: str, kw: dict[str, Any]) -> dict[str, Any]:
+    """The render options that apply to ``fmt`` (the watcher sidecar goes into k8s only)."""
+    return kw if fmt == "k8s" else {k: v for k, v in kw.items() if k != "watch_image"}
 
 
 def _json(data) -> str:
@@ -174,7 +188,8 @@ def write_outputs(spec: SpecConfig, backend: str, formats: list[str], out_dir: P
     for fmt in formats:
         path = out_dir / FILE_NAMES[(backend, fmt)]
         path.write_text(render(spec, backend, fmt, version, engine,
-                               **{k: v for k, v in kw.items() if k != "namespace"}))
+                               **_for_format(fmt, {k: v for k, v in kw.items()
+                                                   if k != "namespace"})))
         written.append(path)
     if kw.get("replicas", 1) > 1 and "k8s" in formats:
         written.append(write_probe_hint(out_dir, single_node_probe_hint(
@@ -209,14 +224,17 @@ def validate_multinode(spec: SpecConfig, backend: str, topo: multinode.Topology,
 
 def render_multinode(spec: SpecConfig, backend: str, fmt: str, topo: multinode.Topology,
                      version: str | None = None, engine: str = "pytorch", *,
-                     port: int = 8000, image: str | None = None, name: str | None = None) -> str:
+                     port: int = 8000, image: str | None = None, name: str | None = None,
+                     watch_image: str | None = None) -> str:
     out = outputs_for(backend)
     allowed = out.multinode_formats
     if fmt not in allowed:
         raise UsageError(f"Format '{fmt}' is not written for a {backend} deployment across "
                          f"nodes: use {', '.join(allowed)}.{out.multinode_refused.get(fmt, '')}")
+    _refuse_watch(fmt, watch_image)
     if fmt == "k8s":
-        return multinode.render_lws(spec, topo, version, name=name, image=image, port=port)
+        text = multinode.render_lws(spec, topo, version, name=name, image=image, port=port)
+        return text if watch_image is None else watch.add_watch_sidecar(text, port, watch_image)
     if fmt == "slurm":
         return multinode.render_slurm(spec, topo, version, engine, name=name, image=image,
                                       port=port)
@@ -237,7 +255,8 @@ def write_multinode(spec: SpecConfig, backend: str, formats: list[str], out_dir:
     written = []
     for fmt in formats:
         path = out_dir / MULTINODE_FILE_NAMES[(backend, fmt)]
-        path.write_text(render_multinode(spec, backend, fmt, topo, version, engine, **kw))
+        path.write_text(render_multinode(spec, backend, fmt, topo, version, engine,
+                                         **_for_format(fmt, kw)))
         written.append(path)
     written.append(write_probe_hint(out_dir, multinode.probe_hint(
         spec, topo, backend, name=kw.get("name"), namespace=namespace,
