@@ -113,9 +113,10 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
         return
     targets = parse_targets(urls)
     if emit_dir is not None:
-        from specadapt.commands.watch_emit import emit
+        from specadapt.commands.watch_emit import emit, emit_lines
 
-        emit(emit_dir, [u for _, u in targets], image=image, namespace=namespace)
+        for line in emit_lines(emit(emit_dir, targets, image=image, namespace=namespace), namespace):
+            say(line)
         return
     if not targets:
         raise UsageError("give the servers to watch: --url URL (or NAME=URL), repeated for a fleet")
