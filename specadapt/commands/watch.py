@@ -159,8 +159,10 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
         try:
             _loop(w, duration, no_console or not stderr.is_terminal, settings)
         except KeyboardInterrupt:
-            end = "interrupted"
-            _write(out_file, w, started_wall, end, baseline)
+            _write(out_file, w, started_wall, "interrupted", baseline)
+            raise
+        except SystemExit as exc:  # SIGTERM or SIGHUP (a pod being stopped): the report first
+            _write(out_file, w, started_wall, f"stopped by a signal (exit {exc.code})", baseline)
             raise
         _write(out_file, w, started_wall, end, baseline)
         if w.raised_ever:

@@ -168,3 +168,18 @@ def test_restart_slow_answers_and_a_server_that_disappears_and_returns(tmp_path)
     f = s["figures"]
     assert f["drafts"] >= 0 and f["accepted"] >= 0 and f["acceptance_rate"] is not None
     assert "the server restarted" in stdout
+
+
+def test_sigterm_ends_the_watch_with_its_report_written(tmp_path):
+    """A pod being stopped: SIGTERM ends the watch with exit 143, and the end report is written first."""
+    import signal
+
+    out = tmp_path / "w.json"
+    proc = watch(["--url", "a=http://127.0.0.1:9", "--max-backoff", "0.2"], out)
+    assert proc.stderr.readline().startswith("watching 1 server")  # started, signal handlers in place
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    report = json.loads(out.read_text())
+    assert report["end_reason"] == "stopped by a signal (exit 143)" and report["servers"][0]["errors"] >= 1
