@@ -12,12 +12,11 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from specadapt.adapters.registry import get_backend
 from specadapt.analysis.watch import DriftSettings
 from specadapt.commands._console import say, stderr, warn
-from specadapt.errors import SpecadaptError, UsageError
+from specadapt.errors import UsageError
 from specadapt.orchestration.servers import api_key_from, tls_verify
-from specadapt.orchestration.watch import Watcher, WatchSettings, load_baseline
+from specadapt.orchestration.watch import Watcher, WatchSettings, load_baseline, open_watch
 from specadapt.records.reports import atomic_write_text
 from specadapt.records.watch import FLEET
 from specadapt.report.watch_render import event_line, status_lines, status_table, watch_report
@@ -129,17 +128,11 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
     settings = WatchSettings(interval_s=interval, window_s=window, timeout_s=timeout, max_backoff_s=max_backoff,
                              drift=drift, canary_every_s=canary_every if golden else None)
     verify = tls_verify(insecure, ca_bundle)
-    be = get_backend(backend)
     canary = _canary_fn(golden, canary_prompts) if golden is not None else None
     with contextlib.ExitStack() as stack:
-        servers = []
-        for name, url in targets:
-            server = be.connect(url, api_key=api_key_from(api_key), verify=verify)
-            stack.callback(server.close)
-            servers.append((name, server))
-        w = Watcher(servers, settings, baseline=model, canary=canary)
-        stack.callback(w.close)
-        _check_baseline(w, model, baseline)
+        w = stack.enter_context(open_watch(targets, backend, settings, api_key=api_key_from(api_key), verify=verify,
+                                           baseline=model, baseline_name=str(baseline), canary=canary, warn=warn))
+        servers = w.servers
         exporter = None
         if listen_at:
             from specadapt.report.watch_export import Exporter
@@ -168,24 +161,6 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
         if w.raised_ever:
             say(f"{w.raised_ever} alert{'s were' if w.raised_ever != 1 else ' was'} raised during the watch")
             ctx.exit(1)
-
-
-def _check_baseline(w: Watcher, model, path: Path | None) -> None:
-    """Describe the servers now: a baseline of another model or method is refused before the watch."""
-    if model is None:
-        return
-    for sw in w.servers:
-        try:
-            info = sw.server.describe()
-        except SpecadaptError as exc:
-            warn(f"{sw.name}: {exc}; its baseline is checked when it answers")
-            continue
-        sw.info = info
-        from specadapt.analysis.watch import baseline_problem
-
-        problem = baseline_problem(model, info.model_id, info.spec_method)
-        if problem:
-            raise UsageError(f"--baseline {path} cannot judge {sw.name} ({sw.url}): {problem}")
 
 
 def _write(out_file: Path | None, w: Watcher, started_wall: float, end: str, baseline: Path | None) -> None:

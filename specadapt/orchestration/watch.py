@@ -17,10 +17,11 @@ Alert states per server (each raised and cleared as an event, with its reason):
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,6 +307,41 @@ class ServerReadError(SpecadaptError):
 
 
 __all__ = ["ALERTS", "FLEET", "CanaryStatus", "Event", "ServerWatch", "WatchSettings", "Watcher"]
+
+
+@contextlib.contextmanager
+def open_watch(targets: Sequence[tuple[str, str]], backend: str, settings: WatchSettings, api_key: str | None = None,
+               verify: bool | Any = True, baseline: CostModel | None = None, baseline_name: str = "the baseline",
+               canary: CanaryFn | None = None, warn: Callable[[str], Any] = lambda _text: None
+               ) -> Iterator[Watcher]:
+    """Connect to every (name, url) through the backend and yield their Watcher; close all on exit.
+
+    With a baseline, the servers that answer now are described first: a baseline of another
+    model or method is refused (UsageError) before the watch; a server that does not answer yet
+    is checked when it first does (``warn`` says so)."""
+    from specadapt.adapters.registry import get_backend
+    from specadapt.errors import UsageError
+
+    be = get_backend(backend)
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for name, url in targets:
+            server = be.connect(url, api_key=api_key, verify=verify)
+            stack.callback(server.close)
+            servers.append((name, server))
+        w = Watcher(servers, settings, baseline=baseline, canary=canary)
+        stack.callback(w.close)
+        if baseline is not None:
+            for sw in w.servers:
+                try:
+                    sw.info = sw.server.describe()
+                except SpecadaptError as exc:
+                    warn(f"{sw.name}: {exc}; the baseline is checked when it answers")
+                    continue
+                problem = baseline_problem(baseline, sw.info.model_id, sw.info.spec_method)
+                if problem:
+                    raise UsageError(f"--baseline {baseline_name} cannot judge {sw.name} ({sw.url}): {problem}")
+        yield w
 
 
 def load_baseline(path) -> CostModel:
