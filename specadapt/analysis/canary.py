@@ -153,7 +153,7 @@ def _triage(golden: GoldenAnswer, tokens: list[str], div: Divergence, threshold:
                            "its end")
     top = golden.top_logprobs[i] if i < len(golden.top_logprobs) else {}
     triage = triage_at(top, tokens[i] if i < len(tokens) else None, div, threshold, source="golden-logprobs")
-    if triage.verdict != "unknown" or div.off_token not in top:
+    if div.off_token not in top or div.on_token in top:
         return triage
     # the live token is unlisted, or the live answer ended here: bound it by what the top 5 leave
     lp_golden = top[div.off_token]
@@ -179,3 +179,20 @@ def canary_round(server: str, started_at: float, finished_at: float, results: li
     return CanaryRound(server=server, started_at=started_at, finished_at=finished_at,
                        verdict=worst(r.verdict for r in results), results=results, counts=counts,
                        notes=list(notes or []))
+
+
+def round_summary(r: CanaryRound) -> str:
+    """One line for a round: its verdict, the counts, and the worst result's prompt and reason."""
+    counts = ", ".join(f"{n} {v}" for v, n in r.counts.items() if n)
+    line = f"canary {r.verdict}" + (f" ({counts})" if counts else " (no prompts)")
+    bad = max(r.results, key=lambda x: RANK[x.verdict], default=None)
+    if bad is None or bad.verdict == "identical":
+        return line
+    if bad.error:
+        return f"{line}: {bad.prompt_id}: {bad.error}"
+    d = bad.divergence
+    if d is None:
+        return f"{line}: {bad.prompt_id}"
+    margin = d.triage.margin if d.triage else None
+    how = f", margin {'>= ' if d.triage.margin_is_lower_bound else ''}{margin:.3f} nats" if margin is not None else ""
+    return f"{line}: {bad.prompt_id} at token {d.token_index}: {d.on_token!r} where the golden has {d.off_token!r}{how}"
