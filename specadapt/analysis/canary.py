@@ -130,16 +130,16 @@ def judge(golden: GoldenAnswer, live: RequestRecord, threshold: float) -> Canary
                             error="the golden answer and the server name tokens differently (ids on one side, text "
                                   "on the other): record the golden answers with the same backend")
     off = RequestRecord(prompt_id=pid, category=golden.prompt.category, api=golden.api, side="off", ok=True,
-                        text=text, tokens=tokens, output_tokens=len(tokens), finish_reason=golden.finish_reason)
-    div = first_divergence(off, live.model_copy(update={"prompt_id": pid, "side": "on"}))
+                        text=text, tokens=tokens, output_tokens=len(tokens))
+    div = first_divergence(off, live)
     if div is None:
         return CanaryResult(prompt_id=pid, verdict="identical", compared_tokens=len(tokens), note=note)
-    div.triage = _triage(golden, tokens, div, threshold)
+    div.triage = _triage(golden, div, threshold)
     return CanaryResult(prompt_id=pid, verdict=div.triage.verdict, divergence=div, compared_tokens=len(tokens),
                         note=note)
 
 
-def _triage(golden: GoldenAnswer, tokens: list[str], div: Divergence, threshold: float) -> Triage:
+def _triage(golden: GoldenAnswer, div: Divergence, threshold: float) -> Triage:
     i = div.token_index
     if i < 0:
         return Triage(verdict="unknown", source="none", threshold=threshold,
@@ -152,7 +152,7 @@ def _triage(golden: GoldenAnswer, tokens: list[str], div: Divergence, threshold:
                       note="the golden answer ended here and the live one went on: the golden has no logprobs past "
                            "its end")
     top = golden.top_logprobs[i] if i < len(golden.top_logprobs) else {}
-    triage = triage_at(top, tokens[i] if i < len(tokens) else None, div, threshold, source="golden-logprobs")
+    triage = triage_at(top, div.off_token, div, threshold, source="golden-logprobs")
     if div.off_token not in top or div.on_token in top:
         return triage
     # the live token is unlisted, or the live answer ended here: bound it by what the top 5 leave

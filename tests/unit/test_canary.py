@@ -49,7 +49,18 @@ G = golden(["a", "b", "c"], [{"a": -0.01}, {"b": -0.6, "x": -0.9, "y": -2.6}, {"
 # --- the verdict of one answer ---------------------------------------------------------------------
 def test_identical():
     r = ac.judge(G, live(["a", "b", "c"]), T)
-    assert (r.verdict, r.divergence, r.compared_tokens, r.error) == ("identical", None, 3, None)
+    assert (r.verdict, r.divergence, r.compared_tokens, r.error, r.note) == ("identical", None, 3, None, "")
+
+
+def test_divergence_at_the_first_token():
+    r = ac.judge(G, live(["z"]), T)
+    assert r.verdict == "suspect" and r.divergence.token_index == 0
+
+
+def test_a_golden_without_logprobs_at_the_position_is_unknown():
+    g = golden(["a", "b"], [{"a": -0.01}])  # malformed: one top list short
+    r = ac.judge(g, live(["a", "z"]), T)
+    assert r.verdict == "unknown" and r.divergence.triage.source == "none"
 
 
 def test_near_tie_by_the_goldens_logprobs():
@@ -84,7 +95,11 @@ def test_live_token_outside_the_top_5_of_a_confident_golden_is_suspect():
     assert r.verdict == "suspect" and t.margin_is_lower_bound
     left = 1 - math.exp(-0.05) - math.exp(-4.0) - math.exp(-5.0)
     assert t.margin == pytest.approx(-0.05 - math.log(min(left, math.exp(-5.0))))
-    assert "not in the golden's top 3" in t.note
+    assert t.note == f"the live token is not in the golden's top 3; from the golden's logprobs the margin is at least " \
+                     f"{t.margin:.3f}"
+    assert t.server_margin == t.margin
+    # a threshold equal to the bound is suspect
+    assert ac.judge(g, live(["a", "z"]), t.margin).verdict == "suspect"
 
 
 def test_live_token_outside_the_top_5_of_a_flat_golden_is_unknown():
@@ -115,7 +130,7 @@ def test_live_answer_ended_where_a_confident_golden_went_on_is_suspect():
     d, t = r.divergence, r.divergence.triage
     assert (r.verdict, d.kind, d.token_index, d.off_token, d.on_token) == ("suspect", "length", 2, "c", None)
     assert t.margin == pytest.approx(math.log(0.95) - math.log(0.04)) and t.margin_is_lower_bound
-    assert "ended here" in t.note
+    assert t.note.startswith("the live answer ended here; from the golden's logprobs the margin is at least ")
 
 
 def test_live_answer_ended_where_the_golden_was_unsure_is_unknown():
@@ -131,13 +146,14 @@ def test_golden_ended_where_the_live_answer_went_on_is_unknown():
     r = ac.judge(g, live(["a", "b", "c"], finish="stop"), T)
     d = r.divergence
     assert (r.verdict, d.kind, d.token_index, d.off_token, d.on_token) == ("unknown", "length", 2, None, "c")
-    assert "golden answer ended here" in d.triage.note
+    assert d.triage.note == ("the golden answer ended here and the live one went on: the golden has no logprobs "
+                             "past its end")
 
 
 def test_a_live_answer_cut_by_its_length_limit_is_compared_on_its_length():
     r = ac.judge(G, live(["a", "b"], finish="length"), T)
     assert (r.verdict, r.compared_tokens) == ("identical", 2)
-    assert "first 2 of the golden's 3 tokens" in r.note
+    assert r.note == "compared on the first 2 of the golden's 3 tokens: the live answer stopped at its length limit"
     # a different token inside the shorter length is still judged
     r = ac.judge(G, live(["a", "y"], finish="length"), T)
     assert (r.verdict, r.compared_tokens) == ("suspect", 2)
@@ -148,7 +164,8 @@ def test_a_live_answer_cut_by_its_length_limit_is_compared_on_its_length():
 def test_a_cut_golden_keeps_its_text_when_it_is_no_prefix():
     r = ac.judge(G, live(["a", "b"], text="aX", finish="length"), T)
     assert r.verdict == "unknown" and r.divergence.char_index == 1
-    assert "detokenization" in r.divergence.triage.note
+    assert r.divergence.triage.note == "the same tokens, a different text: a detokenization difference"
+    assert "compared on the first 2" in r.note
 
 
 def test_same_tokens_different_text_is_unknown():
@@ -161,12 +178,15 @@ def test_no_tokens_on_either_side_is_judged_on_text():
     assert ac.judge(g, live([], text="abc"), T).verdict == "identical"
     r = ac.judge(g, live([], text="abd"), T)
     assert r.verdict == "unknown" and r.divergence.token_index == -1
+    assert r.divergence.triage.note == "the answers carry no tokens (no logprobs), so no position to triage"
 
 
 def test_tokens_named_differently_is_an_error():
     g = golden(["token_id:1", "token_id:2"], [{"token_id:1": -0.1}, {"token_id:2": -0.1}])
     r = ac.judge(g, live(["a", "b"]), T)
-    assert r.verdict == "error" and "name tokens differently" in r.error
+    assert r.verdict == "error" and r.compared_tokens == 2 and r.error == (
+        "the golden answer and the server name tokens differently (ids on one side, text on the other): record the "
+        "golden answers with the same backend")
     assert ac.judge(g, live(["token_id:1", "token_id:2"], text=g.text), T).verdict == "identical"
 
 
