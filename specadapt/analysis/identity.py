@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from specadapt.records import Divergence, Prompt, PromptIdentity, RequestRecord, Triage
 
@@ -39,13 +39,20 @@ _VERDICT_RANK = {"identical": 0, "near-tie": 1, "unknown": 2, "suspect": 3}
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 
 
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+                  "fp64": "float64", "double": "float64"}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """A dtype by its one name: "bf16" -> "bfloat16", "torch.float16" -> "float16", "FP32" -> "float32"."""
+    d = dtype.lower().removeprefix("torch.")
+    return _DTYPE_ALIASES.get(d, d)
+
+
 def default_threshold(dtype: str | None) -> float:
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
-               "fp64": "float64", "double": "float64"}
     if dtype is None:
         return DEFAULT_THRESHOLD
-    d = dtype.lower()
-    return NEAR_TIE_THRESHOLDS.get(aliases.get(d, d), DEFAULT_THRESHOLD)
+    return NEAR_TIE_THRESHOLDS.get(canonical_dtype(dtype), DEFAULT_THRESHOLD)
 
 
 def token_id(token: str) -> int | None:
@@ -89,16 +96,25 @@ def triage_from_logprobs(choice: dict[str, Any], api: str, div: Divergence, off_
     """The verdict at ``div`` from the spec-off server's answer (``choice``: its first choice, with
     top logprobs over the first token_index + 1 tokens)."""
     i = div.token_index
-    tokens, top = _top_at(choice, api, i)
+    tokens, tops = choice_logprobs(choice, api)
     note = ""
     if tokens[:i] != off_tokens[:i]:
         note = "the spec-off server's output changed between runs before this position; "
+    top = tops[i] if i < len(tops) else {}
+    return triage_at(top, tokens[i] if i < len(tokens) else None, div, threshold, note)
+
+
+def triage_at(top: dict[str, float], off_token: str | None, div: Divergence, threshold: float, note: str = "",
+              source: Literal["server-logprobs", "golden-logprobs"] = "server-logprobs") -> Triage:
+    """The verdict at ``div`` from the spec-off top logprobs at its position (``top``, the
+    spec-off token's own logprob included; ``off_token``: the spec-off token there when
+    ``div.off_token`` is not in ``top``); ``note`` starts the triage's note."""
     if not top:
         return Triage(verdict="unknown", source="none", threshold=threshold,
                       note=note + "the spec-off server gave no logprobs at this position")
-    off_tok = div.off_token if div.off_token in top else (tokens[i] if i < len(tokens) else None)
+    off_tok = div.off_token if div.off_token in top else off_token
     if off_tok is None or div.on_token is None:
-        return Triage(verdict="unknown", source="server-logprobs", threshold=threshold, top_logprobs=top,
+        return Triage(verdict="unknown", source=source, threshold=threshold, top_logprobs=top,
                       note=note + "one output ended here (end of sequence): its token's logprob is not known")
     lp_off = top.get(off_tok, max(top.values()))
     if div.on_token in top:
@@ -109,25 +125,30 @@ def triage_from_logprobs(choice: dict[str, Any], api: str, div: Divergence, off_
     if lower and margin < threshold:
         verdict = "unknown"
         note += f"the spec-on token is not in the top {TOP_LOGPROBS}, margin only known to be >= {margin:.3f}; "
-    return Triage(verdict=verdict, source="server-logprobs", margin=margin, margin_is_lower_bound=lower,
+    return Triage(verdict=verdict, source=source, margin=margin, margin_is_lower_bound=lower,
                   threshold=threshold, server_margin=margin, top_logprobs=top, note=note.rstrip("; "))
 
 
-def _top_at(choice: dict[str, Any], api: str, i: int) -> tuple[list[str], dict[str, float]]:
+def choice_logprobs(choice: dict[str, Any], api: str) -> tuple[list[str], list[dict[str, float]]]:
+    """(tokens, top logprobs per position) of a non-streamed answer's choice; each position's
+    top holds its own token's logprob too."""
     lp = choice.get("logprobs") or {}
     if api == "chat":
         entries = lp.get("content") or []
-        tokens = [e["token"] for e in entries]
-        top = {t["token"]: float(t["logprob"]) for t in (entries[i].get("top_logprobs") or [])} if i < len(entries) else {}
-        if i < len(entries):
-            top.setdefault(entries[i]["token"], float(entries[i]["logprob"]))
-        return tokens, top
+        tops = []
+        for e in entries:
+            top = {t["token"]: float(t["logprob"]) for t in (e.get("top_logprobs") or [])}
+            top.setdefault(e["token"], float(e["logprob"]))
+            tops.append(top)
+        return [e["token"] for e in entries], tops
     tokens = list(lp.get("tokens") or [])
-    tops = lp.get("top_logprobs") or []
-    top = {k: float(v) for k, v in (tops[i] or {}).items()} if i < len(tops) else {}
-    if i < len(tokens) and i < len(lp.get("token_logprobs") or []):
-        top.setdefault(tokens[i], float(lp["token_logprobs"][i]))
-    return tokens, top
+    raw = lp.get("top_logprobs") or []
+    own = lp.get("token_logprobs") or []
+    tops = [{k: float(v) for k, v in (raw[i] or {}).items()} if i < len(raw) else {}
+            for i in range(max(len(tokens), len(raw)))]
+    for i in range(min(len(tokens), len(own))):
+        tops[i].setdefault(tokens[i], float(own[i]))
+    return tokens, tops
 
 
 def identity_report(records: list[RequestRecord], prompts: list[Prompt],

@@ -13,10 +13,11 @@ from specadapt.load.client import build_body
 from specadapt.records import Divergence, Prompt, RequestSettings, Triage
 
 
-def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
-    """One non-streamed POST to ``server`` with its auth and TLS settings."""
-    return httpx.post(server.base_url + path, json=body, headers=server.headers(), timeout=timeout_s,
-                      verify=server.verify)
+def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float,
+              headers: dict[str, str] | None = None) -> httpx.Response:
+    """One non-streamed POST to ``server`` with its auth and TLS settings (and ``headers`` besides)."""
+    return httpx.post(server.base_url + path, json=body, headers={**server.headers(), **(headers or {})},
+                      timeout=timeout_s, verify=server.verify)
 
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:

@@ -5,6 +5,16 @@ package imports nothing of specadapt's but ``errors``. All models are pydantic; 
 descriptions are the documentation of the saved JSON reports.
 """
 
+from specadapt.records.canary import (
+    CANARY_VERDICTS,
+    CanaryResult,
+    CanaryRound,
+    CanaryVerdict,
+    GoldenAnswer,
+    GoldenFile,
+    read_golden,
+    write_golden,
+)
 from specadapt.records.client_load import ClientLoad
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
@@ -45,6 +55,8 @@ from specadapt.records.server import CounterSnapshot, GpuInfo, HardwareInfo, Ser
 from specadapt.records.workload import WorkloadInfo
 
 __all__ = [
+    "CANARY_VERDICTS", "CanaryResult", "CanaryRound", "CanaryVerdict", "GoldenAnswer", "GoldenFile", "read_golden",
+    "write_golden",
     "SCHEMA_VERSION", "AcceptanceSummary", "ChatMessage", "ClientLoad", "CompareReport", "CompareSettings",
     "CounterPair",
     "CounterSnapshot", "Crossover", "DemoReport", "DemoRun", "DemoTimings", "Distribution", "Divergence",

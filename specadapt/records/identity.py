@@ -11,13 +11,16 @@ Verdict = Literal["identical", "near-tie", "suspect", "unknown"]
 
 class Triage(BaseModel):
     verdict: Literal["near-tie", "suspect", "unknown"]
-    source: Literal["server-logprobs", "reference-float64", "none"]
+    source: Literal["server-logprobs", "golden-logprobs", "reference-float64", "none"] = Field(
+        description="server-logprobs: the spec-off server asked at the divergence; golden-logprobs: the logprobs "
+                    "recorded with a canary's golden answer; reference-float64: the target recomputed in float64.")
     margin: float | None = Field(None, description="logp(off token) - logp(on token), nats, at the divergence.")
     margin_is_lower_bound: bool = Field(False, description="The on token was not in the top logprobs.")
     threshold: float
     server_margin: float | None = None
     reference_margin: float | None = None
-    top_logprobs: dict[str, float] = Field(default_factory=dict, description="Spec-off server's top logprobs there.")
+    top_logprobs: dict[str, float] = Field(default_factory=dict, description="Spec-off server's top logprobs there "
+                                                                             "(a canary: the golden answer's).")
     note: str = ""
 
 

@@ -87,7 +87,7 @@ METRICS: dict[str, MetricSpec] = {m.name.removeprefix(PREFIX): m for m in (
                                               "false-alarm rate)."),
     _m("acceptance_drift", "gauge", "1 while the drift alarm is raised (acceptance fell below its reference), "
                                     "else 0."),
-    _m("canary_rounds_total", "counter", "Canary rounds by verdict (identical, near-tie, suspect, error).",
+    _m("canary_rounds_total", "counter", "Canary rounds by verdict (identical, near-tie, unknown, error, suspect).",
        ("server", "verdict")),
     _m("canary_suspect", "gauge", "1 when the last canary round had a suspect divergence from the golden "
                                   "answers, else 0."),

@@ -72,6 +72,18 @@ def load_builtin(name: str = "default") -> list[Prompt]:
     return parse_prompt_lines(text.splitlines(), f"built-in workload {name}")
 
 
+# The built-in canary set (`specadapt watch record-golden` without --prompts): prompts whose answers copy
+# their input (code, a paragraph, JSON), so that a draft proposes and the target accepts often and a
+# canary exercises the verify path; three chat, one completion.
+CANARY_PROMPT_IDS = ("copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code")
+
+
+def canary_prompts() -> list[Prompt]:
+    """The built-in canary prompts (``CANARY_PROMPT_IDS``, from the default workload)."""
+    by_id = {p.id: p for p in load_builtin("default")}
+    return [by_id[i] for i in CANARY_PROMPT_IDS]
+
+
 def load_prompts(path: str | Path | None) -> list[Prompt]:
     """The user's JSONL file, or the built-in default set when ``path`` is None."""
     if path is None:

@@ -305,32 +305,32 @@ def test_chat_request_asks_for_top_logprobs_without_streaming(monkeypatch):
 
 
 def test_chat_own_token_missing_from_its_top_list_is_added():
-    from specadapt.analysis.identity import _top_at
+    from specadapt.analysis.identity import choice_logprobs
 
     choice = {"logprobs": {"content": [
         {"token": "a", "logprob": -0.1, "top_logprobs": [{"token": "a", "logprob": -0.1}]},
         {"token": "b", "logprob": -3.0, "top_logprobs": [{"token": "c", "logprob": -0.2}]},
     ]}}
-    assert _top_at(choice, "chat", 1) == (["a", "b"], {"c": -0.2, "b": -3.0})
-    assert _top_at(choice, "chat", 2) == (["a", "b"], {})  # past the end: nothing
-    assert _top_at({"logprobs": None}, "chat", 0) == ([], {})
+    assert choice_logprobs(choice, "chat") == (["a", "b"], [{"a": -0.1}, {"c": -0.2, "b": -3.0}])
+    assert choice_logprobs({"logprobs": None}, "chat") == ([], [])
     # a listed token keeps its listed value
     choice["logprobs"]["content"][1]["top_logprobs"].append({"token": "b", "logprob": -2.5})
-    assert _top_at(choice, "chat", 1)[1] == {"c": -0.2, "b": -2.5}
+    assert choice_logprobs(choice, "chat")[1][1] == {"c": -0.2, "b": -2.5}
 
 
-def test_completions_top_at():
-    from specadapt.analysis.identity import _top_at
+def test_completions_choice_logprobs():
+    from specadapt.analysis.identity import choice_logprobs
 
     choice = {"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.1, -3.0],
                            "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
-    assert _top_at(choice, "completions", 1) == (["a", "b"], {"c": -0.2, "b": -3.0})
-    assert _top_at(choice, "completions", 2) == (["a", "b"], {})
+    assert choice_logprobs(choice, "completions") == (["a", "b"], [{"a": -0.1}, {"c": -0.2, "b": -3.0}])
     choice["logprobs"]["top_logprobs"] = [{"a": -0.1}, None]
-    assert _top_at(choice, "completions", 1) == (["a", "b"], {"b": -3.0})
-    choice["logprobs"]["token_logprobs"] = [-0.1]
-    assert _top_at(choice, "completions", 1) == (["a", "b"], {})
-    assert _top_at({}, "completions", 0) == ([], {})
+    assert choice_logprobs(choice, "completions")[1] == [{"a": -0.1}, {"b": -3.0}]
+    # more top lists than tokens, or fewer own logprobs: each position as far as it is known
+    choice = {"logprobs": {"tokens": ["a"], "token_logprobs": [], "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
+    assert choice_logprobs(choice, "completions") == (["a"], [{"a": -0.1}, {"c": -0.2}])
+    choice = {"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -1.0]}}
+    assert choice_logprobs(choice, "completions") == (["a", "b"], [{"a": -0.5}, {"b": -1.0}])
 
 
 def test_no_token_position_is_unknown_without_asking(monkeypatch):
@@ -585,10 +585,10 @@ def test_the_callers_timeout_reaches_the_request(monkeypatch):
 def test_a_completions_answer_with_fewer_tokens_than_logprobs(monkeypatch):
     """A malformed answer (more top_logprobs / token_logprobs entries than tokens) is read
     without an IndexError: no token of the server's own at i."""
-    from specadapt.analysis.identity import _top_at
+    from specadapt.analysis.identity import choice_logprobs
 
     choice = {"logprobs": {"tokens": ["a"], "token_logprobs": [-0.1, -0.2], "top_logprobs": [{"a": -0.1}, {"c": -0.2}]}}
-    assert _top_at(choice, "completions", 1) == (["a"], {"c": -0.2})
+    assert choice_logprobs(choice, "completions") == (["a"], [{"a": -0.1}, {"c": -0.2}])
 
     def post(url, **kw):
         return httpx.Response(200, json={"choices": [choice]}, request=httpx.Request("POST", url))
