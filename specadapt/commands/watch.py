@@ -14,9 +14,11 @@ from rich.live import Live
 
 from specadapt.analysis.watch import DriftSettings
 from specadapt.commands._console import say, stderr, warn
+from specadapt.commands.watch_golden import record_golden
 from specadapt.errors import UsageError
 from specadapt.orchestration.servers import api_key_from, tls_verify
 from specadapt.orchestration.watch import Watcher, WatchSettings, load_baseline, open_watch
+from specadapt.records import read_golden
 from specadapt.records.reports import atomic_write_text
 from specadapt.records.watch import FLEET
 from specadapt.report.watch_render import event_line, status_lines, status_table, watch_report
@@ -128,10 +130,11 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
     settings = WatchSettings(interval_s=interval, window_s=window, timeout_s=timeout, max_backoff_s=max_backoff,
                              drift=drift, canary_every_s=canary_every if golden else None)
     verify = tls_verify(insecure, ca_bundle)
-    canary = _canary_fn(golden, canary_prompts) if golden is not None else None
+    answers = read_golden(golden) if golden is not None else None
     with contextlib.ExitStack() as stack:
         w = stack.enter_context(open_watch(targets, backend, settings, api_key=api_key_from(api_key), verify=verify,
-                                           baseline=model, baseline_name=str(baseline), canary=canary, warn=warn))
+                                           baseline=model, baseline_name=str(baseline), golden=answers,
+                                           canary_prompts=canary_prompts, warn=warn))
         servers = w.servers
         exporter = None
         if listen_at:
@@ -201,5 +204,4 @@ def _loop(w: Watcher, duration: float | None, plain: bool, settings: WatchSettin
         live.update(status_table(w))
 
 
-def _canary_fn(golden: Path, max_prompts: int):
-    raise UsageError("canaries are not available in this build")  # wired when the canary module lands
+watch.add_command(record_golden)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specadapt.adapters.base import Server
+from specadapt.analysis.canary import round_summary
 from specadapt.analysis.watch import (
     CostModel,
     DriftDetector,
@@ -40,7 +41,8 @@ from specadapt.analysis.watch import (
     interval_between,
 )
 from specadapt.errors import SpecadaptError
-from specadapt.records import ServerInfo
+from specadapt.orchestration.canary import check_golden, run_canary_round
+from specadapt.records import GoldenFile, ServerInfo
 from specadapt.records.watch import FLEET, LiveSnapshot
 
 ALERTS = ("down", "no-counters", "costing-time", "drift", "canary")
@@ -104,6 +106,7 @@ class ServerWatch:
         self.canary: CanaryStatus | None = None
         self.canary_counts: dict[str, int] = {}
         self.next_canary = 0.0
+        self.canary_future: cf.Future | None = None
         self.alerts: dict[str, str] = {}  # raised alert -> its reason
 
     @property
@@ -132,7 +135,7 @@ class Watcher:
         self.raised_ever = 0
         self.lock = threading.RLock()
         self.started = clock()
-        self._pool = cf.ThreadPoolExecutor(max_workers=min(16, max(1, len(self.servers))),
+        self._pool = cf.ThreadPoolExecutor(max_workers=min(32, max(1, 2 * len(self.servers))),
                                            thread_name_prefix="specadapt-watch")
 
     # -- reads -----------------------------------------------------------------------
@@ -243,20 +246,28 @@ class Watcher:
 
     # -- canaries ----------------------------------------------------------------------
     def _canaries(self) -> list[Event]:
+        """Start the rounds that are due (in the pool: a round's requests delay no read) and fold
+        the rounds that have finished."""
         every = self.settings.canary_every_s
         if self.canary_fn is None or not every:
             return []
         events: list[Event] = []
         now = self.clock()
         for sw in self.servers:
-            if not sw.up or now < sw.next_canary:
-                continue
-            sw.next_canary = now + every
-            status = self.canary_fn(sw.server)
-            with self.lock:
-                sw.canary = status
-                sw.canary_counts[status.verdict] = sw.canary_counts.get(status.verdict, 0) + 1
-                events += self._set(sw, "canary", status.summary if status.verdict == "suspect" else None)
+            fut = sw.canary_future
+            if fut is not None and fut.done():
+                sw.canary_future = None
+                try:
+                    status = fut.result()
+                except Exception as exc:  # a round must never end the watch
+                    status = CanaryStatus(verdict="error", summary=f"canary round failed: {exc}", wall=self.wall())
+                with self.lock:
+                    sw.canary = status
+                    sw.canary_counts[status.verdict] = sw.canary_counts.get(status.verdict, 0) + 1
+                    events += self._set(sw, "canary", status.summary if status.verdict == "suspect" else None)
+            if sw.up and sw.canary_future is None and now >= sw.next_canary:
+                sw.next_canary = now + every
+                sw.canary_future = self._pool.submit(self.canary_fn, sw.server)
         return events
 
     # -- alerts ------------------------------------------------------------------------
@@ -312,13 +323,15 @@ __all__ = ["ALERTS", "FLEET", "CanaryStatus", "Event", "ServerWatch", "WatchSett
 @contextlib.contextmanager
 def open_watch(targets: Sequence[tuple[str, str]], backend: str, settings: WatchSettings, api_key: str | None = None,
                verify: bool | Any = True, baseline: CostModel | None = None, baseline_name: str = "the baseline",
-               canary: CanaryFn | None = None, warn: Callable[[str], Any] = lambda _text: None
-               ) -> Iterator[Watcher]:
+               golden: GoldenFile | None = None, canary_prompts: int = 4,
+               warn: Callable[[str], Any] = lambda _text: None) -> Iterator[Watcher]:
     """Connect to every (name, url) through the backend and yield their Watcher; close all on exit.
 
     With a baseline, the servers that answer now are described first: a baseline of another
     model or method is refused (UsageError) before the watch; a server that does not answer yet
-    is checked when it first does (``warn`` says so)."""
+    is checked when it first does (``warn`` says so). With golden answers, canary rounds of
+    ``canary_prompts`` prompts run every ``settings.canary_every_s``; a golden of another model
+    (or max_model_len, dtype) than a server that answers now is refused the same way."""
     from specadapt.adapters.registry import get_backend
     from specadapt.errors import UsageError
 
@@ -329,19 +342,37 @@ def open_watch(targets: Sequence[tuple[str, str]], backend: str, settings: Watch
             server = be.connect(url, api_key=api_key, verify=verify)
             stack.callback(server.close)
             servers.append((name, server))
+        canary = canary_runner(golden, canary_prompts) if golden is not None else None
         w = Watcher(servers, settings, baseline=baseline, canary=canary)
         stack.callback(w.close)
-        if baseline is not None:
+        if baseline is not None or golden is not None:
             for sw in w.servers:
                 try:
                     sw.info = sw.server.describe()
                 except SpecadaptError as exc:
-                    warn(f"{sw.name}: {exc}; the baseline is checked when it answers")
+                    warn(f"{sw.name}: {exc}; it is checked against the baseline and golden answers when it answers")
                     continue
-                problem = baseline_problem(baseline, sw.info.model_id, sw.info.spec_method)
+                problem = baseline_problem(baseline, sw.info.model_id, sw.info.spec_method) if baseline else None
                 if problem:
                     raise UsageError(f"--baseline {baseline_name} cannot judge {sw.name} ({sw.url}): {problem}")
+                if golden is not None:
+                    try:
+                        check_golden(sw.server, golden, sw.info)
+                    except UsageError as exc:
+                        raise UsageError(f"--golden cannot judge {sw.name} ({sw.url}): {exc}") from exc
         yield w
+
+
+def canary_runner(golden: GoldenFile, max_prompts: int = 4) -> CanaryFn:
+    """One canary round per call, rotating through the golden answers per server."""
+    rounds: dict[str, int] = {}
+
+    def run(server: Server) -> CanaryStatus:
+        i = rounds[server.base_url] = rounds.get(server.base_url, -1) + 1
+        r = run_canary_round(server, golden, max_prompts=max_prompts, round_index=i)
+        return CanaryStatus(verdict=r.verdict, summary=round_summary(r), wall=r.finished_at)
+
+    return run
 
 
 def load_baseline(path) -> CostModel:

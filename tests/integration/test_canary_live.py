@@ -72,3 +72,26 @@ def test_vllm_ngram_round_is_never_suspect(vllm_off, vllm_ngram):
     assert r.verdict in ("identical", "near-tie"), [x.model_dump() for x in r.results]
     assert r.counts["error"] == 0 and r.counts["suspect"] == 0
     assert accepted(vllm_ngram) > before
+
+
+def test_watch_raises_the_canary_alert_on_the_planted_fault(ref_golden, reference_servers, tmp_path):
+    """End to end through `specadapt watch --golden`: the spec-on server with the accept-always
+    fault is watched with canary rounds of one prompt; the round is suspect, the alert is raised
+    (exit 1) and the end report counts the round."""
+    import json
+    import subprocess
+    import sys
+
+    from specadapt.records import write_golden
+
+    golden, out = tmp_path / "golden.json", tmp_path / "watch.json"
+    write_golden(ref_golden, golden)
+    bad = reference_servers["accept_always"]
+    proc = subprocess.run([sys.executable, "-m", "specadapt", "watch", "--url", f"bad={bad.base_url}", "--golden",
+                           str(golden), "--canary-every", "60", "--canary-prompts", "1", "--interval", "0.5",
+                           "--duration", "6", "--no-console", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["servers"][0]["canary_counts"] == {"suspect": 1}
+    assert "canary" in report["servers"][0]["alerts"] and "ALERT canary on bad" in proc.stdout

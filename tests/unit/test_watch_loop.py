@@ -193,7 +193,7 @@ def test_drift_alarm_is_raised_and_cleared():
 
 def test_canaries_run_on_their_schedule_and_a_suspect_round_is_an_alert():
     s = FakeServer("http://a")
-    s.script = [live(i, i) for i in range(6)]
+    s.script = [live(i, i) for i in range(7)]
     verdicts = iter(["identical", "suspect", "identical"])
     calls = []
 
@@ -208,9 +208,27 @@ def test_canaries_run_on_their_schedule_and_a_suspect_round_is_an_alert():
     for _ in range(6):
         events += w.step()
         clock.t += 10
+        w.servers[0].canary_future and w.servers[0].canary_future.result(5)  # rounds run in the pool
+    events += w.step()
     assert len(calls) == 3  # at 0, 20 and 40 s
     assert [(e.alert, e.raised) for e in events if e.alert == "canary"] == [("canary", True), ("canary", False)]
     assert w.servers[0].canary_counts == {"identical": 2, "suspect": 1}
+
+
+def test_a_canary_round_that_raises_is_an_error_verdict_not_a_crash():
+    s = FakeServer("http://a")
+    s.script = [live(i, i) for i in range(3)]
+
+    def canary(server) -> CanaryStatus:
+        raise RuntimeError("boom")
+
+    w, clock = watcher(s, canary=canary, settings=WatchSettings(interval_s=10, window_s=60, canary_every_s=100))
+    w.step()
+    w.servers[0].canary_future.exception(5)
+    clock.t += 10
+    w.step()
+    assert w.servers[0].canary.verdict == "error" and "boom" in w.servers[0].canary.summary
+    assert w.servers[0].canary_counts == {"error": 1} and "canary" not in w.servers[0].alerts
 
 
 def test_names_must_be_distinct_and_events_are_bounded():
