@@ -88,7 +88,7 @@ def _d(before: float | None, after: float | None) -> float | None:
     return after - before
 
 
-def _hist_d(before: HistogramState | None, after: HistogramState | None) -> tuple[float, float] | None:
+def _hist_d(before: HistogramState | None, after: HistogramState | None) -> tuple[float, float]:
     if before is None or after is None:
         return (0.0, 0.0)
     return (after.sum - before.sum, after.count - before.count)
@@ -109,13 +109,13 @@ def interval_between(prev: LiveSnapshot, cur: LiveSnapshot) -> Interval | None:
     diffs = [_d(a.drafts, b.drafts), _d(a.draft_tokens, b.draft_tokens), _d(a.accepted_tokens, b.accepted_tokens),
              _d(a.generation_tokens, b.generation_tokens)]
     positions = sorted(set(a.accepted_per_position) | set(b.accepted_per_position))
-    per_pos = [_d(a.accepted_per_position.get(p, 0.0), b.accepted_per_position.get(p, 0.0)) for p in positions]
+    per_pos = [b.accepted_per_position.get(p, 0.0) - a.accepted_per_position.get(p, 0.0) for p in positions]
     hists = [_hist_d(prev.ttft, cur.ttft), _hist_d(prev.tpot, cur.tpot)]
     if any(x is not None and x < 0 for x in [*diffs, *per_pos]) or any(s < 0 or n < 0 for s, n in hists):
         return None
     (ts, tc), (ps, pc) = hists
     return Interval(start=prev.at, end=cur.at, drafts=diffs[0], draft_tokens=diffs[1], accepted=diffs[2],
-                    per_position=tuple(x or 0.0 for x in per_pos), generation=diffs[3],
+                    per_position=tuple(per_pos), generation=diffs[3],
                     running=_mean_gauge(prev.running, cur.running), ttft_sum=ts, ttft_count=tc,
                     tpot_sum=ps, tpot_count=pc)
 
@@ -433,7 +433,7 @@ def cost_model_from_compare(report: CompareReport, source: str = "compare report
         if not k or lv.concurrency <= 0:
             continue
         fit = fit_level(lv.concurrency, [(k, lv)])
-        if fit.v is None or fit.c is None:
+        if fit.form == "none":  # no TPOT ratio or no acceptance length at this level
             continue
         t = lv.speed.tpot
         levels.append(LevelCost(lv.concurrency, fit.v, fit.c, *_rel(t.point, t.low, t.high)))
@@ -512,7 +512,7 @@ def expected_speedup(model: CostModel, w: WindowFigures, k: int | None = None) -
     window has no drafts, no batch reading, or the model no level."""
     k = k or model.k or len(w.per_position_rate)
     rates = list(w.per_position_rate)
-    if not model.levels or not rates or w.running is None or w.drafts <= 0 or k > len(rates):
+    if not model.levels or not rates or w.running is None:
         return None
     cost, note = cost_at(model, w.running)
     point = predict_ratio(rates, cost.v, cost.c, k)

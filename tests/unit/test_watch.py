@@ -497,3 +497,164 @@ def test_baseline_of_another_model_or_method_is_refused():
     assert baseline_problem(MODEL, "m", "[ngram]") is None  # vLLM's placeholder name for the n-gram draft
     assert baseline_problem(CostModel(levels=(), k=1, model_id=None, spec_method="draft_model", source=""), "m",
                             "draft-model") is None
+
+
+# ------------------------------------------------------------------------------ edges (each a mutant's test)
+
+def test_a_histogram_or_counter_read_once_adds_nothing():
+    iv = interval_between(snap(0, 1, 3, 1, gen=5, ttft=None, tpot=(1.0, 10)), snap(1, 2, 6, 2, gen=9,
+                                                                                  ttft=(2.0, 20), tpot=None))
+    assert (iv.ttft_sum, iv.ttft_count, iv.tpot_sum, iv.tpot_count) == (0.0, 0.0, 0.0, 0.0)
+    a = snap(0, 1, 3, 1)
+    a.counters.generation_tokens = None
+    iv = interval_between(a, snap(1, 2, 6, 2, gen=9))
+    assert iv.generation is None and iv.drafts == 1
+
+
+def test_a_position_seen_first_in_the_later_read_counts_from_zero():
+    iv = interval_between(snap(0, 10, 30, 5, (5,)), snap(1, 12, 36, 8, (6, 2)))
+    assert iv.per_position == (1, 2)
+    assert interval_between(snap(0, 10, 30, 5, (5, 1)), snap(1, 12, 36, 8, (6,))) is None  # vanished: down
+
+
+def test_window_sums_count_intervals_and_grow_positions_both_ways():
+    w = WindowSums()
+    w.add(Interval(start=0, end=1, drafts=2, draft_tokens=6, accepted=3, per_position=(2, 1)))
+    w.add(Interval(start=1, end=2, drafts=2, draft_tokens=6, accepted=4, per_position=(2, 1, 1)))
+    w.add(Interval(start=2, end=3, drafts=1, draft_tokens=3, accepted=1, per_position=(1,)))
+    w.add(Interval(start=3, end=4, drafts=1, draft_tokens=None, accepted=1, generation=None))
+    w.add(Interval(start=4, end=5, drafts=None, draft_tokens=3, accepted=None))
+    assert (w.intervals, w.spec_intervals) == (5, 3)
+    assert w.per_position == [5, 2, 1] and w.drafts == 5 and w.accepted == 8 and w.generation == 0.0
+    merged = WindowSums()
+    merged.merge(w)
+    merged.merge(w)
+    short = WindowSums()
+    short.add(Interval(start=0, end=1, drafts=1, draft_tokens=3, accepted=1, per_position=(1,)))
+    merged.merge(short)
+    assert merged.per_position == [11, 4, 2] and merged.intervals == 11 and merged.spec_intervals == 7
+    longer = WindowSums()
+    longer.merge(short)
+    longer.merge(w)
+    assert longer.per_position == [6, 2, 1]
+
+
+def test_figures_of_a_single_token_and_a_half_second():
+    w = WindowSums()
+    w.add(Interval(start=0, end=0.5, drafts=1, draft_tokens=1, accepted=1, per_position=(1,), generation=2,
+                   ttft_sum=0.2, ttft_count=1, tpot_sum=0.1, tpot_count=1))
+    f = figures(w)
+    assert (f.acceptance_rate, f.mean_acceptance_length, f.per_position_rate) == (1.0, 2.0, (1.0,))
+    assert (f.ttft_s, f.tpot_s) == (0.2, 0.1)
+    assert f.draft_tokens_per_s == 2.0 and f.generation_per_s == 4.0
+
+
+def test_error_messages_say_what_is_wrong():
+    with pytest.raises(ValueError, match="^window_s must be positive$"):
+        Window(-1)
+    with pytest.raises(ValueError, match="^false alarms per day and blocks per day must be positive$"):
+        decision_level(1.0, 10, -1)
+    with pytest.raises(ValueError, match="^the cost model has no level$"):
+        cost_at(CostModel(levels=(), k=1, model_id=None, spec_method=None, source=""), 1)
+    assert arl0(1.0, decision_level(1.0, 0.5, 0.01)) == pytest.approx(50, rel=1e-6)  # under one block a day
+
+
+def test_run_lengths_by_formula():
+    b = 2.0 + 1.166
+    assert arl0(0.5, 2.0) == pytest.approx((math.exp(b) - b - 1) / 0.5)
+    assert detection_delay_blocks(0.5, 2.0, 1.5) == pytest.approx((math.exp(-2 * b) + 2 * b - 1) / 2)
+    assert detection_delay_blocks(1.0, 3.0, 1.0 + 1e-13) == pytest.approx((3.0 + 1.166) ** 2)
+    h = decision_level(0.5, 1440, 288.0)
+    assert arl0(0.5, h) == pytest.approx(5, rel=1e-9) and 0 < h < 1  # a level below the first guess of 1
+
+
+def test_sigma_upper_at_two_blocks():
+    assert sigma_upper(1.0, 2) == pytest.approx(math.sqrt(1 / 0.0039321), rel=1e-4)
+
+
+def test_detector_starts_empty_and_counts_what_it_skips():
+    d = DriftDetector(DriftSettings(block_s=1, learn_blocks=2, min_draft_tokens=10))
+    assert (d.mu0, d.sigma, d.statistic, d.alarm, d.last_block, d.blocks, d.skipped) == (None, None, 0.0, False,
+                                                                                           None, 0, 0)
+    assert d.feed(Interval(start=0, end=1, draft_tokens=10, accepted=7)) is None
+    assert d.learned == [0.7] and d.last_block == 0.7  # exactly min_draft_tokens: judged
+    d.feed(Interval(start=1, end=2, draft_tokens=9, accepted=7))
+    d.feed(Interval(start=2, end=3, draft_tokens=9, accepted=7))
+    assert d.skipped == 2
+    assert d.feed(Interval(start=3, end=4, draft_tokens=None, accepted=5)) is None and d._tok == 0
+    assert d.feed(Interval(start=3, end=4, draft_tokens=20, accepted=None)) is None and d._tok == 0
+
+
+def test_alarm_needs_the_statistic_above_the_level():
+    d = judged(DriftSettings(block_s=1, learn_blocks=2, shift_sigmas=2.0), [0.5, 0.5])
+    d.sigma, d.mu0 = 1.0, 0.5
+    d.statistic = d.h - 1.0
+    d.judge(0.5 - 2.0, 1000)  # z = 2, kappa = 1: S = h exactly
+    assert d.statistic == pytest.approx(d.h) and d.alarm is False
+
+
+def test_one_learned_block_takes_the_binomial_spread():
+    d = judged(DriftSettings(block_s=1, learn_blocks=1), [0.75], tokens=300.0)
+    assert d.mu0 == 0.75 and d.sigma == pytest.approx(math.sqrt(0.75 * 0.25 / 300))
+
+
+def test_relative_interval_needs_a_point_and_both_bounds():
+    from specadapt.analysis.watch import _rel
+
+    assert _rel(2.0, 1.5, 2.5) == (0.25, 0.25)
+    assert _rel(2.0, None, 2.5) == (0.0, 0.0) and _rel(2.0, 1.5, None) == (0.0, 0.0)
+    assert _rel(0.0, 1.0, 2.0) == (0.0, 0.0) and _rel(None, 1.0, 2.0) == (0.0, 0.0)
+    assert _rel(2.0, 2.5, 1.5) == (0.0, 0.0)  # bounds on the wrong side are no width
+
+
+def test_compare_baseline_skips_rate_levels_and_levels_without_figures_then_goes_on():
+    no_length = level(2, ci(1.5, 1.4, 1.6), None)
+    rate = level(0, ci(1.5, 1.4, 1.6), 2.0)
+    rep = compare_report([no_length, rate, level(4, ci(1.5, 1.4, 1.6), 2.5)])
+    m = cost_model_from_compare(rep, source="compare report x.json")
+    assert [lv.concurrency for lv in m.levels] == [4] and m.source == "compare report x.json"
+
+
+def test_tune_baseline_reads_model_method_and_k_from_its_candidates():
+    from specadapt.records.tune import Candidate, Recommendation
+
+    def cand(model: str | None):
+        return Candidate(label="k=2", variant="", k=2, compare=compare_report([], k=2, model=model, method="eagle"))
+
+    fits = [LevelFit(concurrency=2, variant="ngram_max=2", form="v + c k", v=9, c=9),
+            LevelFit(concurrency=1, form="v + c k", v=None, c=0.1),
+            LevelFit(concurrency=4, form="v + c k", v=1.0, c=0.2)]
+    rep = TuneReport(settings=TuneSettings(backend="vllm", base_spec={"method": "ngram"}, ks=[0, 2], concurrency=[1, 4],
+                                           repeat=1, warmup=0, request={}), fits=fits,
+                     candidates=[Candidate(label="off", variant="", k=0, status="baseline"), cand("m1"), cand("m2")],
+                     recommendation=Recommendation(form="fixed", k=2))
+    m = cost_model_from_tune(rep, source="tune report t.json")
+    assert [(lv.concurrency, lv.rel_low, lv.rel_high) for lv in m.levels] == [(4, 0.0, 0.0)]
+    assert (m.k, m.model_id, m.spec_method, m.source) == (2, "m1", "eagle", "tune report t.json")
+    assert cost_model_from_tune(rep, variant="ngram_max=2").levels[0].v == 9
+
+
+def test_cost_at_a_measured_level_is_that_level_exactly():
+    three = CostModel(levels=(LevelCost(1, 1.0, 0.1, 0.1, 0.1), LevelCost(4, 1.1, 0.2, 0.0, 0.0),
+                              LevelCost(16, 1.3, 0.4, 0.3, 0.2)), k=3, model_id=None, spec_method=None, source="")
+    assert cost_at(three, 16) == (three.levels[2], None)
+    mid, note = cost_at(three, 4)
+    assert (mid.concurrency, mid.v, mid.c) == (4, 1.1, pytest.approx(0.2)) and note is None
+    assert cost_at(three, 10)[0].concurrency == 10
+    top, note = cost_at(three, 40.0)
+    assert top == three.levels[2] and note.startswith("batch 40.0 is above the largest measured level (16): its "
+                                                      "cost is taken as that level's")
+
+
+def test_wilson_with_one_trial_and_more_successes_than_trials():
+    lo, hi = wilson(1, 1)
+    assert lo == pytest.approx(0.2065, abs=1e-3) and hi == 1.0
+    assert wilson(12, 10) == wilson(10, 10)
+
+
+def test_best_k_stays_within_the_deployed_k_and_ties_go_to_the_smaller():
+    f = window([0.9, 0.9, 0.9], 10_000, 1.0)
+    model = CostModel(levels=(LevelCost(1, 1.0, 0.01, 0.0, 0.0),), k=3, model_id=None, spec_method=None, source="")
+    assert expected_speedup(model, f, k=2).best_k == 2  # k = 3 would be better, but 2 is deployed
+    flat = CostModel(levels=(LevelCost(1, 1.0, 0.0, 0.0, 0.0),), k=1, model_id=None, spec_method=None, source="")
+    assert expected_speedup(flat, window([0.0], 10_000, 1.0)).best_k == 0  # 1.0 at k = 0 and at k = 1
