@@ -65,21 +65,6 @@ def timeline_url(scripted_url):
     httpx.post(scripted_url + "/_script/metrics", json={"mode": "vllm"})
 
 
-def test_planted_decay_raises_the_drift_alarm_and_the_steady_part_none(timeline_url, tmp_path):
-    out = tmp_path / "w.json"
-    t0 = post_timeline(timeline_url, step_s=0.05, drafts_per_s=2000, k=3, block_noise=0.01, noise_block_s=0.25,
-                       acceptance=[(0.0, 0.7), (4.0, 0.7), (6.0, 0.35)], seed=1)
-    proc = watch(["--url", f"a={timeline_url}", "--window", "2", "--duration", "9", "--drift-block", "0.25",
-                  "--drift-learn", "8", "--drift-min-tokens", "50"], out)
-    rc, report, stdout = finish(proc, out)
-    drift = raised(report, "drift")
-    assert rc == 1 and len(drift) == 1, report["events"]
-    assert drift[0]["wall"] > t0 + 4.0  # not while acceptance was steady
-    assert "acceptance fell" in drift[0]["text"] and "ALERT drift on a" in stdout
-    d = report["servers"][0]["drift"]
-    assert d["alarm"] is True and d["statistic"] > d["h"] and d["reference"] == pytest.approx(0.51, abs=0.05)
-
-
 def level(concurrency: int, point: float, low: float, high: float, length: float) -> LevelResult:
     lat = LatencySummary(requests=5, succeeded=5, failed=0, output_tokens=100, duration_s=1.0, output_tokens_per_s=1,
                          ttft_ms=Distribution(), itl_ms=Distribution(), tpot_ms=Distribution(),
@@ -100,13 +85,74 @@ def baseline(path: Path, model: str = "scripted") -> Path:
     return path
 
 
-def test_acceptance_collapse_at_high_batch_is_costing_time(timeline_url, tmp_path):
-    out = tmp_path / "w.json"
-    t0 = post_timeline(timeline_url, step_s=0.05, drafts_per_s=2000, k=3,
-                       acceptance=[(0.0, 0.75), (3.0, 0.75), (3.3, 0.02)], running=[(0.0, 2.0), (3.0, 48.0)])
-    proc = watch(["--url", f"a={timeline_url}", "--window", "1", "--duration", "6.5", "--baseline",
-                  str(baseline(tmp_path / "base.json"))], out)
-    rc, report, stdout = finish(proc, out)
+def started_on(port: int) -> subprocess.Popen:
+    """A scripted server on a given port, started directly: the port's old connections may still be
+    in TIME_WAIT, which uvicorn's SO_REUSEADDR allows and ManagedProcess's free-port check does not."""
+    proc = subprocess.Popen(scripted_plan(port).argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            assert time.monotonic() < end, "the scripted server did not start"
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def scenarios(scripted, tmp_path_factory):
+    """Three watches side by side (so the module costs the longest of them, not their sum), each on
+    its own scripted server: a planted decay; an acceptance collapse at a high batch with a
+    baseline; and a server whose counters restart, that answers slowly, disappears and returns.
+    Yields {name: (exit code, end report, stdout, extra)}."""
+    tmp = tmp_path_factory.mktemp("watch-scenarios")
+    out = {name: tmp / f"{name}.json" for name in ("decay", "costing", "restart")}
+    results = {}
+    with scripted_server(tmp / "costing.log") as costing_server, scripted_server(tmp / "restart.log") as first:
+        decay_url, costing_url, url = scripted.plan.base_url, costing_server.plan.base_url, first.plan.base_url
+        t_decay = post_timeline(decay_url, step_s=0.05, drafts_per_s=2000, k=3, block_noise=0.01, noise_block_s=0.25,
+                                acceptance=[(0.0, 0.7), (4.0, 0.7), (6.0, 0.35)], seed=1)
+        decay = watch(["--url", f"a={decay_url}", "--window", "2", "--duration", "9", "--drift-block", "0.25",
+                       "--drift-learn", "8", "--drift-min-tokens", "50"], out["decay"])
+        t_costing = post_timeline(costing_url, step_s=0.05, drafts_per_s=2000, k=3,
+                                  acceptance=[(0.0, 0.75), (3.0, 0.75), (3.3, 0.02)],
+                                  running=[(0.0, 2.0), (3.0, 48.0)])
+        costing = watch(["--url", f"a={costing_url}", "--window", "1", "--duration", "6.5", "--baseline",
+                         str(baseline(tmp / "base.json"))], out["costing"])
+        post_timeline(url, step_s=0.05, drafts_per_s=1000, restarts=[1.5], base=5000)
+        restart = watch(["--url", f"a={url}", "--window", "1", "--duration", "9", "--timeout", "0.4",
+                         "--max-backoff", "0.5"], out["restart"])
+        time.sleep(3.0)
+        httpx.post(url + "/_script/metrics", json={"mode": "timeline", "delay_s": 1.0,
+                                                   "timeline": {"step_s": 0.05, "base": 9000}})
+        time.sleep(1.5)
+        first.stop()  # gone
+        time.sleep(1.0)
+        second = started_on(int(url.rsplit(":", 1)[1]))  # and back, on the same port
+        try:
+            post_timeline(url, step_s=0.05, drafts_per_s=1000)
+            results["restart"] = (*finish(restart, out["restart"]), None)
+        finally:
+            second.terminate()
+            second.wait(10)
+        results["decay"] = (*finish(decay, out["decay"]), t_decay)
+        results["costing"] = (*finish(costing, out["costing"]), t_costing)
+    httpx.post(decay_url + "/_script/metrics", json={"mode": "vllm"})
+    return results
+
+
+def test_planted_decay_raises_the_drift_alarm_and_the_steady_part_none(scenarios):
+    rc, report, stdout, t0 = scenarios["decay"]
+    drift = raised(report, "drift")
+    assert rc == 1 and len(drift) == 1, report["events"]
+    assert drift[0]["wall"] > t0 + 4.0  # not while acceptance was steady
+    assert "acceptance fell" in drift[0]["text"] and "ALERT drift on a" in stdout
+    d = report["servers"][0]["drift"]
+    assert d["alarm"] is True and d["statistic"] > d["h"] and d["reference"] == pytest.approx(0.51, abs=0.05)
+
+
+def test_acceptance_collapse_at_high_batch_is_costing_time(scenarios):
+    rc, report, stdout, t0 = scenarios["costing"]
     costing = raised(report, "costing-time")
     assert rc == 1 and len(costing) == 1, report["events"]
     assert costing[0]["wall"] > t0 + 3.0
@@ -116,47 +162,8 @@ def test_acceptance_collapse_at_high_batch_is_costing_time(timeline_url, tmp_pat
     assert "above the largest measured level (32)" in exp["note"]
 
 
-def test_a_baseline_of_another_model_is_refused(timeline_url, tmp_path):
-    post_timeline(timeline_url)
-    r = subprocess.run([sys.executable, "-m", "specadapt", "watch", "--url", timeline_url, "--duration", "1",
-                        "--baseline", str(baseline(tmp_path / "b.json", model="llama-70b"))],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("error: --baseline")
-    assert "measured on model 'llama-70b', the server serves 'scripted'" in r.stderr and "Traceback" not in r.stderr
-
-
-def test_restart_slow_answers_and_a_server_that_disappears_and_returns(tmp_path):
-    out = tmp_path / "w.json"
-    with scripted_server(tmp_path / "s1.log") as mp:
-        url = mp.plan.base_url
-        post_timeline(url, step_s=0.05, drafts_per_s=1000, restarts=[1.5], base=5000)
-        proc = watch(["--url", f"a={url}", "--window", "1", "--duration", "9", "--timeout", "0.4",
-                      "--max-backoff", "0.5"], out)
-        time.sleep(3.0)
-        httpx.post(url + "/_script/metrics", json={"mode": "timeline", "delay_s": 1.0,
-                                                   "timeline": {"step_s": 0.05, "base": 9000}})
-        time.sleep(1.5)
-    # the server is gone (stopped by the with block); then a new one on the same port
-    time.sleep(1.0)
-    # started directly: the port's old connections may still be in TIME_WAIT, which uvicorn's
-    # SO_REUSEADDR allows and ManagedProcess's free-port check does not
-    second = subprocess.Popen(scripted_plan(int(url.rsplit(":", 1)[1])).argv, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < end, "the second scripted server did not start"
-                time.sleep(0.1)
-        post_timeline(url, step_s=0.05, drafts_per_s=1000)
-        rc, report, stdout = finish(proc, out)
-    finally:
-        second.terminate()
-        second.wait(10)
+def test_restart_slow_answers_and_a_server_that_disappears_and_returns(scenarios):
+    rc, report, stdout, _ = scenarios["restart"]
     events = [(e["alert"], e["raised"]) for e in report["events"]]
     down = [e["text"] for e in raised(report, "down")]
     assert rc == 1
@@ -168,6 +175,16 @@ def test_restart_slow_answers_and_a_server_that_disappears_and_returns(tmp_path)
     f = s["figures"]
     assert f["drafts"] >= 0 and f["accepted"] >= 0 and f["acceptance_rate"] is not None
     assert "the server restarted" in stdout
+
+
+def test_a_baseline_of_another_model_is_refused(timeline_url, tmp_path):
+    post_timeline(timeline_url)
+    r = subprocess.run([sys.executable, "-m", "specadapt", "watch", "--url", timeline_url, "--duration", "1",
+                        "--baseline", str(baseline(tmp_path / "b.json", model="llama-70b"))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --baseline")
+    assert "measured on model 'llama-70b', the server serves 'scripted'" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_sigterm_ends_the_watch_with_its_report_written(tmp_path):
