@@ -562,7 +562,7 @@ def test_error_messages_say_what_is_wrong():
 def test_run_lengths_by_formula():
     b = 2.0 + 1.166
     assert arl0(0.5, 2.0) == pytest.approx((math.exp(b) - b - 1) / 0.5)
-    assert detection_delay_blocks(0.5, 2.0, 1.5) == pytest.approx((math.exp(-2 * b) + 2 * b - 1) / 2)
+    assert detection_delay_blocks(0.5, 2.0, 2.5) == pytest.approx((math.exp(-4 * b) + 4 * b - 1) / 8)
     assert detection_delay_blocks(1.0, 3.0, 1.0 + 1e-13) == pytest.approx((3.0 + 1.166) ** 2)
     h = decision_level(0.5, 1440, 288.0)
     assert arl0(0.5, h) == pytest.approx(5, rel=1e-9) and 0 < h < 1  # a level below the first guess of 1
@@ -591,6 +591,21 @@ def test_alarm_needs_the_statistic_above_the_level():
     d.statistic = d.h - 1.0
     d.judge(0.5 - 2.0, 1000)  # z = 2, kappa = 1: S = h exactly
     assert d.statistic == pytest.approx(d.h) and d.alarm is False
+
+
+def test_two_learned_blocks_give_their_spread():
+    d = judged(DriftSettings(block_s=1, learn_blocks=2), [0.4, 0.6], tokens=10_000.0)
+    assert d.sigma == pytest.approx(sigma_upper(math.sqrt(0.02), 2))
+
+
+def test_default_sources_name_the_report_kind():
+    assert cost_model_from_compare(compare_report([level(1, ci(2.0, 1.8, 2.3), 2.5)])).source == "compare report"
+    rep = TuneReport(settings=TuneSettings(backend="vllm", base_spec={}, ks=[0, 2], concurrency=[1], repeat=1,
+                                           warmup=0, request={}),
+                     fits=[LevelFit(concurrency=1, form="v + c k", v=1.0, c=0.1),
+                           LevelFit(concurrency=2, variant="x", form="v + c k", v=1.0, c=0.1)])
+    m = cost_model_from_tune(rep)
+    assert m.source == "tune report" and [lv.concurrency for lv in m.levels] == [1]
 
 
 def test_one_learned_block_takes_the_binomial_spread():
@@ -635,11 +650,11 @@ def test_tune_baseline_reads_model_method_and_k_from_its_candidates():
 
 
 def test_cost_at_a_measured_level_is_that_level_exactly():
-    three = CostModel(levels=(LevelCost(1, 1.0, 0.1, 0.1, 0.1), LevelCost(4, 1.1, 0.2, 0.0, 0.0),
+    three = CostModel(levels=(LevelCost(1, 1.0, 0.1, 0.1, 0.1), LevelCost(4, 1.1, 0.2, 0.5, 0.5),
                               LevelCost(16, 1.3, 0.4, 0.3, 0.2)), k=3, model_id=None, spec_method=None, source="")
-    assert cost_at(three, 16) == (three.levels[2], None)
-    mid, note = cost_at(three, 4)
-    assert (mid.concurrency, mid.v, mid.c) == (4, 1.1, pytest.approx(0.2)) and note is None
+    assert cost_at(three, 16) == (three.levels[2], None)  # its own interval, not the wider one below it
+    assert cost_at(three, 4) == (three.levels[1], None)
+    assert cost_at(three, 1) == (three.levels[0], None)
     assert cost_at(three, 10)[0].concurrency == 10
     top, note = cost_at(three, 40.0)
     assert top == three.levels[2] and note.startswith("batch 40.0 is above the largest measured level (16): its "
