@@ -472,8 +472,11 @@ def cost_at(model: CostModel, batch: float) -> tuple[LevelCost, str | None]:
         note = (f"batch {batch:.1f} is above the largest measured level ({lv[-1].concurrency}): its cost is "
                 "taken as that level's") if batch > lv[-1].concurrency else None
         return lv[-1], note
+    for level in lv:
+        if level.concurrency == batch:  # a measured level: its own cost and interval
+            return level, None
     for lo, hi in pairwise(lv):
-        if lo.concurrency <= batch <= hi.concurrency:
+        if lo.concurrency < batch < hi.concurrency:
             t = (batch - lo.concurrency) / (hi.concurrency - lo.concurrency)
 
             def mix(a: float, b: float, t: float = t) -> float:

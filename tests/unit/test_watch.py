@@ -650,9 +650,9 @@ def test_tune_baseline_reads_model_method_and_k_from_its_candidates():
 
 
 def test_cost_at_a_measured_level_is_that_level_exactly():
-    three = CostModel(levels=(LevelCost(1, 1.0, 0.1, 0.1, 0.1), LevelCost(4, 1.1, 0.2, 0.5, 0.5),
+    three = CostModel(levels=(LevelCost(1, 1.0, 0.1, 0.6, 0.6), LevelCost(4, 1.1, 0.2, 0.1, 0.1),
                               LevelCost(16, 1.3, 0.4, 0.3, 0.2)), k=3, model_id=None, spec_method=None, source="")
-    assert cost_at(three, 16) == (three.levels[2], None)  # its own interval, not the wider one below it
+    assert cost_at(three, 16) == (three.levels[2], None)  # its own interval, not a wider one beside it
     assert cost_at(three, 4) == (three.levels[1], None)
     assert cost_at(three, 1) == (three.levels[0], None)
     assert cost_at(three, 10)[0].concurrency == 10
