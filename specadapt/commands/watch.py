@@ -130,6 +130,8 @@ def watch(ctx: click.Context, urls, backend, api_key, insecure, ca_bundle, inter
     settings = WatchSettings(interval_s=interval, window_s=window, timeout_s=timeout, max_backoff_s=max_backoff,
                              drift=drift, canary_every_s=canary_every if golden else None)
     verify = tls_verify(insecure, ca_bundle)
+    if golden is not None and not golden.is_file():
+        raise UsageError(f"--golden {golden} does not exist: record it with `specadapt watch record-golden`")
     answers = read_golden(golden) if golden is not None else None
     with contextlib.ExitStack() as stack:
         w = stack.enter_context(open_watch(targets, backend, settings, api_key=api_key_from(api_key), verify=verify,

@@ -23,6 +23,7 @@ from specadapt.errors import UsageError
     (["--url", "http://127.0.0.1:9", "--interval", "10", "--window", "5"], "--window 5 is shorter than --interval 10"),
     (["--url", "http://127.0.0.1:9", "--baseline", "missing.json"], "--baseline missing.json does not exist"),
     (["--url", "not a url"], "is not an http(s) URL"),
+    (["--url", "http://127.0.0.1:9", "--golden", "none.json"], "--golden none.json does not exist: record it with"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message):
     result = CliRunner().invoke(cli, ["watch", *argv])
