@@ -146,10 +146,12 @@ def test_promtool_rejects_a_broken_expression(tmp_path):
 
 
 def _expected(rule: dict, server: str, value: str, queried: str | None = None) -> dict:
-    """The annotations promtool must render: labels, value and a `query` template filled in."""
+    """The annotations promtool must render: labels, value (as Prometheus formats it, ``value``
+    given already formatted) and a `query` template filled in."""
     out = {}
     for key, text in rule["annotations"].items():
-        text = text.replace("{{ $labels.server }}", server).replace("{{ $value }}", value)
+        text = text.replace("{{ $labels.server }}", server)
+        text = re.sub(r"\{\{ \$value( \| \w+)? \}\}", value, text)
         if queried is not None:
             text = re.sub(r"\{\{ with printf .*?\{\{ end \}\}", queried, text)
         out[key] = text
@@ -195,6 +197,79 @@ def test_promtool_unit_tests_fire_on_bad_series_and_not_on_healthy_ones(tmp_path
     tests["tests"][0]["alert_rule_test"][1]["exp_alerts"][0]["exp_labels"]["server"] = "fine"
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
     assert _promtool("test", "rules", str(tmp_path / "tests.yaml")).returncode != 0
+
+
+@needs_promtool
+def test_promtool_unit_tests_the_other_seven_alerts_on_series(tmp_path):
+    """The remaining rules, evaluated by Prometheus's engine (promtool 2.42, whose ranges include
+    their left end): each fires for the server whose series is bad for longer than its `for:`,
+    with the value and queried baseline written into its text, and never for a healthy server or
+    the fleet aggregate. The restart window holds the four resets at minute 90 and none at 150."""
+    rules = {r["alert"]: r for r in _rules()}
+    (tmp_path / W.ALERTS_FILE).write_text(yaml.safe_dump(W.alert_rules()))
+    n = {k: METRICS[k].name for k in ("server_up", "speculation_counters", "acceptance_drift",
+                                     "acceptance_baseline_ratio", "acceptance_ratio",
+                                     "server_restarts_total", "watch_info")}
+
+    def s(key: str, server: str, values: str) -> dict:
+        return {"series": f'{n[key]}{{server="{server}"}}', "values": values}
+
+    def fires(alert: str, at: str, server: str | None, value: str, queried: str | None = None,
+              severity: str = "ticket") -> dict:
+        rule = rules[alert]
+        labels = {"severity": severity} | ({"server": server} if server else {})
+        annotations = _expected(rule, server or "", value, queried)
+        return {"eval_time": at, "alertname": alert,
+                "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}]}
+
+    def quiet(alert: str, at: str) -> dict:
+        return {"eval_time": at, "alertname": alert, "exp_alerts": []}
+
+    tests = {"rule_files": [W.ALERTS_FILE], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            s("server_up", "gone", "1 1 0x30"), s("server_up", "fine", "1x32"),
+            s("server_up", FLEET, "0x32"),
+            s("speculation_counters", "off", "0x30"), s("speculation_counters", "fine", "1x30"),
+            s("speculation_counters", FLEET, "0x30"),
+            s("acceptance_drift", "decayed", "0x3 1x20"), s("acceptance_drift", "fine", "0x23"),
+            s("acceptance_drift", FLEET, "1x23"),
+            s("acceptance_baseline_ratio", "decayed", "0.6x23"),
+            s("acceptance_ratio", "garbage", "0.02x30"), s("acceptance_ratio", "loop", "0.99x30"),
+            s("acceptance_ratio", "fine", "0.6x30"), s("acceptance_ratio", FLEET, "0.01x30"),
+            # four resets between minutes 41 and 44, then steady: inside [30m, 90m], outside [90m, 150m]
+            s("server_restarts_total", "crashing", "0x40 1 2 3 4x120"),
+            s("server_restarts_total", "once", "0x40 1x123"),
+            s("server_restarts_total", FLEET, "0x40 10 20 30 40x120"),
+            # scraped for 5 minutes, then gone (stale after the 5-minute lookback)
+            {"series": n["watch_info"] + '{version="test"}', "values": "1x5"},
+        ],
+        "alert_rule_test": [
+            quiet("SpeculationWatchTargetDown", "5m"),
+            fires("SpeculationWatchTargetDown", "10m", "gone", "0", severity="page"),
+            quiet("SpeculationCountersMissing", "10m"),
+            fires("SpeculationCountersMissing", "20m", "off", "0"),
+            quiet("SpeculationAcceptanceDrift", "6m"),
+            fires("SpeculationAcceptanceDrift", "12m", "decayed", "1", queried="60%"),
+            quiet("SpeculationAcceptanceLow", "10m"),
+            fires("SpeculationAcceptanceLow", "20m", "garbage", "2%"),
+            quiet("SpeculationAcceptanceHigh", "10m"),
+            fires("SpeculationAcceptanceHigh", "20m", "loop", "99%"),
+            quiet("SpeculationServerRestarts", "40m"),
+            fires("SpeculationServerRestarts", "90m", "crashing", "4"),
+            quiet("SpeculationServerRestarts", "150m"),
+            quiet("SpeculationWatcherAbsent", "5m"),
+            quiet("SpeculationWatcherAbsent", "15m"),
+            fires("SpeculationWatcherAbsent", "25m", None, "1", severity="page"),
+        ]}]}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    proc = _promtool("test", "rules", str(tmp_path / "tests.yaml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
+    # the check can fail: a lower restart threshold fires where the expected list is empty
+    (tmp_path / W.ALERTS_FILE).write_text(yaml.safe_dump(W.alert_rules(max_restarts=0)))
+    proc = _promtool("test", "rules", str(tmp_path / "tests.yaml"))
+    assert proc.returncode != 0 and "SpeculationServerRestarts" in proc.stdout + proc.stderr
 
 
 # ------------------------------------------------------------------ dashboard
