@@ -129,8 +129,8 @@ def judge(golden: GoldenAnswer, live: RequestRecord, threshold: float) -> Canary
         return CanaryResult(prompt_id=pid, verdict="error", compared_tokens=len(tokens),
                             error="the golden answer and the server name tokens differently (ids on one side, text "
                                   "on the other): record the golden answers with the same backend")
-    off = RequestRecord(prompt_id=pid, category=golden.prompt.category, api=golden.api, side="off", ok=True,
-                        text=text, tokens=tokens, output_tokens=len(tokens))
+    # the golden as the spec-off side of the comparison: only its text and tokens are compared
+    off = RequestRecord(prompt_id=pid, category=golden.prompt.category, api=golden.api, text=text, tokens=tokens)
     div = first_divergence(off, live)
     if div is None:
         return CanaryResult(prompt_id=pid, verdict="identical", compared_tokens=len(tokens), note=note)

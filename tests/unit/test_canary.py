@@ -120,6 +120,8 @@ def test_top_logprobs_summing_past_one_leave_a_floor_of_mass():
     r = ac.judge(g, live(["a", "z"]), T)
     assert r.verdict == "suspect"
     assert r.divergence.triage.margin == pytest.approx(-math.log(ac.MASS_FLOOR))
+    # the bound, not the top list's own smallest gap (1 nat), is the margin reports show as the server's
+    assert r.divergence.triage.server_margin == r.divergence.triage.margin
 
 
 def test_live_answer_ended_where_a_confident_golden_went_on_is_suspect():
@@ -249,8 +251,12 @@ def test_spec_on_refusal():
     assert ac.spec_on_refusal(info(spec_enabled=False)) is None
     assert ac.spec_on_refusal(info(spec_enabled=None)) is None
     text = ac.spec_on_refusal(info(spec_enabled=True, spec_method="ngram", num_speculative_tokens=4))
-    assert text.startswith("http://s runs speculative decoding (ngram, k=4): ") and "--allow-spec-on" in text
-    assert "(" not in ac.spec_on_refusal(info(spec_enabled=True)).split(":")[1]
+    rest = ("golden answers must be the target's own output; record them from the spec-off server, "
+            "or pass --allow-spec-on")
+    assert text == f"http://s runs speculative decoding (ngram, k=4): {rest}"
+    assert ac.spec_on_refusal(info(spec_enabled=True)) == f"http://s runs speculative decoding: {rest}"
+    assert ac.spec_on_refusal(info(spec_enabled=True, num_speculative_tokens=3)) == (
+        f"http://s runs speculative decoding (k=3): {rest}")
 
 
 def test_canary_max_tokens():
@@ -501,6 +507,10 @@ def test_round_summary():
     assert "margin >= " in ac.round_summary(ac.canary_round("s", 0, 1, [unlisted]))
     bare = CanaryResult(prompt_id="q", verdict="unknown")
     assert ac.round_summary(ac.canary_round("s", 0, 1, [bare])) == "canary unknown (1 unknown): q"
+    # a round read back from a file may hold a divergence that was never triaged
+    untriaged = sus.model_copy(update={"divergence": sus.divergence.model_copy(update={"triage": None})})
+    assert ac.round_summary(ac.canary_round("s", 0, 1, [untriaged])) == (
+        "canary suspect (1 suspect): p at token 1: 'y' where the golden has 'b'")
     none = ac.judge(golden([], [], text="abc"), live([], text="abd"), T)
     assert ac.round_summary(ac.canary_round("s", 0, 1, [none])) == (
         "canary unknown (1 unknown): p at token -1: None where the golden has None")
