@@ -564,6 +564,12 @@ def test_run_lengths_by_formula():
     assert arl0(0.5, 2.0) == pytest.approx((math.exp(b) - b - 1) / 0.5)
     assert detection_delay_blocks(0.5, 2.0, 2.5) == pytest.approx((math.exp(-4 * b) + 4 * b - 1) / 8)
     assert detection_delay_blocks(1.0, 3.0, 1.0 + 1e-13) == pytest.approx((3.0 + 1.166) ** 2)
+    # the delay is continuous where the shift meets kappa: the special case is the formula's limit
+    for eps in (1e-3, -1e-3):
+        assert detection_delay_blocks(1.0, 3.0, 1.0 + eps) == pytest.approx((3.0 + 1.166) ** 2, rel=0.01)
+    # and it falls as the shift grows (a larger fall is found sooner)
+    delays = [detection_delay_blocks(1.0, 3.0, s) for s in (0.5, 1.0, 1.5, 2.0, 3.0)]
+    assert delays == sorted(delays, reverse=True)
     h = decision_level(0.5, 1440, 288.0)
     assert arl0(0.5, h) == pytest.approx(5, rel=1e-9) and 0 < h < 1  # a level below the first guess of 1
 
