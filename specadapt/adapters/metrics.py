@@ -7,6 +7,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from specadapt.errors import NotAServer
+from specadapt.records.watch import HistogramState
 
 
 def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -41,3 +42,17 @@ def by_label(samples: dict[str, list[tuple[dict[str, str], float]]], name: str,
         if label in labels:
             grouped[labels[label]] += value
     return dict(grouped)
+
+
+def first_total(samples: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
+    """``total`` of the first of ``names`` present (a metric renamed across releases), or None."""
+    return next((v for name in names if (v := total(samples, name)) is not None), None)
+
+
+def histogram_state(samples: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> HistogramState | None:
+    """The running sum and count of the first histogram of ``names`` present (label sets summed)."""
+    for name in names:
+        s, n = total(samples, name + "_sum"), total(samples, name + "_count")
+        if s is not None and n is not None:
+            return HistogramState(sum=s, count=n)
+    return None

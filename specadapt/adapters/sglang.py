@@ -21,15 +21,21 @@ from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.metrics import parse_samples, total
+from specadapt.adapters.metrics import histogram_state, parse_samples, total
 from specadapt.adapters.process import free_port
 from specadapt.configs import sglang as cfg
 from specadapt.configs.checks import raise_on_errors
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
+from specadapt.records.watch import LiveSnapshot
 
 G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
 GENERATION, PROMPT = "sglang:generation_tokens_total", "sglang:prompt_tokens_total"
+# load and latency (python/sglang/srt/metrics/collector.py @ 00ae9c15); older releases named the
+# inter-token histogram time_per_output_token
+RUNNING, WAITING = "sglang:num_running_reqs", "sglang:num_queue_reqs"
+TTFT = "sglang:time_to_first_token_seconds"
+ITL = ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
 INFO_ROUTES = ("/server_info", "/get_server_info")
 # ServerArgs fields on /server_info that change speed or output (python/sglang/srt/server_args.py);
 # the speculative_* ones are left out.
@@ -76,7 +82,18 @@ class SGLangServer(OpenAIServer):
         return parse_samples(resp.text) if resp.status_code == 200 else {}
 
     def read_counters(self) -> CounterSnapshot:
+        return self._counters(self.metrics_samples())
+
+    def read_live(self) -> LiveSnapshot:
+        """Token counters (no acceptance counters: see the module), the running batch and queue,
+        and the TTFT and inter-token latency histograms (label sets, e.g. DP ranks, summed)."""
         samples = self.metrics_samples()
+        return LiveSnapshot(at=0.0, counters=self._counters(samples), running=total(samples, RUNNING),
+                            waiting=total(samples, WAITING), ttft=histogram_state(samples, TTFT),
+                            tpot=histogram_state(samples, *ITL))
+
+    @staticmethod
+    def _counters(samples: dict) -> CounterSnapshot:
         return CounterSnapshot(generation_tokens=total(samples, GENERATION), prompt_tokens=total(samples, PROMPT),
                                source="GET /metrics (SGLang: acceptance is a gauge, not a counter)")
 

@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.metrics import parse_samples, total
+from specadapt.adapters.metrics import first_total, histogram_state, parse_samples, total
 from specadapt.adapters.process import free_port
 from specadapt.configs import trtllm as cfg
 from specadapt.configs import yamlio
@@ -41,6 +41,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 from specadapt.paths import runs_dir
 from specadapt.records import CounterSnapshot, ServerInfo
+from specadapt.records.watch import LiveSnapshot
 
 # Prometheus names (tensorrt_llm/metrics/collector.py)
 PROM_INFO = "trtllm_speculative_config_info"
@@ -48,6 +49,13 @@ PROM_DRAFT_TOKENS = "trtllm_spec_decode_num_draft_tokens_total"
 PROM_ACCEPTED = "trtllm_spec_decode_num_accepted_tokens_total"
 PROM_GENERATION = "trtllm_generation_tokens_total"
 PROM_PROMPT = "trtllm_prompt_tokens_total"
+# load and latency on /prometheus/metrics (tensorrt_llm/metrics/collector.py @ 050f80de); TensorRT-LLM 1.1
+# wrote the histograms without the trtllm_ prefix (e2e_request_latency_seconds, as pasted in aibrix#2004)
+PROM_RUNNING, PROM_WAITING = "trtllm_num_requests_running", "trtllm_num_requests_waiting"
+PROM_TTFT = ("trtllm_time_to_first_token_seconds", "time_to_first_token_seconds")
+PROM_TPOT = ("trtllm_time_per_output_token_seconds", "time_per_output_token_seconds")
+# the load of one iteration entry (IterationStats in cpp/include/tensorrt_llm/executor/types.h)
+K_ACTIVE, K_QUEUED = "numActiveRequests", "numQueuedRequests"
 # /metrics iteration-stat keys (cpp/include/tensorrt_llm/executor/types.h, SpecDecodingStats)
 SPEC_STATS = "specDecodingStats"
 K_DRAFT, K_ACCEPTED, K_REQUESTS, K_LENGTH = ("numDraftTokens", "numAcceptedTokens",
@@ -67,6 +75,8 @@ class IterStatsTotals(BaseModel):
     draft_tokens: int = 0
     accepted_tokens: int = 0
     max_draft_per_request: float | None = None
+    last_active: float | None = Field(None, description="numActiveRequests of the latest entry that had it.")
+    last_queued: float | None = Field(None, description="numQueuedRequests of the latest entry that had it.")
 
     def add(self, entries: list[Any]) -> int:
         """Fold new entries in; return how many were iteration stats."""
@@ -76,6 +86,11 @@ class IterStatsTotals(BaseModel):
                 continue
             n += 1
             self.iterations += 1
+            active, queued = entry.get(K_ACTIVE), entry.get(K_QUEUED)
+            if isinstance(active, (int, float)) and not isinstance(active, bool):
+                self.last_active = float(active)
+            if isinstance(queued, (int, float)) and not isinstance(queued, bool):
+                self.last_queued = float(queued)
             spec = entry.get(SPEC_STATS)
             if not isinstance(spec, dict):
                 continue
@@ -193,9 +208,33 @@ class TRTLLMServer(OpenAIServer):
 
     def read_counters(self) -> CounterSnapshot:
         self.drain()
-        t = self.totals
+        prom = self.prometheus_text()
+        return self._counters(parse_samples(prom) if prom else {})
+
+    def read_live(self) -> LiveSnapshot:
+        """Counters, the running batch and queue, and the TTFT and TPOT histograms.
+
+        The batch is ``trtllm_num_requests_running`` where Prometheus has it, else the
+        ``numActiveRequests`` of the latest iteration drained from ``/metrics``; no iteration
+        since the last read means no request ran (0), once iteration stats have been seen at all.
+        TensorRT-LLM's TPOT histogram holds one observation per request (its mean time per
+        output token), not one per token like vLLM's inter-token latency."""
+        before = self.totals.iterations
+        self.drain()
         prom = self.prometheus_text()
         samples = parse_samples(prom) if prom else {}
+        t = self.totals
+        fresh = t.iterations > before
+        running, waiting = first_total(samples, PROM_RUNNING), first_total(samples, PROM_WAITING)
+        if running is None and t.iterations:
+            running = t.last_active if fresh else 0.0
+        if waiting is None and t.iterations:
+            waiting = t.last_queued if fresh else 0.0
+        return LiveSnapshot(at=0.0, counters=self._counters(samples), running=running, waiting=waiting,
+                            ttft=histogram_state(samples, *PROM_TTFT), tpot=histogram_state(samples, *PROM_TPOT))
+
+    def _counters(self, samples: dict) -> CounterSnapshot:
+        t = self.totals
         gen, prompt = total(samples, PROM_GENERATION), total(samples, PROM_PROMPT)
         if t.spec_iterations or not samples.get(PROM_DRAFT_TOKENS):
             if not self.metrics_answered:

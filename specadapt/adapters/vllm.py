@@ -17,14 +17,14 @@ from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.metrics import by_label, parse_samples, total
+from specadapt.adapters.metrics import by_label, histogram_state, parse_samples, total
 from specadapt.adapters.plan import record_settings
 from specadapt.adapters.process import free_port
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
-from specadapt.records.watch import HistogramState, LiveSnapshot
+from specadapt.records.watch import LiveSnapshot
 
 # vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -58,18 +58,13 @@ def counters_from_samples(samples: dict, source: str) -> CounterSnapshot:
         source=source)
 
 
-def _histogram(samples: dict, name: str) -> HistogramState | None:
-    s, n = total(samples, name + "_sum"), total(samples, name + "_count")
-    return None if s is None or n is None else HistogramState(sum=s, count=n)
-
-
 def live_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)") -> LiveSnapshot:
     """vLLM's ``/metrics`` text -> counters, running/waiting gauges and the TTFT and inter-token
     latency histograms' sums and counts (label sets summed)."""
     samples = parse_samples(text)
-    itl = next((h for name in ITL if (h := _histogram(samples, name)) is not None), None)
     return LiveSnapshot(at=0.0, counters=counters_from_samples(samples, source), running=total(samples, RUNNING),
-                        waiting=total(samples, WAITING), ttft=_histogram(samples, TTFT), tpot=itl)
+                        waiting=total(samples, WAITING), ttft=histogram_state(samples, TTFT),
+                        tpot=histogram_state(samples, *ITL))
 
 
 # the request keys that make vLLM's completions name each token as "token_id:N"

@@ -151,3 +151,33 @@ def test_refusals_name_the_fix():
 def test_flag_rules(flags, fragment, severity):
     problems = cfg.check_sglang_spec(flags)
     assert any(fragment in p.message and p.severity == severity for p in problems), problems
+
+
+# ------------------------------------------------------------------ read_live (specadapt watch)
+
+def test_live_read_of_the_docs_example_has_the_batch_queue_and_ttft():
+    """The published /metrics example: 162 running, 2826 queued, TTFT sum and count as printed;
+    no acceptance counters (SGLang has only gauges), so the watcher names it 'no counters'."""
+    snap = server({"/metrics": load("metrics-docs-production-metrics.txt")}).read_live()
+    assert (snap.running, snap.waiting) == (162.0, 2826.0)
+    assert (snap.ttft.sum, snap.ttft.count) == (2.3518979474117756e+06, 11008.0)
+    assert snap.tpot is None  # the fixture's inter-token histogram was trimmed
+    assert not snap.counters.has_spec_counters and snap.counters.generation_tokens == 7.557572e+06
+
+
+@pytest.mark.parametrize("name", ["sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"])
+def test_live_read_takes_the_inter_token_histogram_by_either_name(name):
+    """Constructed: the histogram names of python/sglang/srt/metrics/collector.py @ 00ae9c15 and
+    of older releases; two DP ranks' label sets summed."""
+    text = "".join(f"# TYPE {name} histogram\n{name}_sum{{dp_rank=\"{r}\"}} {s}\n{name}_count{{dp_rank=\"{r}\"}} {n}\n"
+                   f'{name}_bucket{{dp_rank="{r}",le="+Inf"}} {n}\n' for r, s, n in ((0, 0.5, 10), (1, 0.25, 6)))
+    text += '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{dp_rank="0"} 3\n' \
+            'sglang:num_running_reqs{dp_rank="1"} 4\n'
+    snap = server({"/metrics": text}).read_live()
+    assert (snap.tpot.sum, snap.tpot.count, snap.running, snap.waiting) == (0.75, 16.0, 7.0, None)
+
+
+def test_live_read_without_metrics_is_counters_unknown_not_an_error():
+    snap = server({}).read_live()
+    assert (snap.running, snap.ttft, snap.tpot) == (None, None, None)
+    assert not snap.counters.has_spec_counters and snap.counters.generation_tokens is None

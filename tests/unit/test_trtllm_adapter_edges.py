@@ -104,10 +104,12 @@ def test_totals_of_the_eagle3_entries_exactly():
     assert totals.add(SPEC_K3) == 3
     # prefill entry: an iteration, not a spec iteration; then 2 x (6 drafted, 2 requests), accepted 3 + 5
     assert totals.model_dump() == {"iterations": 3, "spec_iterations": 2, "drafts": 4, "draft_tokens": 12,
-                                   "accepted_tokens": 8, "max_draft_per_request": 3.0}
+                                   "accepted_tokens": 8, "max_draft_per_request": 3.0, "last_active": 2.0,
+                                   "last_queued": None}
     assert totals.add(SPEC_K3[1:]) == 2  # a second drain adds on
     assert totals.model_dump() == {"iterations": 5, "spec_iterations": 4, "drafts": 8, "draft_tokens": 24,
-                                   "accepted_tokens": 16, "max_draft_per_request": 3.0}
+                                   "accepted_tokens": 16, "max_draft_per_request": 3.0, "last_active": 2.0,
+                                   "last_queued": None}
 
 
 def test_entry_without_drafts_is_skipped_and_the_next_one_still_counts():
@@ -116,7 +118,8 @@ def test_entry_without_drafts_is_skipped_and_the_next_one_still_counts():
     totals = T.IterStatsTotals()
     assert totals.add([NO_DRAFTS, one_rejected]) == 2
     assert totals.model_dump() == {"iterations": 2, "spec_iterations": 1, "drafts": 1, "draft_tokens": 1,
-                                   "accepted_tokens": 0, "max_draft_per_request": 1.0}
+                                   "accepted_tokens": 0, "max_draft_per_request": 1.0, "last_active": 1.0,
+                                   "last_queued": None}
 
 
 def test_entry_without_a_request_count_adds_tokens_but_no_drafts():
@@ -127,7 +130,8 @@ def test_entry_without_a_request_count_adds_tokens_but_no_drafts():
     totals = T.IterStatsTotals()
     totals.add([entry])
     assert totals.model_dump() == {"iterations": 1, "spec_iterations": 1, "drafts": 0, "draft_tokens": 3,
-                                   "accepted_tokens": 2, "max_draft_per_request": None}
+                                   "accepted_tokens": 2, "max_draft_per_request": None, "last_active": 1.0,
+                                   "last_queued": None}
 
 
 def test_draft_tokens_per_request_is_the_plain_ratio():
@@ -533,3 +537,71 @@ def test_version_of_an_installed_tensorrt_llm(tmp_path, monkeypatch):
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: 1.2.1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert T.TRTLLMBackend().version() == "1.2.1"
+
+
+# ------------------------------------------------------------------ read_live (specadapt watch)
+
+def _hist(name: str, s: float, n: float, labels: str = 'model_name="llama"') -> str:
+    """A histogram's _sum and _count lines (constructed; names as stated by each caller)."""
+    return (f"# TYPE {name} histogram\n{name}_sum{{{labels}}} {s}\n{name}_count{{{labels}}} {n}\n"
+            f'{name}_bucket{{{labels},le="+Inf"}} {n}\n')
+
+
+def test_live_batch_from_iteration_stats_and_idle_reads_as_zero():
+    """No Prometheus: the batch and queue are the latest drained entry's; a read that drains no
+    entry (no iteration ran) is an idle server, 0, once iteration stats have been seen."""
+    fake = FakeTrtllm()
+    server = fake.server()
+    first = server.read_live()  # nothing drained yet, never any iteration: unknown, not 0
+    assert (first.running, first.waiting, first.ttft, first.tpot) == (None, None, None, None)
+    fake.push(SPEC_K3)  # numActiveRequests 2 in each entry, no numQueuedRequests
+    snap = server.read_live()
+    assert (snap.running, snap.waiting) == (2.0, None)
+    assert (snap.counters.drafts, snap.counters.draft_tokens, snap.counters.accepted_tokens) == (4, 12, 8)
+    idle = server.read_live()
+    assert (idle.running, idle.waiting) == (0.0, 0.0)
+    assert idle.counters.draft_tokens == 12  # the totals stay
+    # constructed entries: IterationStats' numActiveRequests / numQueuedRequests (executor/types.h)
+    fake.push([{"iter": 13, "numActiveRequests": 7, "numQueuedRequests": 1},
+               {"iter": 14, "numActiveRequests": 5, "numQueuedRequests": 3}])
+    busy = server.read_live()
+    assert (busy.running, busy.waiting) == (5.0, 3.0)  # the latest iteration, not a mean
+
+
+def test_live_reads_prometheus_gauges_and_histograms_first():
+    """Constructed /prometheus/metrics with the names of tensorrt_llm/metrics/collector.py
+    @ 050f80de: the running gauge wins over the iteration entries, TTFT and TPOT histograms
+    summed over label sets; TensorRT-LLM 1.1's unprefixed histogram names are read too."""
+    prom = (PROM + "# TYPE trtllm_num_requests_running gauge\n"
+            'trtllm_num_requests_running{model_name="llama"} 9\n'
+            "# TYPE trtllm_num_requests_waiting gauge\n"
+            'trtllm_num_requests_waiting{model_name="llama"} 4\n'
+            + _hist("trtllm_time_to_first_token_seconds", 1.5, 6)
+            + _hist("trtllm_time_to_first_token_seconds", 0.5, 2, 'model_name="other"')
+            + _hist("trtllm_time_per_output_token_seconds", 0.25, 6))
+    fake = FakeTrtllm(prometheus=prom)
+    fake.push(SPEC_K3)
+    snap = fake.server().read_live()
+    assert (snap.running, snap.waiting) == (9.0, 4.0)
+    assert (snap.ttft.sum, snap.ttft.count) == (2.0, 8.0)
+    assert (snap.tpot.sum, snap.tpot.count) == (0.25, 6.0)
+    old = FakeTrtllm(prometheus=_hist("time_to_first_token_seconds", 3.0, 4)
+                     + _hist("time_per_output_token_seconds", 0.5, 4)).server().read_live()
+    assert (old.ttft.sum, old.ttft.count, old.tpot.sum, old.tpot.count) == (3.0, 4.0, 0.5, 4.0)
+    assert old.running is None  # a 1.1 server whose /metrics stays empty: the batch is not known
+
+
+def test_live_reads_feed_the_watchers_interval():
+    """Two reads of a TensorRT-LLM server through the watcher's arithmetic: acceptance from
+    the drained specDecodingStats, the batch as the mean of the two reads."""
+    from specadapt.analysis.watch import interval_between
+
+    fake = FakeTrtllm()
+    server = fake.server()
+    fake.push(SPEC_K3[:1])  # prefill only: 2 active, no drafts
+    a = server.read_live().model_copy(update={"at": 0.0})
+    fake.push(SPEC_K3[1:] + [{"iter": 13, "numActiveRequests": 4}])
+    b = server.read_live().model_copy(update={"at": 10.0})
+    iv = interval_between(a, b)
+    assert (iv.drafts, iv.draft_tokens, iv.accepted) == (4, 12, 8)
+    assert iv.running == 3.0  # (2 + 4) / 2
