@@ -44,11 +44,6 @@ def by_label(samples: dict[str, list[tuple[dict[str, str], float]]], name: str,
     return dict(grouped)
 
 
-def first_total(samples: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> float | None:
-    """``total`` of the first of ``names`` present (a metric renamed across releases), or None."""
-    return next((v for name in names if (v := total(samples, name)) is not None), None)
-
-
 def histogram_state(samples: dict[str, list[tuple[dict[str, str], float]]], *names: str) -> HistogramState | None:
     """The running sum and count of the first histogram of ``names`` present (label sets summed)."""
     for name in names:

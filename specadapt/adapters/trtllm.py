@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
 from specadapt.adapters.http import OpenAIServer
-from specadapt.adapters.metrics import first_total, histogram_state, parse_samples, total
+from specadapt.adapters.metrics import histogram_state, parse_samples, total
 from specadapt.adapters.process import free_port
 from specadapt.configs import trtllm as cfg
 from specadapt.configs import yamlio
@@ -207,9 +207,13 @@ class TRTLLMServer(OpenAIServer):
         return resp.text if resp.status_code == 200 else None
 
     def read_counters(self) -> CounterSnapshot:
+        return self._counters(self._drain_and_sample())
+
+    def _drain_and_sample(self) -> dict:
+        """Drain /metrics into the totals, then the /prometheus/metrics samples ({} without it)."""
         self.drain()
         prom = self.prometheus_text()
-        return self._counters(parse_samples(prom) if prom else {})
+        return parse_samples(prom) if prom else {}
 
     def read_live(self) -> LiveSnapshot:
         """Counters, the running batch and queue, and the TTFT and TPOT histograms.
@@ -220,12 +224,10 @@ class TRTLLMServer(OpenAIServer):
         TensorRT-LLM's TPOT histogram holds one observation per request (its mean time per
         output token), not one per token like vLLM's inter-token latency."""
         before = self.totals.iterations
-        self.drain()
-        prom = self.prometheus_text()
-        samples = parse_samples(prom) if prom else {}
+        samples = self._drain_and_sample()
         t = self.totals
         fresh = t.iterations > before
-        running, waiting = first_total(samples, PROM_RUNNING), first_total(samples, PROM_WAITING)
+        running, waiting = total(samples, PROM_RUNNING), total(samples, PROM_WAITING)
         if running is None and t.iterations:
             running = t.last_active if fresh else 0.0
         if waiting is None and t.iterations:
