@@ -19,6 +19,7 @@ import pytest
 
 from specadapt.adapters import trtllm as T
 from specadapt.adapters.hardware import NOT_KNOWN
+from specadapt.analysis.watch import interval_between
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.trtllm import read_trtllm_form
 from specadapt.errors import NotAServer, UsageError
@@ -594,8 +595,6 @@ def test_live_reads_prometheus_gauges_and_histograms_first():
 def test_live_reads_feed_the_watchers_interval():
     """Two reads of a TensorRT-LLM server through the watcher's arithmetic: acceptance from
     the drained specDecodingStats, the batch as the mean of the two reads."""
-    from specadapt.analysis.watch import interval_between
-
     fake = FakeTrtllm()
     server = fake.server()
     fake.push(SPEC_K3[:1])  # prefill only: 2 active, no drafts
@@ -605,3 +604,12 @@ def test_live_reads_feed_the_watchers_interval():
     iv = interval_between(a, b)
     assert (iv.drafts, iv.draft_tokens, iv.accepted) == (4, 12, 8)
     assert iv.running == 3.0  # (2 + 4) / 2
+
+
+def test_an_entry_without_a_load_count_keeps_the_last_one():
+    """Constructed: an entry without numActiveRequests / numQueuedRequests (or with a non-number
+    there) leaves the latest counts as they were, rather than failing or reading True as 1."""
+    totals = T.IterStatsTotals()
+    totals.add([{"iter": 1, "numActiveRequests": 4, "numQueuedRequests": 2}])
+    totals.add([{"iter": 2}, {"iter": 3, "numActiveRequests": True, "numQueuedRequests": "7"}])
+    assert (totals.iterations, totals.last_active, totals.last_queued) == (3, 4.0, 2.0)
