@@ -22,6 +22,8 @@ module (a Backend subclass) and one ``specadapt.backends`` entry point (docs/bac
 
 from __future__ import annotations
 
+import os
+
 import ssl
 import sys
 from abc import ABC, abstractmethod
@@ -186,6 +188,10 @@ class LaunchOptions(BaseModel):
     dtype: str | None = Field(None, description="Weights/activation dtype (auto, bfloat16, float16, float32).")
     max_model_len: int | None = Field(None, ge=1, description="Longest sequence (prompt + output).")
     extra_args: list[str] = Field(default_factory=list, description="Passed to the server verbatim, after ours.")
+    cpus: list[int] | None = Field(None, description="CPUs the server's whole process tree is bound to (None: not "
+                                                     "bound); see adapters/placement.py.")
+    gpus: list[int] | None = Field(None, description="GPUs the server may use, as CUDA_VISIBLE_DEVICES (None: not "
+                                                     "set).")
 
 
 class Backend(ABC):
@@ -222,6 +228,20 @@ class Backend(ABC):
         """The argv, environment and port that start one server for ``opts``."""
         raise UsageError(self._cannot_launch())
 
+    def placed(self, plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
+        """``plan`` on the CPUs and GPUs of ``opts``: the process tree bound to ``opts.cpus``, as many
+        OpenMP threads (OMP_NUM_THREADS, unless the user set it), CUDA_VISIBLE_DEVICES from ``opts.gpus``.
+        A backend whose server picks its threads another way adds its own setting (vLLM does)."""
+        env, per_server = dict(plan.env), list(plan.per_server_env)
+        if opts.cpus:
+            if "OMP_NUM_THREADS" not in os.environ:
+                env.setdefault("OMP_NUM_THREADS", str(len(opts.cpus)))
+        if opts.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in opts.gpus)
+            per_server.append("CUDA_VISIBLE_DEVICES")
+        return plan.model_copy(update={"cpus": list(opts.cpus) if opts.cpus else None, "env": env,
+                                       "per_server_env": per_server})
+
     def connect_launched(self, opts: LaunchOptions, url: str) -> Server:
         """The Server for a process started from ``opts`` (it may know what the server cannot say)."""
         return self.connect(url)
@@ -251,7 +271,7 @@ class Backend(ABC):
                 raise TypeError(f"backend {self.name} launches from {self.launch_options.__name__}, "
                                 f"not {type(opts).__name__}")
             self.check_launch(opts)
-        plans = [self.launch_plan(opts) for opts in opts_list]
+        plans = [self.placed(self.launch_plan(opts), opts) for opts in opts_list]
         connects = [partial(self.connect_launched, opts) for opts in opts_list]
         with start_and_connect(plans, connects, startup_timeout_s or self.startup_timeout_s,
                                on_wait, on_plan) as servers:

@@ -61,6 +61,11 @@ class LaunchPlan(BaseModel):
                                                                      "specadapt writes, speculation left out.")
     spec_settings: dict[str, Any] = Field(default_factory=dict, description="Settings in that file that carry "
                                                                             "the speculation.")
+    cpus: list[int] | None = Field(None, description="CPUs the server's whole process tree is bound to (None: "
+                                                     "not bound, every CPU this process may use).")
+    per_server_env: list[str] = Field(default_factory=list, description=(
+        "Variables whose values place this one server (its CPUs, its GPUs): like per_server_flags, allowed to "
+        "differ between the two sides of a comparison."))
 
     @property
     def base_url(self) -> str:
@@ -118,5 +123,6 @@ def launch_record(plan: LaunchPlan, python: str | None = None, package_version: 
     return LaunchRecord(backend=plan.backend, argv=record_argv(plan.argv), spec_args=record_argv(plan.spec_args),
                         per_server_flags=list(plan.per_server_flags), env=record_env(plan.env),
                         inherited_env=record_env(inherited), config=record_settings(plan.config),
+                        cpus=plan.cpus, per_server_env=list(plan.per_server_env),
                         spec_settings=record_settings(plan.spec_settings), python=python,
                         package_version=package_version)

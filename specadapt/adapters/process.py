@@ -23,6 +23,7 @@ import atexit
 import collections
 import ctypes
 import errno
+import functools
 import os
 import signal
 import socket
@@ -68,10 +69,13 @@ def check_port_free(host: str, port: int) -> None:
 SERVER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _prepare_child() -> None:  # runs in the child between fork and exec
+def _prepare_child(cpus: list[int] | None = None) -> None:  # runs in the child between fork and exec
     """Default dispositions for the signals that stop a server (an ignored SIGTERM, inherited
     from a background job that started specadapt, would make every stop wait out the grace
-    period), and SIGTERM when specadapt dies (Linux)."""
+    period), SIGTERM when specadapt dies (Linux), and with ``cpus`` the CPUs the server and
+    every process it starts may run on (the affinity mask is inherited across fork and exec)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     for sig in SERVER_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
@@ -148,11 +152,13 @@ class ManagedProcess:
             self.proc = subprocess.Popen(
                 self.plan.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
                 stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_prepare_child, close_fds=True,
+                preexec_fn=functools.partial(_prepare_child, self.plan.cpus), close_fds=True,
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: _prepare_child failed (its CPUs)
             self._log_fh.close()
-            raise ServerStartError(f"cannot start {self.plan.argv[0]}: {exc.strerror}") from exc
+            why = getattr(exc, "strerror", None) or str(exc)
+            where = f" on CPUs {self.plan.cpus}" if self.plan.cpus else ""
+            raise ServerStartError(f"cannot start {self.plan.argv[0]}{where}: {why}") from exc
         try:
             self.watchdog = start_watchdog(self.proc.pid, self.grace_s)
         except OSError:  # the group is still stopped by stop(), atexit and the parent-death signal

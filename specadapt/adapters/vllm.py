@@ -19,6 +19,7 @@ from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, Launch
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import by_label, histogram_state, parse_samples, total
 from specadapt.adapters.plan import record_settings
+from specadapt.adapters.placement import cpu_list
 from specadapt.adapters.process import free_port
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
@@ -66,6 +67,10 @@ def live_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)")
                         waiting=total(samples, WAITING), ttft=histogram_state(samples, TTFT),
                         tpot=histogram_state(samples, *ITL))
 
+
+# The CPU build's OpenMP binding (vllm/utils/ompmultiprocessing.py, vLLM 0.32.0): CPU ids like "0-2,5",
+# one list per local rank separated by "|"; "auto" (the default) binds every core of the NUMA node.
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 # the request keys that make vLLM's completions name each token as "token_id:N"
 TOKEN_IDS = {"return_tokens_as_token_ids": True}
@@ -363,6 +368,15 @@ class VLLMBackend(Backend):
 
     def launch_plan(self, opts: VLLMLaunch) -> LaunchPlan:
         return launch_plan(opts)
+
+    def placed(self, plan: LaunchPlan, opts: LaunchOptions) -> LaunchPlan:
+        """The base placement, and the CPU build's OpenMP threads bound to the same CPUs
+        (VLLM_CPU_OMP_THREADS_BIND, one thread per CPU; its default 'auto' binds every core of the node)."""
+        plan = super().placed(plan, opts)
+        if not opts.cpus:
+            return plan
+        env = {**plan.env, OMP_BIND: cpu_list(opts.cpus)}
+        return plan.model_copy(update={"env": env, "per_server_env": [*plan.per_server_env, OMP_BIND]})
 
     def connect_launched(self, opts: VLLMLaunch, url: str) -> VLLMServer:
         return VLLMServer(url, spec_config=spec_json(opts.spec_config), launched=True)

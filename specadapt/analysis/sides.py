@@ -66,6 +66,17 @@ def _argv_difference(off: list[str], on: list[str]) -> list[str]:
             f"{shlex.join(only_off) or 'nothing more'}, only the {ON} side has {shlex.join(only_on) or 'nothing more'}"]
 
 
+def _cpu_difference(off: list[int] | None, on: list[int] | None) -> list[str]:
+    """The sides' CPU shares differ in size, or one is bound and the other not (which CPUs each has
+    is expected to differ: that is the split)."""
+    def show(cpus: list[int] | None) -> str:
+        return "every CPU (not bound)" if cpus is None else f"{len(cpus)} CPU{'s' if len(cpus) != 1 else ''}"
+
+    if (off is None) == (on is None) and (off is None or len(off) == len(on or [])):
+        return []
+    return [f"CPUs: {show(off)} on the {OFF} side, {show(on)} on the {ON} side"]
+
+
 def launch_differences(off: LaunchRecord, on: LaunchRecord) -> list[str]:
     """What two launches differ in besides speculation (spec argv block, per-server flag values
     and the speculative part of a config file are expected to differ and are left out)."""
@@ -73,7 +84,8 @@ def launch_differences(off: LaunchRecord, on: LaunchRecord) -> list[str]:
     if off.backend != on.backend:
         lines.append(_differs("launch backend", off.backend, on.backend))
     lines += _argv_difference(off.comparable_argv(), on.comparable_argv())
-    lines += _mapping_differences("environment", off.effective_env(), on.effective_env())
+    lines += _mapping_differences("environment", off.comparable_env(), on.comparable_env())
+    lines += _cpu_difference(off.cpus, on.cpus)
     if off.python != on.python:
         lines.append(_differs("interpreter", off.python, on.python))
     if off.package_version != on.package_version and None not in (off.package_version, on.package_version):

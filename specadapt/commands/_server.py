@@ -46,9 +46,11 @@ SPEC_CONFIG = click.option("--spec-config", help="Speculative config (default: o
                                                  "backend's own (vLLM JSON, TensorRT-LLM speculative_config, SGLang "
                                                  "or llama.cpp flags); compare and equiv give it to the spec-on "
                                                  "server.")
-LAUNCH = click.option("--launch", type=click.Choice(["parallel", "sequential"]), default="parallel",
+LAUNCH = click.option("--launch", type=click.Choice(["parallel", "sequential", "shared"]), default="parallel",
                       show_default=True,
-                      help="Started servers side by side (requests interleaved), or one after the other.")
+                      help="Started servers: side by side, each on its own share of the CPUs (and GPUs), requests "
+                           "interleaved; one after the other, each on the whole machine; or side by side on the same "
+                           "CPUs (each may stall the other's first token; said in the report).")
 PYTHON = click.option("--python", default=DEFAULTS.python, show_default="this interpreter",
                       help="Interpreter that has the server installed.")
 HOST = click.option("--host", default=DEFAULTS.host, show_default=True, help="Host a started server binds.")

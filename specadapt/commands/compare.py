@@ -92,9 +92,9 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
     if kw["reference"] and not (Path(kw["reference"]) / "config.json").is_file():
         raise UsageError(f"--reference {kw['reference']} is not a local HF model directory (no config.json)")
     prompts, workload = load_workload(**kw["workload_opts"])
-    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch == "parallel", workload=workload)
+    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch != "sequential", workload=workload)
     with ConsoleRun() as console:
-        plan = plan_servers(server_opts, ab_sides(off_url, on_url), console.messages)
+        plan = plan_servers(server_opts, ab_sides(off_url, on_url), console.messages, launch=launch)
         settings = settings.model_copy(update={"dtype": plan.dtype})  # --dtype auto as the started servers run it
         report = compare_servers(plan, prompts, settings, console.bars, console.messages)
     if gate is not None:

@@ -81,7 +81,7 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
                                 source="reference" if reference else "server",
                                 reference=str(reference) if reference else None, tokenizer=tokenizer)
     with ConsoleRun() as console:
-        plan = plan_servers(server_opts, sides, console.messages)
+        plan = plan_servers(server_opts, sides, console.messages, launch=launch)
         report = sampling.check_sampling(plan, prompts, settings, ref, sequential, console.bars, console.messages)
     out = kw["out_dir"]
     written = write_sampling_outputs(report, json_path=kw["json_out"] or (out / "report.json" if out else None),

@@ -29,7 +29,9 @@ def compare_servers(plan: ServerPlan, prompts: list[Prompt], settings: CompareSe
     if settings.interleaved:
         with open_servers(plan, messages) as opened:
             by = _by_label(plan, opened)
-            return run_compare(by["spec-off"], by["spec-on"], prompts, settings, bars("comparing", total))
+            report = run_compare(by["spec-off"], by["spec-on"], prompts, settings, bars("comparing", total))
+            report.notes += [f"placement: {line}" for line in plan.placement]
+            return report
     per_side = total // 2
     with open_servers(plan.only("spec-on"), messages) as (on,):
         on_info, on_recs, on_counters = run_one_side(on, "on", prompts, settings, bars("spec on", per_side))

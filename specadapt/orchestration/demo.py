@@ -27,6 +27,7 @@ import httpx
 
 from specadapt.adapters.base import LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
+from specadapt.adapters.placement import cpu_list, plan_placement, usable_cpus
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
@@ -157,11 +158,13 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
         extra.append(EAGER)
         notes.append("every server runs with --enforce-eager (no torch.compile at start-up, so all three are up "
                      "in minutes; each decode step is slower, alike on every side)")
+    off_cpus, on_cpus, placed = demo_placement(usable_cpus())
+    notes.append(placed)
     launch = {"spec-off": VLLMLaunch(model=str(model), spec_config=None, python=opts.python, dtype=dtype,
-                                     extra_args=extra)}
+                                     extra_args=extra, cpus=off_cpus)}
     for run in runs:
         launch[run.name] = VLLMLaunch(model=str(model), spec_config=run.spec, python=opts.python, dtype=dtype,
-                                      extra_args=extra)
+                                      extra_args=extra, cpus=on_cpus)
     backend = VLLMBackend()
     for opt in launch.values():
         spec_json(opt.spec_config)  # the configs vLLM would refuse, before anything is written
@@ -174,6 +177,20 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
                     dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
                     launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)
+
+
+def demo_placement(cpus: list[int]) -> tuple[list[int] | None, list[int] | None, str]:
+    """(spec-off CPUs, spec-on CPUs, the placement in words): the spec-off server on one half of the
+    CPUs, both spec-on servers on the other (they are compared one after the other, so they never
+    run at the same time); with a single CPU all share it, said so."""
+    placement = plan_placement(["spec-off", "spec-on"], cpus)
+    if placement.refused:
+        return None, None, (f"this machine gives specadapt {len(cpus)} CPU: the servers share it, and each may "
+                            "stall the other's first token (the report's interference check says whether they did)")
+    off, on = placement.cpus
+    return off, on, (f"the spec-off server runs on CPU{'s' if len(off) > 1 else ''} {cpu_list(off)}, the two spec-on "
+                     f"servers on CPU{'s' if len(on) > 1 else ''} {cpu_list(on)} (compared one after the other): "
+                     "neither side of a comparison disturbs the other's cores")
 
 
 # --- progress ------------------------------------------------------------------------------------

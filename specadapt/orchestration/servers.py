@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
+from specadapt.adapters.placement import plan_placement, usable_cpus
 from specadapt.adapters.plan import launch_record
 from specadapt.adapters.registry import get_backend
 from specadapt.adapters.spec_config import load_spec_config
@@ -111,6 +112,8 @@ class ServerPlan:
     dtype: str | None = None
     """The dtype the servers run as the reports record it: --dtype, with auto resolved when specadapt
     starts a server (see ``resolve_dtype``)."""
+    placement: list[str] = field(default_factory=list)
+    """How the started servers share the machine, in words (adapters/placement.py); [] for one server."""
 
     def only(self, label: str) -> ServerPlan:
         """The plan of one side alone (to start the servers one after the other)."""
@@ -174,9 +177,14 @@ def resolve_dtype(opts: ServerOptions, messages: Messages = LOGGED) -> ServerOpt
 
 
 # --- planning ------------------------------------------------------------------------------------
-def plan_servers(opts: ServerOptions, sides: Sequence[Side], messages: Messages = LOGGED) -> ServerPlan:
+def plan_servers(opts: ServerOptions, sides: Sequence[Side], messages: Messages = LOGGED,
+                 launch: str = "parallel") -> ServerPlan:
     """Check the options against the backend and build each side's launch options; start nothing.
-    ``--dtype auto`` is resolved here when a server is to be started (``plan.dtype`` has the result)."""
+    ``--dtype auto`` is resolved here when a server is to be started (``plan.dtype`` has the result).
+    ``launch``: how started servers run (``--launch``): "parallel", side by side, each on its own
+    CPUs (and GPUs); "shared", side by side on the same ones (said as a warning); "sequential",
+    one after the other (each on the whole machine). Too few CPUs or GPUs for "parallel" is a
+    UsageError saying what to use instead."""
     verify = tls_verify(opts.insecure, opts.ca_bundle, messages)
     backend = get_backend(opts.backend)
     one = len(sides) == 1
@@ -185,7 +193,7 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side], messages: Messages 
         running = "connects to a running server" if one else "connect to running servers"
         raise UsageError(f"{flags} {running}; --model and --spec-config are for starting "
                          f"{'one' if one else 'them'}: give one or the other")
-    launch: list[LaunchOptions | None] = [None] * len(sides)
+    launch_opts: list[LaunchOptions | None] = [None] * len(sides)
     if not all(s.url for s in sides):
         if not backend.capabilities.launch:
             hint = "--url of a running one" if one else f"{flags} URLs of running ones"
@@ -195,10 +203,36 @@ def plan_servers(opts: ServerOptions, sides: Sequence[Side], messages: Messages 
         spec = load_spec_config(opts.spec_config, opts.backend) if opts.spec_config else None
         for i, side in enumerate(sides):
             if not side.url:
-                launch[i] = launch_options_for(backend, opts, model, spec if side.spec else None, side.port)
-    return ServerPlan(backend_name=opts.backend, backend=backend, sides=tuple(sides), launch=tuple(launch),
+                launch_opts[i] = launch_options_for(backend, opts, model, spec if side.spec else None, side.port)
+    placement = place_sides(backend, sides, launch_opts, launch, messages)
+    return ServerPlan(backend_name=opts.backend, backend=backend, sides=tuple(sides), launch=tuple(launch_opts),
                       api_key=api_key_from(opts.api_key), verify=verify, startup_timeout_s=opts.startup_timeout,
-                      dtype=opts.dtype)
+                      dtype=opts.dtype, placement=placement)
+
+
+CPU_ONLY_BACKENDS = ("reference", "llamacpp")
+"""Backends whose started servers run on the CPU here (the others use the GPUs where there are some)."""
+
+
+def place_sides(backend: Backend, sides: Sequence[Side], launch_opts: list[LaunchOptions | None], launch: str,
+                messages: Messages = LOGGED) -> list[str]:
+    """Give each started side its own CPUs (and GPUs) in ``launch_opts`` (in place) when they run side
+    by side; the placement in words (said here, too). UsageError when the machine cannot be split."""
+    started = [i for i, o in enumerate(launch_opts) if o is not None]
+    if launch == "sequential" or len(started) < 2:
+        return []
+    hw = local_hardware(STARTED_HERE)
+    gpus = len(hw.gpus) if backend.name not in CPU_ONLY_BACKENDS else 0
+    names = [sides[i].label or f"server {i}" for i in started]
+    placement = plan_placement(names, usable_cpus(), gpus=gpus, shared=launch == "shared",
+                               gpus_set_by_user="CUDA_VISIBLE_DEVICES" in os.environ)
+    if placement.refused:
+        raise UsageError(placement.refused)
+    for i, cpus, gpu_ids in zip(started, placement.cpus, placement.gpus, strict=True):
+        launch_opts[i] = launch_opts[i].model_copy(update={"cpus": cpus, "gpus": gpu_ids})
+    for line in placement.lines:
+        (messages.warn if placement.shared else messages.say)(line)
+    return list(placement.lines)
 
 
 def launch_options_for(backend: Backend, opts: ServerOptions, model: str, spec: SpecConfig | None,

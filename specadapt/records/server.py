@@ -65,6 +65,10 @@ class LaunchRecord(BaseModel):
     python: str | None = Field(None, description="Interpreter that ran the server (None: a program on PATH).")
     package_version: str | None = Field(None, description="The backend's package version for that interpreter "
                                                           "(None when it is another interpreter or unknown).")
+    cpus: list[int] | None = Field(None, description="CPUs the server's whole process tree was bound to (None: not "
+                                                     "bound; it could run on every CPU specadapt could).")
+    per_server_env: list[str] = Field(default_factory=list, description=(
+        "Variables whose values place this one server (its CPUs, its GPUs): expected to differ between the sides."))
 
     def comparable_argv(self) -> list[str]:
         """argv without the speculative block, with per-server flag values as a placeholder: two
@@ -87,6 +91,11 @@ class LaunchRecord(BaseModel):
     def effective_env(self) -> dict[str, str]:
         """The recorded variables as the server saw them (what specadapt set wins)."""
         return {**self.inherited_env, **self.env}
+
+    def comparable_env(self) -> dict[str, str]:
+        """``effective_env`` with the values of the per-server variables as a placeholder: two servers
+        placed on their own CPUs that differ in speculation only have equal comparable env."""
+        return {k: PER_SERVER if k in self.per_server_env else v for k, v in self.effective_env().items()}
 
 
 class GpuInfo(BaseModel):
