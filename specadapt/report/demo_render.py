@@ -2,8 +2,9 @@
 
 Each run is a compare report and is rendered by the compare renderers under a heading of its
 own; the demo adds what each run is there to show, its diagnosis where the report has one,
-and a closing block: per run the speed ratios with their intervals, identity and the
-diagnosis headline, then the machine and dtype the figures belong to.
+and a closing block: per run the headline (was the response faster and by how much, was the
+text the same; analysis/headline.py), the speed ratios with their intervals and why they
+disagree where they do, the diagnosis headline, then the machine and dtype the figures belong to.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from junitparser import JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.markup import escape
 
+from specadapt.analysis.headline import headline
 from specadapt.records.demo import DemoReport, DemoRun
 from specadapt.records.reports import atomic_write_text
 from specadapt.report import compare_render
@@ -43,10 +45,20 @@ def speed_text(run: DemoRun) -> str:
     return f"TPOT {ci(lv.speed.tpot)}, tokens/s {ci(lv.speed.throughput)}: {level_verdict(report, lv)}"
 
 
+def lead_text(run: DemoRun) -> str:
+    """What the lesson asks first: was the response faster (by how much), was the text the same; then the
+    speed figures, and why they disagree where they do."""
+    h = headline(run.compare)
+    if h is None:
+        return "no pairs measured"
+    return (f"{h.response}; {h.text}. {h.figures}"
+            + (f" (they disagree: {h.why_not})" if h.why_not else ""))
+
+
 def run_line(run: DemoRun) -> str:
     """One line per run for the closing block."""
     d = run.compare.diagnosis
-    return (f"{run.name}: {speed_text(run)}; identity {identity_counts(run)}"
+    return (f"{run.name}: {lead_text(run)}"
             + (f"; diagnosis: {d.headline}" if d is not None else ""))
 
 
@@ -110,8 +122,8 @@ PAGE = """<!doctype html>
 <p>{{ machine }}. Model {{ d.model }}; prompts {{ d.prompts|join(", ") }}; created {{ d.created_at }} by specadapt
 {{ d.specadapt_version }}.</p>
 <h2>What the runs show</h2>
-<table><tr><th>run</th><th>draft</th><th>speed at concurrency 1</th><th>identity</th><th>diagnosis</th></tr>
-{% for run in d.runs %}<tr><td>{{ run.name }}</td><td>{{ run.draft }}</td><td>{{ speed_text(run) }}</td>
+<table><tr><th>run</th><th>draft</th><th>what it did, at concurrency 1</th><th>identity</th><th>diagnosis</th></tr>
+{% for run in d.runs %}<tr><td>{{ run.name }}</td><td>{{ run.draft }}</td><td>{{ lead_text(run) }}</td>
 <td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td></tr>{% endfor %}
 </table>
 <p>{{ machine_note }}</p>
@@ -127,7 +139,7 @@ PAGE = """<!doctype html>
 
 def to_html(report: DemoReport) -> str:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(speed_text=speed_text, identity_counts=identity_counts)
+    env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text)
     bodies = [compare_body_html(run.compare, top=3) for run in report.runs]
     return env.from_string(PAGE).render(d=report, bodies=bodies, machine=machine_line(report),
                                         machine_note=MACHINE_NOTE, timing=timing_line(report))

@@ -86,11 +86,13 @@ def console_text(report: DemoReport, **kw) -> str:
 def test_the_closing_lines_carry_the_ratios_verdicts_identity_and_diagnosis():
     report = demo_report()
     fast, slow = (demo_render.run_line(r) for r in report.runs)
-    assert re.fullmatch(r"ngram: TPOT 1\.9\dx \[\d\.\d\d, \d\.\d\d\], tokens/s \d\.\d\dx \[\d\.\d\d, \d\.\d\d\]: "
-                        r"faster; identity 3 identical, 1 near-tie, 0 suspect, 0 unknown \(of 4 prompts\)", fast)
-    assert re.fullmatch(r"draft-model: TPOT 0\.\d\dx \[.*\], tokens/s 0\.\d\dx \[.*\]: slower; identity 3 identical, "
-                        r"0 near-tie, 1 suspect, 0 unknown \(of 4 prompts\); diagnosis: Spec on is 2\.2x slower: "
-                        r"the draft is almost never accepted\.", slow)
+    assert re.fullmatch(r"ngram: the response came 1\.9\dx faster with speculation \(4\d% less time per answer\); "
+                        r"the text was identical for 3 of 4 prompts \(1 near-tie\)\. TPOT 1\.9\dx \[\d\.\d\d, "
+                        r"\d\.\d\d\] faster, E2E 1\.9\dx \[.*\] faster, tokens/s 1\.9\dx \[.*\] faster", fast)
+    assert re.fullmatch(r"draft-model: the response came 2\.\d\dx slower with speculation \(1\d\d% more time per "
+                        r"answer\); the text was identical for 3 of 4 prompts \(1 suspect\)\. TPOT 0\.\d\dx \[.*\] "
+                        r"slower, E2E 0\.\d\dx \[.*\] slower, tokens/s 0\.\d\dx \[.*\] slower; diagnosis: Spec on "
+                        r"is 2\.2x slower: the draft is almost never accepted\.", slow)
     assert demo_render.machine_line(report) == ("machine: Some CPU, 2 CPUs, AVX512-BF16; native: float32, bfloat16; "
                                                 "dtype bfloat16 (the CPU has avx512_bf16)")
     assert demo_render.timing_line(report) == ("time: draft 1 s, servers 80 s, run 1 (ngram) 60 s, "
@@ -122,7 +124,7 @@ def test_markdown_has_both_runs_under_headings_of_their_own():
     assert md.index("## Run 1: spec off vs a well-matched draft") < md.index("## Run 2: spec off vs a poorly")
     assert "#### Why\n\nSpec on is 2.2x slower" in md and "- to do: use a draft that predicts the target" in md
     assert md.count("Spec on is 2.2x slower") == 2  # the closing line and the run's why section
-    assert "- ngram: TPOT" in md and "`p3`: **suspect** at token 7" in md
+    assert "- ngram: the response came" in md and "`p3`: **suspect** at token 7" in md
 
 
 def test_html_is_one_self_contained_page_with_both_runs():
