@@ -85,6 +85,10 @@ class Simulator:
         self.ttft = HistogramState(sum=base * self.tl.ttft_s / 10, count=base / 10)
         self.tpot = HistogramState(sum=base * self.tl.itl_s, count=base)
 
+    def restart(self) -> None:
+        """Every counter falls back to zero now (a restart at the time reached so far)."""
+        self._zero()
+
     def acceptance(self, t: float) -> float:
         return _interp(self.tl.acceptance, t)
 

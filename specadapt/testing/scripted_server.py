@@ -36,7 +36,16 @@ requests also ``"messages": [[role, content], ...]``, to check multi-turn histor
 ``reset`` (counters fall back to zero at the next completion request: a restarted server),
 ``timeline`` (with ``"timeline": {...}``: counters, running batch and latency histograms follow
 testing/counter_series.py's simulation from the moment of the POST, whatever the requests).
-``"delay_s": x`` in the same POST makes /metrics answer x seconds late (a slow server).
+``"delay_s": x`` in the same POST makes /metrics answer x seconds late (a slow server), or at
+once when the next POST to ``/_script/metrics`` comes (it answers the reads held so far); a POST
+without ``"mode"`` changes only the delay (the counters and their timeline go on).
+``"start": "first-read"`` with a timeline starts its clock at the next /metrics read rather than at
+the POST (a watcher that is slow to start still sees the whole timeline from its first read).
+``GET /_script/reads`` returns ``{"metrics": n, "timeline_started": wall}``: the /metrics reads
+answered so far and the wall time (``time.time()``) at which the timeline's clock started (null
+before). ``POST /_script/restart``: every counter falls back to zero now (a restarted server).
+``POST /_script/exit`` with ``{"after_reads": n}``: the process exits (code 0) right after it
+answered n more /metrics reads (a server that disappears between two reads of a watcher).
 
 Run: ``python -m specadapt.testing.scripted_server --port 8123 [--api-key K]
 [--ssl-certfile C --ssl-keyfile K]``. Needs uvicorn (``pip install 'specadapt[test]'``).
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -71,8 +81,24 @@ class State:
         self.tokens = 0
         self.accepted_per_pos = [0] * K
         self.sim: Any = None  # counter_series.Simulator in timeline mode
-        self.sim_t0 = 0.0
+        self.sim_t0: float | None = 0.0  # None: the timeline starts at the next /metrics read
+        self.sim_t0_wall: float | None = None
         self.metrics_delay_s = 0.0
+        self.held: asyncio.Event | None = None  # set: the delayed /metrics reads answer now
+        self.metrics_reads = 0
+        self.exit_after_reads: int | None = None
+
+    def release_held(self) -> None:
+        if self.held is not None:
+            self.held.set()
+            self.held = None
+
+    def restart(self) -> None:
+        """Every counter falls back to zero now (those of the timeline in timeline mode)."""
+        if self.metrics_mode == "timeline":
+            self.sim.restart()
+        else:
+            self.base, self.chunks, self.tokens, self.accepted_per_pos = 0.0, 0, 0, [0] * K
 
 
 def parse_script(text: str) -> dict[str, Any]:
@@ -90,6 +116,8 @@ def parse_script(text: str) -> dict[str, Any]:
 
 def metrics_text(st: State) -> tuple[int, str]:
     if st.metrics_mode == "timeline":
+        if st.sim_t0 is None:  # "start": "first-read"
+            st.sim_t0, st.sim_t0_wall = time.monotonic(), time.time()
         return 200, st.sim.metrics_text(time.monotonic() - st.sim_t0, MODEL)
     if st.metrics_mode == "missing":
         return 404, "not found"
@@ -162,9 +190,26 @@ def make_app(st: State):
                 {"id": MODEL, "object": "model", "root": MODEL, "max_model_len": 4096}]})
         if path == "/metrics":
             if st.metrics_delay_s:
-                await asyncio.sleep(st.metrics_delay_s)
+                if st.held is None:
+                    st.held = asyncio.Event()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(st.held.wait(), st.metrics_delay_s)
             code, text = metrics_text(st)
-            return await _respond(send, code, text, b"text/plain; version=0.0.4")
+            await _respond(send, code, text, b"text/plain; version=0.0.4")
+            st.metrics_reads += 1
+            if st.exit_after_reads is not None:
+                st.exit_after_reads -= 1
+                if st.exit_after_reads <= 0:  # the answer is in the socket's buffer: the client gets it
+                    os._exit(0)
+            return None
+        if path == "/_script/reads":
+            return await _respond(send, 200, {"metrics": st.metrics_reads, "timeline_started": st.sim_t0_wall})
+        if path == "/_script/restart" and method == "POST":
+            st.restart()
+            return await _respond(send, 200, {"restarted": True})
+        if path == "/_script/exit" and method == "POST":
+            st.exit_after_reads = int(json.loads(await _read_body(receive)).get("after_reads", 1))
+            return await _respond(send, 200, {"exit_after_reads": st.exit_after_reads})
         if path == "/_script/log":
             if scope.get("query_string") == b"pop=1":  # finished entries, then forget them (long runs)
                 done = {k: v for k, v in st.log.items() if v["done_ns"] is not None}
@@ -174,12 +219,18 @@ def make_app(st: State):
             return await _respond(send, 200, st.log)
         if path == "/_script/metrics" and method == "POST":
             body = json.loads(await _read_body(receive))
-            st.metrics_mode = body["mode"]
             st.metrics_delay_s = float(body.get("delay_s", 0.0))
+            st.release_held()  # the reads held by the former delay answer now
+            if "mode" not in body:  # only the delay changes
+                return await _respond(send, 200, {"mode": st.metrics_mode})
+            st.metrics_mode = body["mode"]
             if st.metrics_mode == "timeline":
                 from specadapt.testing.counter_series import Simulator, Timeline
 
-                st.sim, st.sim_t0 = Simulator(Timeline.model_validate(body.get("timeline", {}))), time.monotonic()
+                st.sim = Simulator(Timeline.model_validate(body.get("timeline", {})))
+                first_read = body.get("start") == "first-read"
+                st.sim_t0 = None if first_read else time.monotonic()
+                st.sim_t0_wall = None if first_read else time.time()
             return await _respond(send, 200, {"mode": st.metrics_mode})
         if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             recv_ns = time.perf_counter_ns()

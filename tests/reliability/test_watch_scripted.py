@@ -4,13 +4,19 @@ collapse of acceptance at a high batch raises "costing time", and restarts, a sl
 server that disappears and comes back are alerts and events, never a crash or a negative rate.
 
 The scripted server is a test tool (specadapt/testing/scripted_server.py): its counters follow
-testing/counter_series.py's seeded simulation from the moment the timeline is posted."""
+testing/counter_series.py's seeded simulation from the watcher's first read of /metrics (so a CLI
+that is slow to start sees the same timeline). The restart scenario goes phase by phase on events
+(the reads the server answered, the lines the watcher printed), never on sleeps, and every wait has
+a deadline."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,28 +37,93 @@ from specadapt.records import (
 from specadapt.testing import scripted_plan, scripted_server
 
 FAST = ["--interval", "0.1", "--no-console"]
+WAIT_S = 60.0  # the deadline of every wait for a phase: generous, never a measure of speed
 
 
-def post_timeline(url: str, **timeline) -> float:
-    r = httpx.post(url + "/_script/metrics", json={"mode": "timeline", "timeline": timeline})
-    assert r.status_code == 200
-    return time.time()
+def post_timeline(url: str, first_read: bool = False, **timeline) -> None:
+    """Counters from the simulation; its clock starts at the POST, or at the next /metrics read."""
+    body = {"mode": "timeline", "timeline": timeline, **({"start": "first-read"} if first_read else {})}
+    assert httpx.post(url + "/_script/metrics", json=body).status_code == 200
 
 
-def watch(args: list[str], out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "specadapt", "watch", *FAST, *args, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def script_state(url: str) -> dict:
+    """{"metrics": reads answered, "timeline_started": wall time of the timeline's start}."""
+    return httpx.get(url + "/_script/reads").json()
 
 
-def finish(proc: subprocess.Popen, out: Path) -> tuple[int, dict, str]:
-    try:
-        stdout, stderr = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert "Traceback" not in stderr, stderr
-    return proc.returncode, json.loads(out.read_text()), stdout
+def wait_reads(url: str, n: int, what: str) -> None:
+    """Until the server has answered n /metrics reads in all."""
+    end = time.monotonic() + WAIT_S
+    while (seen := script_state(url)["metrics"]) < n:
+        assert time.monotonic() < end, f"{what}: the server answered {seen} /metrics reads in {WAIT_S:g} s, not {n}"
+        time.sleep(0.02)
+
+
+def more_reads(url: str, n: int, what: str) -> None:
+    """Until the server has answered n more /metrics reads than now."""
+    wait_reads(url, script_state(url)["metrics"] + n, what)
+
+
+class Watch:
+    """`specadapt watch` as a process whose printed lines are read as they come (phases wait on them)."""
+
+    def __init__(self, args: list[str], out: Path):
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, "-m", "specadapt", "watch", *FAST, *args, "--out", str(out)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.stderr: list[str] = []
+        self.ended = False
+        self._cond = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, self.stderr), daemon=True)]
+        for t in self._readers:
+            t.start()
+
+    def _read(self, pipe, into: list[str]) -> None:
+        for line in pipe:
+            with self._cond:
+                into.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self.ended = self.ended or pipe is self.proc.stdout
+            self._cond.notify_all()
+
+    def mark(self) -> int:
+        with self._cond:
+            return len(self.lines)
+
+    def wait_for(self, text: str, since: int, what: str) -> int:
+        """The index after the first line from ``since`` on that holds ``text`` (the next wait's start)."""
+        end = time.monotonic() + WAIT_S
+        with self._cond:
+            while True:
+                for i in range(since, len(self.lines)):
+                    if text in self.lines[i]:
+                        return i + 1
+                left = end - time.monotonic()
+                assert left > 0 and not self.ended, (
+                    f"{what}: the watcher printed no line with {text!r} "
+                    f"{'before it ended' if self.ended else f'in {WAIT_S:g} s'}; since then it printed "
+                    f"{self.lines[since:]}; stderr {self.stderr}")
+                self._cond.wait(left)
+
+    def finish(self, sig: int | None = None) -> tuple[int, dict, str]:
+        """Stop it with ``sig`` (or let its --duration end it); (exit code, end report, stdout)."""
+        try:
+            if sig is not None:
+                self.proc.send_signal(sig)
+            self.proc.wait(timeout=90)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        for t in self._readers:
+            t.join(10)
+        stderr = "\n".join(self.stderr)
+        assert "Traceback" not in stderr, stderr
+        return self.proc.returncode, json.loads(self.out.read_text()), "\n".join(self.lines)
 
 
 def raised(report: dict, alert: str) -> list[dict]:
@@ -103,40 +174,57 @@ def started_on(port: int) -> subprocess.Popen:
 def scenarios(scripted, tmp_path_factory):
     """Three watches side by side (so the module costs the longest of them, not their sum), each on
     its own scripted server: a planted decay; an acceptance collapse at a high batch with a
-    baseline; and a server whose counters restart, that answers slowly, disappears and returns.
-    Yields {name: (exit code, end report, stdout, extra)}."""
+    baseline (both timelines start at the watcher's first read and the watch ends by --duration);
+    and a server that disappears and comes back as a new process, whose counters restart, and that
+    answers slowly, driven phase by phase. Yields {name: (exit code, end report, stdout, t0)}: t0 is
+    the wall time at which the timeline started."""
     tmp = tmp_path_factory.mktemp("watch-scenarios")
     out = {name: tmp / f"{name}.json" for name in ("decay", "costing", "restart")}
     results = {}
     with scripted_server(tmp / "costing.log") as costing_server, scripted_server(tmp / "restart.log") as first:
         decay_url, costing_url, url = scripted.plan.base_url, costing_server.plan.base_url, first.plan.base_url
-        t_decay = post_timeline(decay_url, step_s=0.05, drafts_per_s=2000, k=3, block_noise=0.01, noise_block_s=0.25,
-                                acceptance=[(0.0, 0.7), (4.0, 0.7), (6.0, 0.35)], seed=1)
-        decay = watch(["--url", f"a={decay_url}", "--window", "2", "--duration", "9", "--drift-block", "0.25",
+        post_timeline(decay_url, first_read=True, step_s=0.05, drafts_per_s=2000, k=3, block_noise=0.01,
+                      noise_block_s=0.25, acceptance=[(0.0, 0.7), (4.0, 0.7), (6.0, 0.35)], seed=1)
+        decay = Watch(["--url", f"a={decay_url}", "--window", "2", "--duration", "9", "--drift-block", "0.25",
                        "--drift-learn", "8", "--drift-min-tokens", "50"], out["decay"])
-        t_costing = post_timeline(costing_url, step_s=0.05, drafts_per_s=2000, k=3,
-                                  acceptance=[(0.0, 0.75), (3.0, 0.75), (3.3, 0.02)],
-                                  running=[(0.0, 2.0), (3.0, 48.0)])
-        costing = watch(["--url", f"a={costing_url}", "--window", "1", "--duration", "6.5", "--baseline",
+        post_timeline(costing_url, first_read=True, step_s=0.05, drafts_per_s=2000, k=3,
+                      acceptance=[(0.0, 0.75), (3.0, 0.75), (3.3, 0.02)], running=[(0.0, 2.0), (3.0, 48.0)])
+        costing = Watch(["--url", f"a={costing_url}", "--window", "1", "--duration", "6.5", "--baseline",
                          str(baseline(tmp / "base.json"))], out["costing"])
-        post_timeline(url, step_s=0.05, drafts_per_s=1000, restarts=[1.5], base=5000)
-        restart = watch(["--url", f"a={url}", "--window", "1", "--duration", "9", "--timeout", "0.4",
-                         "--max-backoff", "0.5"], out["restart"])
-        time.sleep(3.0)
-        httpx.post(url + "/_script/metrics", json={"mode": "timeline", "delay_s": 1.0,
-                                                   "timeline": {"step_s": 0.05, "base": 9000}})
-        time.sleep(1.5)
-        first.stop()  # gone
-        time.sleep(1.0)
-        second = started_on(int(url.rsplit(":", 1)[1]))  # and back, on the same port
+        # counters of a server up a while (1e6 drafts: above anything a new process or a restart shows)
+        post_timeline(url, step_s=0.05, drafts_per_s=1000, base=1e6)
+        restart = Watch(["--url", f"a={url}", "--window", "1", "--timeout", "1", "--max-backoff", "0.5"],
+                        out["restart"])  # no --duration: SIGTERM ends it once every phase was seen
+        second = None
         try:
-            post_timeline(url, step_s=0.05, drafts_per_s=1000)
-            results["restart"] = (*finish(restart, out["restart"]), None)
+            wait_reads(url, 2, "the watcher's first reads")  # the first is folded: the watcher holds its counters
+            # gone: the server exits right after answering a read, so the next one cannot connect
+            assert httpx.post(url + "/_script/exit", json={"after_reads": 1}).status_code == 200
+            m = restart.wait_for("ALERT down on a: cannot connect", restart.mark(), "the server gone")
+            # back on the same port, a new process: its counters start low (1000), a restart
+            second = started_on(int(url.rsplit(":", 1)[1]))
+            m = restart.wait_for("the server restarted", m, "the new process")
+            post_timeline(url, step_s=0.05, drafts_per_s=1000, base=5000)  # counters go up from there
+            more_reads(url, 2, "reads of the new process's timeline")
+            # the planted restart: the timeline's counters fall to zero at once
+            m = restart.mark()
+            assert httpx.post(url + "/_script/restart").status_code == 200
+            m = restart.wait_for("the server restarted", m, "the planted restart")
+            # slow: each read held 5 s (the watcher gives up after 1 s), until the next POST answers it
+            assert httpx.post(url + "/_script/metrics", json={"delay_s": 5}).status_code == 200
+            m = restart.wait_for("ALERT down on a: no answer within 1 s", m, "the slow server")
+            assert httpx.post(url + "/_script/metrics", json={"delay_s": 0}).status_code == 200
+            restart.wait_for("resolved down on a", m, "the server answering again")
+            more_reads(url, 3, "reads after the slow phase")  # the last window holds counters
+            results["restart"] = (*restart.finish(signal.SIGTERM), None)
         finally:
-            second.terminate()
-            second.wait(10)
-        results["decay"] = (*finish(decay, out["decay"]), t_decay)
-        results["costing"] = (*finish(costing, out["costing"]), t_costing)
+            if restart.proc.poll() is None:
+                restart.proc.kill()
+            if second is not None:
+                second.terminate()
+                second.wait(10)
+        results["decay"] = (*decay.finish(), script_state(decay_url)["timeline_started"])
+        results["costing"] = (*costing.finish(), script_state(costing_url)["timeline_started"])
     httpx.post(decay_url + "/_script/metrics", json={"mode": "vllm"})
     return results
 
@@ -166,12 +254,13 @@ def test_restart_slow_answers_and_a_server_that_disappears_and_returns(scenarios
     rc, report, stdout, _ = scenarios["restart"]
     events = [(e["alert"], e["raised"]) for e in report["events"]]
     down = [e["text"] for e in raised(report, "down")]
-    assert rc == 1
-    assert any("no answer within 0.4 s" in t for t in down), down  # slow
+    assert rc == 143 and report["end_reason"] == "stopped by a signal (exit 143)"
     assert any("cannot connect" in t for t in down), down  # gone
+    assert any("no answer within 1 s" in t for t in down), down  # slow
     assert [e for e in events if e[0] == "down"][-1] == ("down", False)  # it came back: cleared
     s = report["servers"][0]
-    assert s["restarts"] >= 2 and s["errors"] >= 2  # the timeline's restart, and the new process
+    assert s["restarts"] == 2 and s["errors"] >= 2  # the new process, and the planted restart
+    assert [e for e in events if e[0] == "restart"] == [("restart", True)] * 2
     f = s["figures"]
     assert f["drafts"] >= 0 and f["accepted"] >= 0 and f["acceptance_rate"] is not None
     assert "the server restarted" in stdout
@@ -189,14 +278,9 @@ def test_a_baseline_of_another_model_is_refused(timeline_url, tmp_path):
 
 def test_sigterm_ends_the_watch_with_its_report_written(tmp_path):
     """A pod being stopped: SIGTERM ends the watch with exit 143, and the end report is written first."""
-    import signal
-
     out = tmp_path / "w.json"
-    proc = watch(["--url", "a=http://127.0.0.1:9", "--max-backoff", "0.2"], out)
-    assert proc.stderr.readline().startswith("watching 1 server")  # started, signal handlers in place
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=30)
-    assert proc.returncode == 143
-    report = json.loads(out.read_text())
+    w = Watch(["--url", "a=http://127.0.0.1:9", "--max-backoff", "0.2"], out)
+    w.wait_for("ALERT down on a", 0, "the first read")  # the loop runs (signal handlers in place), a read failed
+    rc, report, _ = w.finish(signal.SIGTERM)
+    assert rc == 143
     assert report["end_reason"] == "stopped by a signal (exit 143)" and report["servers"][0]["errors"] >= 1
