@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specadapt.adapters.base import LaunchOptions, Server
+from specadapt.adapters.placement import cpu_list, plan_placement, usable_cpus
 from specadapt.adapters.registry import get_backend
 from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
@@ -66,6 +67,9 @@ class TunePlan:
     """Launch options of every server to start, by candidate label ("off": the spec-off server)."""
     model: str | None = None
     """The model started servers run (None when none is started)."""
+    on_cpus: list[int] | None = None
+    """The CPUs of every spec-on server started here (candidates, verification) when the spec-off server is
+    started too: the other half of the machine from it (adapters/placement.py); None: not bound."""
 
     @property
     def to_start(self) -> list[SweepCandidate]:
@@ -125,6 +129,7 @@ def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off
                 validate(c.spec.model_copy(update={"target": model}), backend.spec_support.rules)
         if not off_url:
             launches["off"] = launch_options_for(backend, opts, model, None, None)
+        on_cpus = place_tune(launches, messages)
         for launch in launches.values():
             backend.check_launch(launch)
         if not verify_url and settings.verify and not backend.spec_support.batch_schedule:
@@ -133,7 +138,26 @@ def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off
                              "config, or --no-verify")
     return TunePlan(servers=servers, opts=opts, base=base, candidates=tuple(candidates),
                     settings=settings.model_copy(update={"ks": all_ks, "dtype": opts.dtype}), off_url=off_url,
-                    verify_url=verify_url, launches=launches, model=model)
+                    verify_url=verify_url, launches=launches, model=model,
+                    on_cpus=on_cpus if need_start else None)
+
+
+def place_tune(launches: dict[str, LaunchOptions], messages: Messages = LOGGED) -> list[int] | None:
+    """With the spec-off server and some spec-on server both started here: the spec-off one on one half
+    of the CPUs, the spec-on ones (measured one at a time beside it) on the other, in ``launches`` (in
+    place); returns the spec-on CPUs. One CPU: nothing bound, said so."""
+    if "off" not in launches or len(launches) < 2:
+        return None
+    placement = plan_placement(["spec-off", "spec-on"], usable_cpus())
+    if placement.refused:
+        messages.warn("one CPU: the spec-off server and each candidate share it, and may stall each other's first "
+                      "token (the interference check of each comparison says whether they did)")
+        return None
+    off, on = placement.cpus
+    for label, launch in launches.items():
+        launches[label] = launch.model_copy(update={"cpus": off if label == "off" else on})
+    messages.say(f"the spec-off server on CPUs {cpu_list(off)}, each spec-on server on CPUs {cpu_list(on)}")
+    return on
 
 
 def run_tune(plan: TunePlan, prompts: list[Prompt], bars: ProgressBars = no_bars,
@@ -176,7 +200,7 @@ def _sweep_and_verify(report: TuneReport, plan: TunePlan, prompts: list[Prompt],
     @contextlib.contextmanager
     def open_verify(spec: SpecConfig) -> Iterator[Server]:
         launch = None if plan.verify_url else launch_options_for(servers.backend, plan.opts, plan.model or "", spec,
-                                                                 None)
+                                                                 None).model_copy(update={"cpus": plan.on_cpus})
         with one(plan.verify_url, launch) as (server,):
             yield server
 

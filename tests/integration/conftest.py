@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from specadapt.adapters.placement import split_cpus, usable_cpus
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
 from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
@@ -64,8 +65,13 @@ def vllm_servers(request, embedded_model):
             return SpecConfig(method="draft_model", k=3, draft=request.getfixturevalue("truncated_model"))
         return config
 
+    # The spec-off servers on one half of the CPUs, the spec-on ones on the other, as specadapt places
+    # the two sides of a comparison it starts: a spec-off and a spec-on server never share a core, so
+    # neither stalls the other's first token (adapters/placement.py).
+    halves = split_cpus(usable_cpus(), 2) or [None, None]
     opts = [VLLMLaunch(model=embedded_model, spec_config=spec(name), dtype=SERVERS[name][1],
-                       max_model_len=2048, extra_args=["--enforce-eager"]) for name in names]
+                       max_model_len=2048, extra_args=["--enforce-eager"],
+                       cpus=halves[SERVERS[name][0] is not None]) for name in names]
     with VLLMBackend().launched_many(opts, startup_timeout_s=1500) as servers:
         by_name = dict(zip(names, servers, strict=True))
         _STARTED.update({name: [server] for name, server in by_name.items()})

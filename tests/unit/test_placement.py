@@ -195,3 +195,18 @@ def test_place_sides_on_one_cpu_is_a_usage_error(monkeypatch):
 
 def test_server_options_default_is_unchanged():
     assert ServerOptions().backend == "vllm"
+
+
+def test_tune_puts_the_spec_off_server_on_one_half_and_every_candidate_on_the_other(monkeypatch):
+    from specadapt.orchestration.tune_run import place_tune
+
+    monkeypatch.setattr("specadapt.orchestration.tune_run.usable_cpus", lambda: [0, 1, 2, 3])
+    o = VLLMLaunch(model="/m", python=sys.executable)
+    launches = {"off": o, "k=2": o.model_copy(), "k=4": o.model_copy()}
+    assert place_tune(launches) == [2, 3]
+    assert {k: v.cpus for k, v in launches.items()} == {"off": [0, 1], "k=2": [2, 3], "k=4": [2, 3]}
+    given_off = {"k=2": o.model_copy()}
+    assert place_tune(given_off) is None and given_off["k=2"].cpus is None
+    monkeypatch.setattr("specadapt.orchestration.tune_run.usable_cpus", lambda: [0])
+    one = {"off": o, "k=2": o.model_copy()}
+    assert place_tune(one) is None and one["off"].cpus is None
