@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specadapt.analysis.interference import detected_interference, stalls_text, where_text
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.stats import ratio_ci
 from specadapt.analysis.text import pct
@@ -35,6 +36,7 @@ from specadapt.analysis.tune_model import predict_ratio
 from specadapt.native_reference import theory
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
 from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
+from specadapt.records.interference import InterferenceFinding
 
 COMPUTE_BOUND = 1.5
 """A verify pass (the draft's own cost left out) costing more decode steps than this, beyond its
@@ -46,7 +48,8 @@ DRAFT_SHARE = 0.25
 MIN_DRAFTS = 30
 """Fewer verify passes than this at a level: acceptance is too thin to read."""
 TTFT_OVERHEAD = 1.25
-"""Mean time to first token on / off above this: work outside decoding that speculation adds."""
+"""Mean time to first token on / off above this: work outside decoding that speculation adds (not
+when the servers stalled each other's first token: analysis/interference.py; that is its own cause)."""
 MODEL_GAIN = 1.02
 """The model's best k must beat the running k by this factor to be advised."""
 GPU_SATURATED_AT = 8
@@ -87,6 +90,8 @@ class Context:
     spec_enabled: bool | None = None
     categories: Mapping[str, RatioCI] = field(default_factory=dict)
     """The first level's TPOT ratio per prompt category."""
+    interference: InterferenceFinding | None = None
+    """The servers stalled each other's first token (a finding that detected it), or None."""
 
 
 # --- the arithmetic -----------------------------------------------------------------------------
@@ -372,13 +377,32 @@ def level_causes(f: LevelFigures, ctx: Context) -> tuple[list[Cause], list[Advic
             f"at {f.pass_cost:.2f} decode steps per pass no acceptance can pay at {f.level}: even a draft that is "
             f"always right gives {k + 1} tokens per pass")))
     t = f.ttft_ratio
-    if t is not None and t.point is not None and t.low is not None and t.low > 1.0 and t.point > TTFT_OVERHEAD:
+    if (ctx.interference is None and t is not None and t.point is not None and t.low is not None and t.low > 1.0
+            and t.point > TTFT_OVERHEAD):
         causes.append(Cause(code="overhead", level=f.level, text=(
             f"the first token comes {pct(t.point - 1, 0)} later with speculation on (TTFT on/off {ratio_text(t)}): work "
             "outside the decode steps (prefill, scheduling, the proposer"
             + (", the draft model's own prefill)" if ctx.draft is not None else ")")),
             figures={"ttft_ratio": t.point}))
     return causes, advice, gaps
+
+
+INTERFERENCE_ADVICE = Advice(code="interference", text=(
+    "give each server its own hardware: its own CPUs or GPUs (servers specadapt starts side by side get them, "
+    "unless `--launch shared`), separate machines, or the sides one after the other (`--launch sequential`); "
+    "then TTFT, E2E and tokens/s measure each server alone"))
+
+
+def interference_cause(f: InterferenceFinding, ttft: RatioCI | None) -> Cause:
+    """The servers stalled each other's first token: the cause that takes the TTFT overhead's place."""
+    where = "in the check before the run " if f.source == "check" else ""
+    ttft_part = (f"; the TTFT ratio on/off {ratio_text(ttft)} is theirs, not speculation's"
+                 if ttft is not None and ttft.point is not None and ttft.point > TTFT_OVERHEAD else "")
+    figures = {"stalls": float(f.stalls), "stall_ms": f.stall_ms, "p_value": f.p_value}
+    return Cause(code="interference", level="concurrency 1", text=(
+        f"the servers stall each other, not speculation: {where}{stalls_text(f)}, "
+        f"{where_text(f.stalls_after_other, f.stalls)}{ttft_part}; TTFT, E2E and tokens/s include the stalls, "
+        "TPOT does not"), figures={k: v for k, v in figures.items() if v is not None})
 
 
 def _categories(cats: Mapping[str, RatioCI], short: bool = False) -> str:
@@ -445,7 +469,7 @@ def _dedupe(advice: list[Advice]) -> list[Advice]:
 
 
 _PRIORITY = ("speculation-off", "verify-compute-bound", "draft-expensive", "low-acceptance", "past-crossover",
-             "k-too-long", "overhead", "pays")
+             "k-too-long", "interference", "overhead", "pays")
 
 
 VERDICT_WORDS = {"faster": "faster", "slower": "slower", "no clear difference": "neither clearly faster nor slower",
@@ -463,9 +487,14 @@ def headline(figs: Sequence[LevelFigures], causes: Sequence[Cause]) -> str:
         main = next((c for c in causes if c.code == "pays"), None)
     else:
         main = min((c for c in causes if c.code != "pays"), key=lambda c: _PRIORITY.index(c.code), default=None)
+    stalled = any(c.code == "interference" for c in causes)
+    stalls = STALLS_NOTE if stalled and (main is None or main.code != "interference") else ""
     if main is None:
-        return head + "; the figures point to no single cause."
-    return f"{head}: {main.text}."
+        return head + "; the figures point to no single cause." + stalls
+    return f"{head}: {main.text}." + stalls
+
+
+STALLS_NOTE = " The servers stalled each other's first token: TTFT, E2E and tokens/s include it, TPOT does not."
 
 
 def diagnose(figs: Sequence[LevelFigures], ctx: Context) -> Diagnosis:
@@ -482,6 +511,10 @@ def diagnose(figs: Sequence[LevelFigures], ctx: Context) -> Diagnosis:
     if cross is not None:
         causes.append(cross)
         advice.append(cross_advice)
+    if ctx.interference is not None:
+        first = next((f.ttft_ratio for f in figs if f.ttft_ratio is not None), None)
+        causes.append(interference_cause(ctx.interference, first))
+        advice.insert(0, INTERFERENCE_ADVICE)
     if gaps:
         advice.append(Advice(code="evidence", text="more evidence: --repeat or --max-tokens higher, or more prompts"))
     merged = _merge(causes)
@@ -548,7 +581,8 @@ def diagnose_compare(report, draft: DraftCost | None = None,
     first = report.levels[0] if report.levels else (report.rate_levels[0] if report.rate_levels else None)
     cats = {name: r.tpot for name, r in first.by_category.items()} if first and len(first.by_category) > 1 else {}
     ctx = Context(k=k, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
-                  draft=draft, spec_enabled=on.spec_enabled, categories=cats)
+                  draft=draft, spec_enabled=on.spec_enabled, categories=cats,
+                  interference=detected_interference(report))
     return diagnose(figs, ctx)
 
 

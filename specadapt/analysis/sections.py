@@ -2,9 +2,11 @@
 
 A section is one pure analysis of a finished compare report: ``analyse(report)`` returns an
 instance of the section's pydantic ``model``, or None when it has nothing to say about this
-report. The compare runner calls ``analyse_sections`` once, after identity, the notes and the
-diagnosis, so an analysis sees all of them. Each result is kept as JSON in
-``report.sections[name]``: a saved report reads back, and renders, without rerunning anything.
+report. The compare runner calls ``analyse_sections`` twice: once after identity for the
+sections marked ``before_diagnosis`` (the notes and the diagnosis read them from
+``report.sections``), once after the notes and the diagnosis for the others, so an analysis
+sees all of those. Each result is kept as JSON in ``report.sections[name]``: a saved report
+reads back, and renders, without rerunning anything.
 Its renderers (console, Markdown, HTML) register under the same name in report/sections.py.
 
 An analysis that raises does not lose the report: its section is left out and the report
@@ -12,7 +14,9 @@ gets one note, "the NAME section failed and is left out: ErrorType: first line o
 message"; the other sections are still computed.
 
 Adding one: a module in this package with the model and the pure ``analyse``, and one line
-in ``BUILT_IN`` below (the order there is the order the reports show them in). The diagnosis
+in ``BUILT_IN`` below (the order there is the order the reports show them in). The first,
+``interference``, says whether the two servers stalled each other's first token
+(analysis/interference.py); the diagnosis and the notes read it, so it comes before them. The diagnosis
 is not one of them: the runner computes it itself, since it needs the draft's cost, which it
 reads from the models' configs; only its renderers are registered (report/sections.py).
 """
@@ -24,7 +28,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from specadapt.analysis.interference import report_interference
 from specadapt.records import CompareReport
+from specadapt.records.interference import InterferenceFinding
 
 
 @dataclass(frozen=True)
@@ -35,9 +41,14 @@ class Section:
     name: str
     model: type[BaseModel]
     analyse: Callable[[CompareReport], BaseModel | None]
+    before_diagnosis: bool = False
+    """Analysed before the notes and the diagnosis (which may read it), not after them."""
 
 
-BUILT_IN: tuple[Section, ...] = ()
+INTERFERENCE = Section("interference", InterferenceFinding, report_interference, before_diagnosis=True)
+"""Did the servers stall each other's first token (analysis/interference.py)?"""
+
+BUILT_IN: tuple[Section, ...] = (INTERFERENCE,)
 """The sections every compare report gets, in the order the reports show them."""
 
 _REGISTRY: dict[str, Section] = {}
@@ -72,11 +83,13 @@ def one_line(exc: BaseException) -> str:
     return type(exc).__name__ + (f": {lines[0]}" if lines else "")
 
 
-def analyse_sections(report: CompareReport) -> CompareReport:
-    """Run every registered analysis on ``report`` and keep each result in ``report.sections``
-    (JSON); a section whose analysis raises, or returns something other than its model, is left
-    out with one note saying why."""
+def analyse_sections(report: CompareReport, before_diagnosis: bool | None = None) -> CompareReport:
+    """Run the registered analyses on ``report`` and keep each result in ``report.sections`` (JSON):
+    all of them, or with ``before_diagnosis`` True / False those marked so / not; a section whose
+    analysis raises, or returns something other than its model, is left out with one note saying why."""
     for s in registered():
+        if before_diagnosis is not None and s.before_diagnosis != before_diagnosis:
+            continue
         try:
             result = s.analyse(report)
             if result is not None and not isinstance(result, s.model):

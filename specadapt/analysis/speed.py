@@ -11,6 +11,7 @@ and its copies in each repeat's blocks at N > 1. Formulas: analysis/stats.py.
 from __future__ import annotations
 
 from specadapt.analysis.acceptance import acceptance_summary
+from specadapt.analysis.interference import detected_interference, duration
 from specadapt.analysis.latency import latency_summary, tpot_ns
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.send_lag import send_lag_blocks
@@ -232,8 +233,27 @@ def compare_notes(report: CompareReport) -> list[str]:
             if lag is not None and lag.client_limited:
                 notes.append(f"request rate {rate_label(lv.request_rate or 0)}, {side}: {lag.reason}; the ratios at "
                              "this rate describe the client's pace, not the servers'")
+    stalls = stalls_note(report)
+    if stalls:
+        notes.append(stalls)
     later = sum(p.different_history_pairs for p in report.identity)
     if later:
         notes.append(f"{later} pair(s) of later conversation turns followed a diverged turn: the sides' "
                      "histories differ there, so those pairs are not identity verdicts of their own")
     return notes
+
+
+def stalls_note(report: CompareReport) -> str | None:
+    """Where the servers stalled each other's first token (analysis/interference.py): what it does to
+    the concurrency-1 figures, and which verdict to read where the TPOT and tokens/s verdicts differ."""
+    f = detected_interference(report)
+    first = next((lv for lv in report.levels if lv.concurrency == 1), None)
+    if f is None or first is None:
+        return None
+    head = (f"the servers stalled each other's first token ({f.stalls} stalls of about {duration(f.stall_ms)}"
+            f"{', in the check before the run' if f.source == 'check' else ''}): at concurrency 1 E2E and "
+            "tokens/s include the stalls, TPOT does not")
+    tpot, rate = first.speed.tpot.verdict, first.speed.throughput.verdict
+    if first.speed.tpot.point is None or first.speed.throughput.point is None or tpot == rate:
+        return head
+    return f"{head}; where they disagree (here TPOT: {tpot}, tokens/s: {rate}), the stalls make the difference: read TPOT"

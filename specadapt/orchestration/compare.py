@@ -225,9 +225,10 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     readable_tokens(off, [p.divergence for p in report.identity if p.divergence])
     report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
                      for v in ("identical", "near-tie", "suspect", "unknown")}
+    analyse_sections(report, before_diagnosis=True)  # interference: the notes and the diagnosis read it
     report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
-    return analyse_sections(report)
+    return analyse_sections(report, before_diagnosis=False)
 
 
 def draft_cost_of(report: CompareReport) -> DraftCost | None:

@@ -14,9 +14,9 @@ from specadapt.records.metrics import RatioCI
 
 CauseCode = Literal[
     "pays", "verify-compute-bound", "low-acceptance", "k-too-long", "draft-expensive", "past-crossover",
-    "overhead", "speculation-off",
+    "overhead", "speculation-off", "interference",
 ]
-AdviceCode = Literal["k", "off", "dtype", "batch-size", "draft", "workload", "evidence"]
+AdviceCode = Literal["k", "off", "dtype", "batch-size", "draft", "workload", "evidence", "interference"]
 
 
 class LevelFigures(BaseModel):

@@ -20,6 +20,7 @@ from specadapt.errors import UsageError
 from specadapt.records.client_load import ClientLoad
 from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.identity import PromptIdentity
+from specadapt.records.interference import InterferenceFinding
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
     AcceptanceSummary,
@@ -102,6 +103,9 @@ class CompareSettings(BaseModel):
     load: LoadSettings | None = Field(None, description="Arrival rates (levels besides concurrency), --duration, SLOs.")
     workers: int = Field(1, description="Worker processes (with ray_address: Ray actors) that sent each block.")
     ray_address: str | None = Field(None, description="The Ray cluster the workers ran on, when they were Ray actors.")
+    interference_check: bool = Field(False, description="Before the run, a short check whether the servers stall "
+                                                        "each other's first token (concurrency 1, sides "
+                                                        "interleaved; orchestration/interference_check.py).")
 
 
 class CounterPair(BaseModel):
@@ -180,6 +184,9 @@ class CompareReport(ReportEnvelope):
     gate: Gate | None = None
     diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
                                                           "measured figures (analysis/diagnosis.py).")
+    interference_check: InterferenceFinding | None = Field(
+        None, exclude_if=lambda check: check is None, description="The check before the run: did the servers stall each other's first token "
+                          "(analysis/interference.py)? None: not run (left out of the JSON).")
     sections: dict[str, dict[str, Any]] = Field(
         default_factory=dict, exclude_if=lambda sections: not sections,
         description="The results of the analyses registered as report sections (analysis/sections.py), as JSON "

@@ -25,9 +25,11 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.text import Text
 
+from specadapt.analysis.interference import duration
 from specadapt.analysis.sections import one_line, section_data
 from specadapt.records import CompareReport
 from specadapt.records.diagnosis import Diagnosis
+from specadapt.records.interference import InterferenceFinding, SideStalls
 from specadapt.report.diagnosis_render import diagnosis_html, diagnosis_markdown, machine_line, render_diagnosis
 
 ConsoleRenderer = Callable[[BaseModel, CompareReport, Console], None]
@@ -73,7 +75,73 @@ DIAGNOSIS = SectionView("diagnosis", console=_diagnosis_console, markdown=_diagn
 """Why spec on was faster or slower: computed by the compare runner itself (it needs the draft's
 cost, read from the models' configs) into ``report.diagnosis``."""
 
-BUILT_IN: tuple[SectionView, ...] = (DIAGNOSIS,)
+# ----------------------------------------------------------------------------- the interference
+
+def shown(f: InterferenceFinding) -> bool:
+    """Worth a line: something stalled, the order was judged, or it could not be for too few requests."""
+    return f.stalls > 0 or f.order != "not judged" or any(s.bimodal for lv in f.levels for s in lv.sides)
+
+
+def side_line(s: SideStalls) -> str:
+    """'on: typical 150 ms; 4 of 8 first tokens stalled, about 1.0 s (4 right after the other side's
+    request, 0 after its own)'."""
+    head = f"{s.side}: typical {duration(s.typical_ms)}" if s.typical_ms is not None else f"{s.side}: no first token"
+    if not s.stalls:
+        return head + f"; none of {s.n} first tokens stalled"
+    return (head + f"; {s.stalls} of {s.n} first tokens stalled, about {duration(s.stall_ms)} "
+                   f"({s.stalls_after_other} right after the other side's request, {s.stalls_after_same} after its own)")
+
+
+def interference_lines(report: CompareReport) -> list[tuple[str, list[str]]]:
+    """(the finding's line, its sides' lines where something stalled): the check's before the run
+    (always, when it ran), then the run's own (when worth a line)."""
+    out: list[tuple[str, list[str]]] = []
+    run = section_data(report, "interference")
+    for f, label in ((report.interference_check, "the check before the run"), (run, "the run")):
+        if f is None or (f.source == "run" and not shown(f)):
+            continue
+        host = f"; {f.host}" if f.host else ""
+        out.append((f"{label}: {f.text}{host}", [side_line(s) for s in f.sides] if f.stalls else []))
+    return out
+
+
+def _interference_data(report: CompareReport) -> BaseModel | None:
+    """Something to show: the run's finding or the check's (the lines read both from the report)."""
+    return report.interference_check or section_data(report, "interference")
+
+
+def _interference_console(_: BaseModel, report: CompareReport, console: Console) -> None:
+    for line, sides in interference_lines(report):
+        console.print(Text("interference, ", style="bold") + Text(line))
+        for side in sides:
+            console.print(Text(f"  {side}"))
+
+
+def _interference_markdown(_: BaseModel, report: CompareReport) -> list[str]:
+    lines = interference_lines(report)
+    if not lines:
+        return []
+    out = ["", "### Interference between the sides", ""]
+    for line, sides in lines:
+        out += [f"- {line}"] + [f"  - {side}" for side in sides]
+    return out
+
+
+def _interference_html(_: BaseModel, report: CompareReport, heading: int) -> str:
+    lines = interference_lines(report)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{escape(line)}" + ("<ul>" + "".join(f"<li>{escape(s)}</li>" for s in sides) + "</ul>"
+                                              if sides else "") + "</li>" for line, sides in lines)
+    return f'<h{heading}>Interference between the sides</h{heading}><ul class="interference">{items}</ul>'
+
+
+INTERFERENCE = SectionView("interference", console=_interference_console, markdown=_interference_markdown,
+                           html=_interference_html, data=_interference_data)
+"""Did the servers stall each other's first token: the run's own finding (the ``interference``
+section) and the check's before the run (``report.interference_check``)."""
+
+BUILT_IN: tuple[SectionView, ...] = (INTERFERENCE, DIAGNOSIS)
 """The views every compare report renders, in this order."""
 
 _REGISTRY: dict[str, SectionView] = {}

@@ -115,12 +115,12 @@ def test_a_registered_section_is_computed_saved_and_rendered_everywhere(
     expected = {"off_ok": sum(r.side == "off" for r in measured), "on_ok": sum(r.side == "on" for r in measured),
                 "diverged": ["bug", "chat", "tie"]}
     assert expected["off_ok"] == expected["on_ok"] == 10  # 2 repeats x (3 prompts + a conversation of 2 turns)
-    assert report.sections == {"tally": expected}
+    assert report.sections["tally"] == expected and set(report.sections) == {"interference", "tally"}  # + built-in
     line = "10 off, 10 on; diverged <bug, chat, tie>"
 
     paths = [tmp_path / n for n in ("report.json", "junit.xml", "summary.md", "report.html")]
     write_outputs(report, *paths)
-    assert json.loads(paths[0].read_text())["sections"] == {"tally": expected}
+    assert json.loads(paths[0].read_text())["sections"] == report.sections
     # each form shows it after the diagnosis and before identity
     assert in_order(console_text(report), "why: ", f"tally: {line}", "identity: ")
     md = paths[2].read_text()
@@ -141,7 +141,7 @@ def test_an_analysis_that_raises_loses_its_section_only_and_says_why_in_one_note
     registered(analyses.Section("wrong", Tally, lambda report: {"off_ok": 1}))
     registered(TALLY, TALLY_VIEW)
     report = compare_run(wired)
-    assert set(report.sections) == {"tally"} and report.diagnosis is not None and len(report.identity) == 4
+    assert set(report.sections) == {"interference", "tally"} and report.diagnosis is not None and len(report.identity) == 4
     assert report.notes == ["the broken section failed and is left out: ValueError: no features measured",
                             "the wrong section failed and is left out: TypeError: analyse returned dict, not Tally"]
     write_outputs(report, json_path=tmp_path / "r.json", markdown_path=tmp_path / "r.md")
@@ -197,7 +197,7 @@ def test_a_name_is_registered_once(registered):
 
 
 def test_the_diagnosis_is_a_built_in_view_of_its_own_field():
-    assert [v.name for v in views.BUILT_IN] == ["diagnosis"]
+    assert [v.name for v in views.BUILT_IN] == ["interference", "diagnosis"]
     report = CompareReport.model_validate_json(_saved_report())
     assert views.DIAGNOSIS.model(report) is None and "Why" not in to_markdown(report)
 
