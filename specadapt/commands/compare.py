@@ -50,6 +50,9 @@ def ab_options(f):
         click.option("--reference", type=click.Path(path_type=Path),
                      help="Local HF model dir: recompute the target in float64 at each divergence."),
         click.option("--no-triage", is_flag=True, help="Do not ask the spec-off server for logprobs at divergences."),
+        click.option("--interference-check/--no-interference-check", default=True, show_default=True,
+                     help="Before a run at concurrency 1, 20 short requests that tell whether the two servers stall "
+                          "each other's first token (see docs/compare.md)."),
         click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
         click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
                      help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),
@@ -79,7 +82,7 @@ def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
                            near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
                            reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved,
                            load=kw.get("load"), workload=workload, workers=kw.get("workers", 1),
-                           ray_address=kw.get("ray_address"))
+                           ray_address=kw.get("ray_address"), interference_check=kw["interference_check"])
 
 
 def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],

@@ -9,6 +9,11 @@ and the blocks alternate off/on, on/off with the repeats. Warm-up requests go to
 servers first and are discarded. The spec-on server's counters are read before and after
 each concurrency level, so acceptance is known per level.
 
+With ``settings.interference_check``, a run at concurrency 1 with the sides interleaved starts
+with the interference check (orchestration/interference_check.py): a few short requests that
+tell whether the servers stall each other's first token; its finding goes into the report
+(``interference_check``), its requests do not.
+
 The figures and verdicts from the records: analysis/speed.py (ratios, crossovers, theory),
 analysis/identity.py (identity), analysis/diagnosis.py (why).
 """
@@ -33,6 +38,7 @@ from specadapt.load.executors import executor_for
 from specadapt.load.plan import Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress
 from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
+from specadapt.orchestration.interference_check import check_sides
 from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import readable_tokens, server_triage
@@ -44,6 +50,7 @@ from specadapt.records import (
     RequestRecord,
     RequestSettings,
 )
+from specadapt.records.interference import InterferenceFinding
 from specadapt.records.load import rate_label
 
 
@@ -87,6 +94,7 @@ class ABRunner:
         self.executor = executor or InProcess()
         self.targets = {"off": [target_of(off)], "on": [target_of(on)]}
         self.partial_reason: str | None = None
+        self.interference_check: InterferenceFinding | None = None
 
     def _request(self, side: str) -> RequestSettings:
         return self.req_on if side == "on" else self.req_off
@@ -115,6 +123,9 @@ class ABRunner:
         counters = {"off": off_counters, "on": on_counters}
         t0 = time.perf_counter_ns()
         try:
+            if self._checks_interference(sides):
+                self.interference_check = await check_sides(
+                    self.off, self.on, self.prompts[0], {"off": self.req_off, "on": self.req_on}, self.executor, t0)
             for i in range(s.warmup):
                 for side in sides:
                     job = Job(index=i, prompt=self.prompts[i % len(self.prompts)])
@@ -134,6 +145,12 @@ class ABRunner:
         finally:
             await self.executor.aclose()
         return records, on_counters, off_counters
+
+    def _checks_interference(self, sides: tuple[str, ...]) -> bool:
+        """The check runs when asked, at concurrency 1, with both sides interleaved on one clock."""
+        s = self.settings
+        return (s.interference_check and 1 in s.concurrency and len(sides) == 2 and bool(self.prompts)
+                and self.executor.shared_clock)
 
     def _order(self, n: int) -> tuple[str, ...]:
         """The sides in alternating order (off/on for even ``n``), those of this run only."""
@@ -185,7 +202,8 @@ def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: Compar
         records, on_counters, off_counters = run_loop(runner.run())
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters,
-                           counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"])
+                           counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"],
+                           interference_check=runner.interference_check)
     return finish_compare(report, off, prompts, runner.req_off)
 
 

@@ -259,6 +259,8 @@ def test_an_unreachable_server_is_exit_2(off, prompts):
      "error: --repeat, --html do not apply to --sampling: leave them out"),
     (["--off", "http://h:1", "--on", "http://h:2", "--min-speedup", "1.2"],
      "error: --min-speedup does not apply to --sampling: leave it out"),
+    (["--off", "http://h:1", "--on", "http://h:2", "--no-interference-check"],
+     "error: --interference-check does not apply to --sampling: leave it out"),
     (["--off", "http://h:1", "--on", "http://h:2", "--concurrency", "1,2"],
      "error: --concurrency '1,2': with --sampling give one integer, the requests in flight (e.g. 4)"),
     (["--off", "http://h:1", "--on", "http://h:2", "--concurrency", "0"],
