@@ -47,8 +47,14 @@ before). ``POST /_script/restart``: every counter falls back to zero now (a rest
 ``POST /_script/exit`` with ``{"after_reads": n}``: the process exits (code 0) right after it
 answered n more /metrics reads (a server that disappears between two reads of a watcher).
 
+Two servers that stall each other: ``--stall-after-other PATH,MS`` given to both, the same PATH.
+Each completion request served writes the server's id (its process id) and the time it ended to
+PATH; a request whose start finds another server's id there (the other server served last) gets
+its first token MS later than its script says (its log entry's ``stalled_ms``). MS 0: the server
+writes PATH, so the other one stalls, but never stalls itself.
+
 Run: ``python -m specadapt.testing.scripted_server --port 8123 [--api-key K]
-[--ssl-certfile C --ssl-keyfile K]``. Needs uvicorn (``pip install 'specadapt[test]'``).
+[--ssl-certfile C --ssl-keyfile K] [--stall-after-other PATH,MS]``. Needs uvicorn (``pip install 'specadapt[test]'``).
 """
 
 from __future__ import annotations
@@ -71,8 +77,9 @@ DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 10.0, "tokens": 16, "toke
 
 
 class State:
-    def __init__(self, api_key: str | None):
+    def __init__(self, api_key: str | None, stall: tuple[str, float] | None = None):
         self.api_key = api_key
+        self.stall = stall  # (shared file, ms): stall after the other server's request
         self.log: dict[str, dict[str, Any]] = {}
         self.attempts: dict[str, int] = {}
         self.metrics_mode = "vllm"
@@ -112,6 +119,39 @@ def parse_script(text: str) -> dict[str, Any]:
     out.setdefault("id", text)
     out.setdefault("fault_after", -(-int(out["tokens"]) // int(out["tokens_per_chunk"])) // 2)
     return out
+
+
+def stall_ms(st: State) -> float:
+    """MS when the shared file says another server served the last request, else 0."""
+    if st.stall is None:
+        return 0.0
+    try:
+        with open(st.stall[0]) as fh:
+            last = fh.read().split()
+    except OSError:
+        return 0.0
+    return st.stall[1] if last and last[0] != str(os.getpid()) else 0.0
+
+
+def mark_served(st: State) -> None:
+    """This server served the last request: its id and the end time into the shared file (atomically)."""
+    if st.stall is None:
+        return
+    tmp = f"{st.stall[0]}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(f"{os.getpid()} {time.perf_counter_ns()}\n")
+    os.replace(tmp, st.stall[0])
+
+
+def parse_stall(value: str) -> tuple[str, float]:
+    """'PATH,MS' -> (PATH, MS)."""
+    path, _, ms = value.rpartition(",")
+    try:
+        if path:
+            return path, float(ms)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"--stall-after-other {value!r}: give PATH,MS")
 
 
 def metrics_text(st: State) -> tuple[int, str]:
@@ -247,8 +287,9 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
     key = str(s["id"])
     attempt = st.attempts.get(key, 0) + 1
     st.attempts[key] = attempt
+    stalled = stall_ms(st)
     entry: dict[str, Any] = {"recv_ns": recv_ns, "chunk_ns": [], "done_ns": None, "attempt": attempt,
-                             "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"]}
+                             "ttft_ms": s["ttft_ms"], "itl_ms": s["itl_ms"], "stalled_ms": stalled}
     if api == "chat":  # what a multi-turn request carried: [role, content] per message
         entry["messages"] = [[m.get("role"), m.get("content")] for m in req["messages"]]
     st.log[key] = entry
@@ -256,13 +297,14 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
         st.base, st.chunks, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
     fault = s["fault"]
     if fault == "status" and attempt <= int(s["fail_times"]):
+        mark_served(st)
         return await _respond(send, int(s["status"]), {"error": {"message": f"scripted {s['status']}"}})
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
     tokens, per = int(s["tokens"]), int(s["tokens_per_chunk"])
     sizes = [min(per, tokens - i) for i in range(0, tokens, per)]
     pieces = []  # fault=trickle sends everything at the end, in small pieces
-    t_first = recv_ns / 1e9 + s["ttft_ms"] / 1e3
+    t_first = recv_ns / 1e9 + (s["ttft_ms"] + stalled) / 1e3
     sent = 0
     for i, n in enumerate(sizes):
         if fault and fault not in ("status", "trickle") and i == s["fault_after"]:
@@ -301,13 +343,14 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
         st.tokens += tokens
         tail = b""
     entry["done_ns"] = time.perf_counter_ns()
+    mark_served(st)
     await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
 def serve(host: str, port: int, api_key: str | None = None, ssl_certfile: str | None = None,
-          ssl_keyfile: str | None = None) -> None:
+          ssl_keyfile: str | None = None, stall: tuple[str, float] | None = None) -> None:
     uvicorn = require("uvicorn", "test", "The scripted test server")
-    config = uvicorn.Config(make_app(State(api_key)), host=host, port=port, log_level="warning",
+    config = uvicorn.Config(make_app(State(api_key, stall)), host=host, port=port, log_level="warning",
                             access_log=False, lifespan="off", ssl_certfile=ssl_certfile,
                             ssl_keyfile=ssl_keyfile, timeout_keep_alive=30, backlog=4096)
     uvicorn.Server(config).run()
@@ -320,8 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--api-key")
     ap.add_argument("--ssl-certfile")
     ap.add_argument("--ssl-keyfile")
+    ap.add_argument("--stall-after-other", type=parse_stall, metavar="PATH,MS",
+                    help="Stall MS ms before the first token when another server (the same PATH) served last.")
     args = ap.parse_args(argv)
-    serve(args.host, args.port, args.api_key, args.ssl_certfile, args.ssl_keyfile)
+    serve(args.host, args.port, args.api_key, args.ssl_certfile, args.ssl_keyfile, args.stall_after_other)
 
 
 if __name__ == "__main__":
