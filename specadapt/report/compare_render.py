@@ -6,6 +6,7 @@ from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.analysis.interference import detected_interference
 from specadapt.analysis.slo import slo_text
 from specadapt.analysis.text import pct
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
@@ -37,6 +38,15 @@ def level_verdict(report: CompareReport, lv: LevelResult) -> str:
     if cross and key in cross.verdicts:
         return cross.verdicts[key]
     return "-"
+
+
+LOAD_STALLS = "at concurrency 1 tokens/s include the servers' stalls of each other's first token: see interference"
+
+
+def load_text(report: CompareReport) -> str:
+    """The load verdict (the crossover's text), with the stalls where the servers stalled each other."""
+    stalled = detected_interference(report) is not None and any(lv.concurrency == 1 for lv in report.levels)
+    return report.crossover.text + (f" ({LOAD_STALLS})" if stalled else "")
 
 
 def level_name(lv: LevelResult) -> str:
@@ -92,7 +102,7 @@ def render_console(report: CompareReport, console: Console) -> None:
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
     if report.crossover and report.levels:
-        console.print(f"load: {report.crossover.text}")
+        console.print(f"load: {load_text(report)}")
     if report.rate_crossover:
         console.print(f"load by request rate: {report.rate_crossover.text}")
     render_load(report, console)
@@ -194,7 +204,7 @@ def to_markdown(report: CompareReport) -> str:
         out.append(f"| {level_name(lv)} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
                    f"{level_verdict(report, lv)} | {pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
     if report.crossover and report.levels:
-        out += ["", f"Load: {report.crossover.text}."]
+        out += ["", f"Load: {load_text(report)}."]
     if report.rate_crossover:
         out += ["", f"Load by request rate: {report.rate_crossover.text}."]
     out += load_markdown(report)

@@ -20,6 +20,7 @@ from specadapt.report.compare_render import (
     lag_text,
     level_name,
     level_verdict,
+    load_text,
 )
 from specadapt.report.sections import sections_html
 
@@ -50,7 +51,7 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 <td>{{ level_verdict(r, lv) }}</td>
 <td class="num">{{ pct(lv.acceptance.acceptance_rate) }}</td><td class="num">{{ num(lv.acceptance.mean_acceptance_length) }}</td></tr>{% endfor %}
 </table>
-{% if r.crossover and r.levels %}<p>Load: {{ r.crossover.text }}.</p>{% endif %}
+{% if r.crossover and r.levels %}<p>Load: {{ load_text(r) }}.</p>{% endif %}
 {% if r.rate_crossover %}<p>Load by request rate: {{ r.rate_crossover.text }}.</p>{% endif %}
 {% if r.rate_levels %}<h{{ top + 1 }}>Send lag</h{{ top + 1 }}><p>Sent - scheduled, per request rate; CLIENT-LIMITED: the client could not keep
 the schedule, so the figures at that rate describe the client, not the server.</p>
@@ -169,7 +170,7 @@ def environment() -> Environment:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
-                       pct=pct,
+                       pct=pct, load_text=load_text,
                        num=lambda v: "-" if v is None else f"{v:.2f}")
     return env
 

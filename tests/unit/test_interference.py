@@ -16,10 +16,10 @@ from specadapt.analysis import diagnosis as dg
 from specadapt.analysis import interference as itf
 from specadapt.analysis import sections as analyses
 from specadapt.analysis.speed import compare_notes
-from specadapt.records import CompareReport, CompareSettings, RequestRecord, ServerInfo
+from specadapt.records import CompareReport, CompareSettings, Crossover, RequestRecord, ServerInfo
 from specadapt.records.interference import InterferenceFinding
 from specadapt.report import sections as views
-from specadapt.report.compare_render import render_console, to_markdown
+from specadapt.report.compare_render import LOAD_STALLS, render_console, to_markdown
 from tests.unit.test_diagnosis import level, ratio
 
 MS = 1_000_000
@@ -244,6 +244,7 @@ def report_of(recs: list[RequestRecord]) -> CompareReport:
     lv = level(ratio(2.45, 2.2, 2.7), drafts=300.0, accepted=600.0)
     lv.speed.throughput = ratio(1.39, 0.96, 2.02)
     report.levels = [lv]
+    report.crossover = Crossover(status="no-clear-difference", text="no clear difference at any tested concurrency")
     return report
 
 
@@ -319,9 +320,11 @@ def test_every_form_shows_the_finding_with_each_sides_figures():
     assert f"  {side_on}" in text
     assert "interference, the check before the run: interference between the sides: 6 of 10" in text
     assert text.index("interference, the check") < text.index("interference, the run") < text.index("why: ")
+    assert f"load: no clear difference at any tested concurrency ({LOAD_STALLS})" in text
     md = to_markdown(report)
     assert "### Interference between the sides" in md and f"- the run: {f.text}" in md and f"  - {side_on}" in md
     assert md.index("### Interference") < md.index("### Why")
+    assert f"Load: no clear difference at any tested concurrency ({LOAD_STALLS})." in md
     page = str(views.sections_html(report, 2))  # the page's plots need figures these records do not carry
     assert "<h2>Interference between the sides</h2>" in page and "<li>on: typical 118 ms; 4 of 16" in page
 
@@ -331,6 +334,7 @@ def test_a_clean_run_shows_one_line_and_a_run_without_concurrency_1_none():
     report = diagnosed(records([(s, jitter(i)) for i, (s, _, _) in enumerate(order)], order=order))
     assert "interference, the run: no interference between the sides seen: none of 32 first tokens stalled" in (
         console_text(report))
+    assert "load: no clear difference at any tested concurrency\n" in console_text(report)
     busy = report_of(records([("on", 120)] * 8 + [("off", 120)] * 8, warmup=(), concurrency=4))
     analyses.analyse_sections(busy)
     assert "interference" in busy.sections and "interference" not in console_text(busy)
