@@ -16,6 +16,10 @@ same one. Conditions (``--bind``, several allowed):
 
 Prints, per condition, each server's TTFT after the other server vs after itself (median, max)
 and the count of first tokens that waited over ``--stall-ms`` more than the server's lower quartile.
+``--gap`` leaves the machine idle that many seconds before each request: vLLM's worker keeps
+polling its shared-memory queue (``sched_yield`` in a loop) for 1 s after its last message before
+it sleeps (``SpinCondition.busy_loop_s`` in vllm/distributed/device_communicators/shm_broadcast.py,
+vLLM 0.32.0), so a stall that comes from that poll is gone once the gap exceeds 1 s.
 
     .venv/bin/python benchmarks/side_by_side_stalls.py --bind shared,both --pairs 12
 """
@@ -68,7 +72,9 @@ def ttft_ms(port: int, max_tokens: int) -> float:
     return ((first or time.perf_counter()) - t0) * 1e3
 
 
-def run(bind: str, pairs: int, max_tokens: int, dtype: str, stall_ms: float) -> dict:
+def run(bind: str, gaps: list[float], pairs: int, max_tokens: int, dtype: str, stall_ms: float) -> dict:
+    """Per gap (seconds idle between two requests) the summary of ``pairs`` pairs, on one started pair."""
+    out = {}
     with ExitStack() as stack:
         procs = [stack.enter_context(ManagedProcess(p)) for p in plans(bind, dtype)]
         for p in procs:
@@ -76,12 +82,19 @@ def run(bind: str, pairs: int, max_tokens: int, dtype: str, stall_ms: float) -> 
         ports = [p.plan.port for p in procs]
         for side in (0, 1):  # warm-up, alone
             ttft_ms(ports[side], max_tokens)
-        rows, last = [], None
-        for i in range(pairs):
-            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
-                rows.append({"side": side, "after_other": last is not None and last != side,
-                             "ttft_ms": ttft_ms(ports[side], max_tokens)})
-                last = side
+        for gap in gaps:
+            rows, last = [], None
+            for i in range(pairs):
+                for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+                    time.sleep(gap)
+                    rows.append({"side": side, "after_other": last is not None and last != side,
+                                 "ttft_ms": ttft_ms(ports[side], max_tokens)})
+                    last = side
+            out[f"gap {gap:g} s"] = summarise(rows, stall_ms)
+    return out
+
+
+def summarise(rows: list[dict], stall_ms: float) -> dict:
     summary = {}
     for side in (0, 1):
         mine = [r for r in rows if r["side"] == side]
@@ -103,12 +116,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--stall-ms", type=float, default=300.0)
+    ap.add_argument("--gap", default="0", help="comma-separated seconds of idle before each request, e.g. 0,1.5")
     args = ap.parse_args()
     hw = local_hardware(STARTED_HERE)
     print(f"# {datetime.date.today()} {hw.cpu_model}, {hw.cores} CPUs, flags {' '.join(hw.cpu_flags)}; "
           f"python {platform.python_version()}; {args.pairs} pairs, max_tokens {args.max_tokens}, {args.dtype}")
     for bind in args.bind.split(","):
-        print(bind, json.dumps(run(bind, args.pairs, args.max_tokens, args.dtype, args.stall_ms)), flush=True)
+        gaps = [float(g) for g in args.gap.split(",")]
+        for gap, summary in run(bind, gaps, args.pairs, args.max_tokens, args.dtype, args.stall_ms).items():
+            print(bind, gap, json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

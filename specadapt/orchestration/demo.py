@@ -3,7 +3,9 @@
 Three vLLM servers of the embedded model start side by side, in one dtype chosen for the
 machine: speculation off; n-gram k=4 (a draft that matches input-grounded prompts, whose
 answers copy the prompt); and a draft model that is the target cut to its first few decoder
-layers (a draft that predicts the target badly). The same input-grounded prompts then go
+layers (a draft that predicts the target badly). The spec-off server runs on one half of the CPUs and both
+spec-on servers on the other (``demo_placement``): the two sides of each comparison never share
+a core, so neither stalls the other's first token. The same input-grounded prompts then go
 through two interleaved comparisons against the one spec-off server (orchestration/compare.py):
 n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
 divergence triaged in float64 with the embedded model.
