@@ -69,9 +69,11 @@ def test_concurrent_requests_are_batched_and_each_exact(ref, truth):
 
     async def run(base):
         async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*(one(client, base, p) for p in PROMPTS))
+            tasks = [asyncio.ensure_future(one(client, base, p)) for p in PROMPTS]
+            await all_in_before_the_first_step(hold, base, tasks)
+            return await asyncio.gather(*tasks)
 
-    with slowed(ref, 0.02), serving(ref) as base:
+    with held(ref, 1) as hold, serving(ref) as base:
         before = counters(base)
         results = asyncio.run(run(base))
         after = counters(base)
@@ -86,6 +88,21 @@ def test_concurrent_requests_are_batched_and_each_exact(ref, truth):
 
 def ref_app_scheduler(base):
     return APPS[base].state.reference.scheduler
+
+
+async def all_in_before_the_first_step(hold, base, tasks):
+    """Release ``hold`` (held at the first forward: the first request's prefill) once every other
+    request reached the scheduler: they all join the batch of the first step, however loaded the
+    machine (a sleep per forward only made that likely)."""
+    scheduler = ref_app_scheduler(base)
+    deadline = time.monotonic() + 60
+    while not (hold.count >= 1 and scheduler.inbox.qsize() + len(scheduler.waiting) >= len(tasks) - 1):
+        failed = [t for t in tasks if t.done()]
+        assert not failed, [t.exception() for t in failed]
+        assert time.monotonic() < deadline, (f"in 60 s: {hold.count} forward(s) started, "
+                                             f"{scheduler.inbox.qsize() + len(scheduler.waiting)} request(s) queued")
+        await asyncio.sleep(0.01)
+    hold.release()
 
 
 @pytest.mark.parametrize("trial", range(3))
@@ -199,9 +216,11 @@ def test_schedule_is_honoured_under_live_concurrency(tiny_dirs):
     async def run(base):
         async with httpx.AsyncClient(timeout=120) as client:
             # different lengths: the batch shrinks from 4 to 1 as requests finish
-            await asyncio.gather(*(one(client, base, p, 6 + 6 * i) for i, p in enumerate(PROMPTS)))
+            tasks = [asyncio.ensure_future(one(client, base, p, 6 + 6 * i)) for i, p in enumerate(PROMPTS)]
+            await all_in_before_the_first_step(hold, base, tasks)
+            await asyncio.gather(*tasks)
 
-    with slowed(sched_ref, 0.02), serving(sched_ref) as base:
+    with held(sched_ref, 1) as hold, serving(sched_ref) as base:
         before = counters(base)
         asyncio.run(run(base))
         after = counters(base)

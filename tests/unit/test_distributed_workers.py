@@ -88,21 +88,23 @@ def test_ctrl_c_stops_every_worker_and_keeps_the_finished_requests(scripted, tmp
     (tmp_path / "p.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "r.json"
     httpx.get(scripted + "/_script/log?pop=1")  # the server's log from here on is this run's
+    start_ns = time.perf_counter_ns()  # the server logs on the same monotonic clock
+    # 4 slots, jobs in order (a worker's share too): a slot takes its "d" only once its "c" is recorded
     proc = subprocess.Popen(
         [sys.executable, "-m", "specadapt", "probe", "--url", scripted, "--prompts", str(tmp_path / "p.jsonl"),
-         "--workers", str(workers), "--concurrency", "8", "--warmup", "0", "--max-tokens", "30", "--json", str(out)],
+         "--workers", str(workers), "--concurrency", "4", "--warmup", "0", "--max-tokens", "30", "--json", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         # a terminal's Ctrl-C reaches a foreground command with SIGINT at its default; a suite started
         # as a background job (`make test &`) hands its children SIGINT ignored, which Python keeps
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the 4 short requests are done
+        while True:  # until the 4 long requests reached the server: the client has recorded the 4 short ones
             log = httpx.get(scripted + "/_script/log").json()
-            if sum(1 for k, v in log.items() if k.startswith("c") and v["done_ns"]) == 4:
+            if sum(1 for k, v in log.items() if k.startswith("d") and v["recv_ns"] > start_ns) == 4:
                 break
+            assert time.monotonic() < deadline, f"the 4 long requests did not reach the server in 60 s: {log}"
             time.sleep(0.1)
-        time.sleep(0.3)
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= (2 if workers > 1 else 0)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group

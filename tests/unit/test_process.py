@@ -78,7 +78,10 @@ def test_sigterm_ignoring_server_is_killed_after_grace(tmp_path):
     code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
     mp = ManagedProcess(plan_for(code, free_port()), log_path=tmp_path / "log", grace_s=1.0)
     mp.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30  # SIGTERM is ignored once it said "up" (a sleep races its start-up)
+    while "up" not in (tmp_path / "log").read_text():
+        assert time.monotonic() < deadline, "the child did not start in 30 s"
+        time.sleep(0.05)
     t0 = time.monotonic()
     assert mp.stop() == -signal.SIGKILL
     assert time.monotonic() - t0 < 10
