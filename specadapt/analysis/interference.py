@@ -85,19 +85,17 @@ def measured(r: RequestRecord) -> bool:
     return r.ok and not r.warmup and r.ttft_ns is not None
 
 
-def stalled(mine: Sequence[tuple[int, str | None]]) -> tuple[int, int, list[tuple[int, str | None]]]:
-    """(b, margin, the stalls): of (TTFT, what ran before) pairs, each stall's excess over typical with
-    what ran before it; no stalls below MIN_SIDE first tokens."""
-    if not mine:
-        return 0, FLOOR_NS, []
-    b, margin = typical_and_margin([t for t, _ in mine])
+def stalled(mine: Sequence[tuple[int, str | None]]) -> list[tuple[int, str | None]]:
+    """Of (TTFT, what ran before) pairs, each stall's excess over typical with what ran before it;
+    none below MIN_SIDE first tokens."""
     if len(mine) < MIN_SIDE:
-        return b, margin, []
-    return b, margin, [(t - b, before) for t, before in mine if t - b > margin]
+        return []
+    b, margin = typical_and_margin([t for t, _ in mine])
+    return [(t - b, before) for t, before in mine if t - b > margin]
 
 
-def ms(ns: int | None) -> float | None:
-    return None if ns is None else ns / 1e6
+def ms(ns: int) -> float:
+    return ns / 1e6
 
 
 def side_items(side: str, items: Sequence[Item]) -> list[tuple[int, str | None]]:
@@ -110,7 +108,8 @@ def side_stalls(side: str, items: Sequence[Item]) -> SideStalls:
     mine = side_items(side, items)
     if not mine:
         return SideStalls(side=side, n=0)
-    b, margin, stalls = stalled(mine)
+    b, margin = typical_and_margin([t for t, _ in mine])
+    stalls = stalled(mine)
     before = [x for _, x in stalls]
     return SideStalls(side=side, n=len(mine), after_other=sum(x == "other" for _, x in mine),
                       after_same=sum(x == "same" for _, x in mine), stalls=len(stalls),
@@ -189,8 +188,8 @@ def loopback(host: str) -> bool:
 def shared_host(off_url: str, on_url: str) -> str | None:
     """Whether the URLs put both servers on one machine: one server for both, both on loopback,
     or one host name; None when they do not, or do not tell."""
-    a, b = urlsplit(off_url).hostname or "", urlsplit(on_url).hostname or ""
-    if not a or not b:
+    a, b = urlsplit(off_url).hostname, urlsplit(on_url).hostname
+    if a is None or b is None:
         return None
     if off_url.rstrip("/") == on_url.rstrip("/"):
         return f"both sides are one server ({off_url})"
@@ -240,8 +239,8 @@ def finding_text(f: InterferenceFinding) -> str:
         return (f"no interference between the sides seen: none of {sum(s.n for s in f.sides)} first tokens "
                 f"stalled ({sum(s.after_other for s in f.sides)} right after the other side's request)"
                 + _levels_text(f.levels))
-    return (f"no clear interference between the sides: {stalls_text(f)}, "
-            f"{where_text(f.stalls_after_other, f.stalls)}, which chance explains ({p_text(f.p_value)} > {ALPHA:g})"
+    return (f"no clear interference between the sides: {stalls_text(f)}, {f.stalls_after_other} of them right "
+            f"after the other side's request, which chance explains ({p_text(f.p_value)} > {ALPHA:g})"
             + _levels_text(f.levels))
 
 
@@ -279,17 +278,24 @@ def too_few(sides: Sequence[SideStalls], dist: Sequence[float]) -> str | None:
     return None
 
 
+def rate_name(rate: float) -> str:
+    """'2 req/s'; 'all at once' for inf."""
+    return "all at once" if math.isinf(rate) else f"{rate:g} req/s"
+
+
+def overlapping_levels(records: Sequence[RequestRecord]) -> list[tuple[str, list[RequestRecord]]]:
+    """(name, records) of each level whose requests overlap: concurrencies above 1, then arrival rates."""
+    levels = sorted({r.concurrency for r in records if r.request_rate is None and r.concurrency != 1})
+    rates = sorted({r.request_rate for r in records if r.request_rate is not None})
+    return ([(f"concurrency {c}", [r for r in records if r.request_rate is None and r.concurrency == c])
+             for c in levels]
+            + [(rate_name(rate), [r for r in records if r.request_rate == rate]) for rate in rates])
+
+
 def level_stalls(records: Sequence[RequestRecord]) -> list[LevelStalls]:
-    """Each level whose requests overlap (concurrency > 1, arrival rates): its sides' stalls."""
-    keys = sorted({(r.concurrency, r.request_rate) for r in records
-                   if r.concurrency != 1 or r.request_rate is not None},
-                  key=lambda k: (k[1] is not None, k[1] or 0, k[0]))  # concurrencies, then rates
-    out = []
-    for c, rate in keys:
-        items = [(r, None) for r in records if (r.concurrency, r.request_rate) == (c, rate)]
-        name = f"concurrency {c}" if rate is None else ("all at once" if math.isinf(rate) else f"{rate:g} req/s")
-        out.append(LevelStalls(level=name, sides=[side_stalls(side, items) for side in SIDES]))
-    return out
+    """Each level whose requests overlap: its sides' stalls (no order)."""
+    return [LevelStalls(level=name, sides=[side_stalls(side, [(r, None) for r in recs]) for side in SIDES])
+            for name, recs in overlapping_levels(records)]
 
 
 def judge(sides: Sequence[SideStalls], reason: str | None) -> tuple[OrderStatus, str | None, float | None]:
@@ -307,13 +313,14 @@ def judge(sides: Sequence[SideStalls], reason: str | None) -> tuple[OrderStatus,
 
 
 def interference(records: Sequence[RequestRecord], *, interleaved: bool = True, timed: bool = True,
-                 off_url: str = "", on_url: str = "", source: Source = "run") -> InterferenceFinding:
+                 urls: tuple[str, str] | None = None, source: Source = "run") -> InterferenceFinding:
     """The finding over ``records`` (module docstring): ``interleaved``: the sides took turns;
-    ``timed``: send times on one clock for the whole run."""
+    ``timed``: send times on one clock for the whole run; ``urls``: the spec-off and spec-on
+    servers' base URLs."""
     ordered = in_send_order(records)
     items = what_ran_before(ordered)
     sides = [side_stalls(side, items) for side in SIDES]
-    excess = [e for side in SIDES for e, _ in stalled(side_items(side, items))[2]]
+    excess = [e for side in SIDES for e, _ in stalled(side_items(side, items))]
     order, reason, p = judge(sides, not_judged(ordered, interleaved, timed))
     f = InterferenceFinding(
         source=source, detected=p is not None and p <= ALPHA, order=order, reason=reason, p_value=p, alpha=ALPHA,
@@ -321,7 +328,7 @@ def interference(records: Sequence[RequestRecord], *, interleaved: bool = True, 
         stalls_after_other=sum(s.stalls_after_other for s in sides),
         stall_ms=ms(median_ns(excess)) if excess else None, similar_size=similar_size(sides), sides=sides,
         levels=[lv for lv in level_stalls(records) if any(s.n for s in lv.sides)],
-        host=shared_host(off_url, on_url) if off_url and on_url else None, text="")
+        host=shared_host(*urls) if urls else None)
     return f.model_copy(update={"text": finding_text(f)})
 
 
@@ -331,7 +338,7 @@ def report_interference(report: CompareReport) -> InterferenceFinding | None:
         return None
     s = report.settings
     return interference(report.requests, interleaved=s.interleaved, timed=not s.ray_address,
-                        off_url=report.off_server.base_url, on_url=report.on_server.base_url)
+                        urls=(report.off_server.base_url, report.on_server.base_url))
 
 
 def saved_interference(report: CompareReport) -> InterferenceFinding | None:

@@ -65,7 +65,7 @@ async def check_sides(off: Server, on: Server, prompt: Prompt, requests: Mapping
     records: list[RequestRecord] = []
     for i, side in enumerate(check_order()):
         records += await _send(executor, servers[side], side, Job(index=i, prompt=sent), requests[side], t0)
-    return interference(records, off_url=off.base_url, on_url=on.base_url, source="check")
+    return interference(records, urls=(off.base_url, on.base_url), source="check")
 
 
 def check_interference(off: Server, on: Server, prompt: Prompt,

@@ -62,4 +62,4 @@ class InterferenceFinding(BaseModel):
     sides: list[SideStalls] = Field(default_factory=list, description="Concurrency 1, per side.")
     levels: list[LevelStalls] = Field(default_factory=list, description="Levels whose requests overlap.")
     host: str | None = Field(None, description="Both servers share a machine, as far as their URLs tell.")
-    text: str = Field(description="The finding in one sentence.")
+    text: str = Field("", description="The finding in one sentence.")

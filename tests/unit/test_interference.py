@@ -17,7 +17,7 @@ from specadapt.analysis import interference as itf
 from specadapt.analysis import sections as analyses
 from specadapt.analysis.speed import compare_notes
 from specadapt.records import CompareReport, CompareSettings, Crossover, RequestRecord, ServerInfo
-from specadapt.records.interference import InterferenceFinding
+from specadapt.records.interference import InterferenceFinding, SideStalls
 from specadapt.report import sections as views
 from specadapt.report.compare_render import LOAD_STALLS, render_console, to_markdown
 from tests.unit.test_diagnosis import level, ratio
@@ -85,7 +85,7 @@ def side(f: InterferenceFinding, name: str):
 
 # --- the rule on records ------------------------------------------------------------------------------
 def test_a_planted_stall_after_the_other_side_on_both_sides_is_interference_with_counts_and_size():
-    f = itf.interference(planted(), off_url=OFF.base_url, on_url=ON.base_url)
+    f = itf.interference(planted(), urls=(OFF.base_url, ON.base_url))
     assert f.detected and f.order == "judged" and f.p_value < itf.ALPHA
     # 16 pairs: each side sends 16 requests, 8 of them right after the other side (the spec-off side 9: its first
     # follows the spec-on warm-up); the 1st, 3rd, ... of those stall
@@ -193,7 +193,10 @@ def test_a_real_ttft_overhead_of_speculation_is_not_interference_and_keeps_its_c
 
 def test_the_order_is_not_judged_without_interleaving_send_times_or_at_higher_concurrency():
     recs = planted()
-    assert itf.interference(recs, interleaved=False).reason == "the servers ran one after the other"
+    apart = itf.interference(recs, interleaved=False)
+    assert (apart.order, apart.reason, apart.detected) == ("not judged", "the servers ran one after the other", False)
+    assert apart.text == ("the order of the sides cannot show interference here: the servers ran one after the other; "
+                          "9 of 32 first tokens waited about 1.0 s longer (off 5, on 4; about as long on both sides)")
     assert itf.interference(recs, timed=False).reason == "each block was timed from its own start (Ray actors)"
     untimed = [r.model_copy(update={"sent_at_ns": 0}) for r in recs]
     assert itf.interference(untimed).reason == "the requests carry no send times"
@@ -209,11 +212,92 @@ def test_the_order_is_not_judged_without_interleaving_send_times_or_at_higher_co
                       "first tokens where the order is not judged (concurrency 4: on 3 of 8 about 1.0 s later)")
 
 
+def test_levels_whose_requests_overlap_come_in_order_each_with_its_stalls():
+    """Concurrencies above 1 in order, then arrival rates in order (all at once last)."""
+    def level_records(conc: int, rate: float | None, stall_every: int) -> list[RequestRecord]:
+        recs = records([("off", 120 + (800 if i % stall_every == 0 else 0)) for i in range(6)], warmup=(),
+                       concurrency=conc)
+        return [r.model_copy(update={"request_rate": rate}) for r in recs]
+
+    recs = (level_records(0, math.inf, 3) + level_records(8, None, 3) + level_records(0, 2.0, 99)
+            + level_records(2, None, 2))
+    f = itf.interference(recs)
+    assert [lv.level for lv in f.levels] == ["concurrency 2", "concurrency 8", "2 req/s", "all at once"]
+    assert [side(lv, "off").stalls for lv in f.levels] == [3, 2, 1, 2]
+    assert [side(lv, "on").n for lv in f.levels] == [0, 0, 0, 0]
+    assert f.text.endswith("(concurrency 2: off 3 of 6 about 800 ms later; concurrency 8: off 2 of 6 about 800 ms "
+                           "later; all at once: off 2 of 6 about 800 ms later)")
+
+
 def test_the_stall_margin_is_the_floor_or_twenty_mads_of_the_faster_half():
     assert itf.typical_and_margin([100 * MS, 110 * MS, 120 * MS, 5000 * MS]) == (105 * MS, itf.FLOOR_NS)
     wide = [1000 * MS, 1100 * MS, 1200 * MS, 1300 * MS, 9000 * MS]
     assert itf.typical_and_margin(wide) == (1100 * MS, itf.SPREAD * 100 * MS)
     assert itf.median_ns([1, 2, 4, 10]) == 3 and itf.median_ns([5, 1, 3]) == 3
+    assert itf.median_ns([1, 2]) == 1 and isinstance(itf.median_ns([1, 2]), int)  # integer ns
+
+
+def test_a_stall_is_strictly_beyond_the_margin_from_four_first_tokens_on():
+    def one_side(*ttfts_ms: float):
+        return side(itf.interference(records([("off", t) for t in ttfts_ms], warmup=())), "off")
+
+    edge = one_side(100, 100, 100, 100, 200)  # typical 100 ms, margin 100 ms: 200 ms is not beyond it
+    assert (edge.n, edge.typical_ms, edge.margin_ms, edge.stalls) == (5, 100.0, 100.0, 0)
+    four = one_side(100, 110, 120, 1200)
+    assert (four.stalls, four.stall_ms, four.typical_ms, four.bimodal) == (1, 1095.0, 105.0, False)
+    assert one_side(100, 110, 1200).stalls == 0  # three first tokens: no typical to stand on
+    two = one_side(100, 110, 120, 100, 1200, 1300)
+    assert (two.stalls, two.bimodal, two.stall_ms) == (2, True, 1150.0)
+    nothing = side(itf.interference(records([("on", 100.0)] * 4, warmup=())), "off")
+    assert (nothing.n, nothing.typical_ms, nothing.stalls) == (0, None, 0)
+
+
+def test_what_ran_before_skips_turns_never_sent_and_failed_requests_are_not_measured():
+    recs = records([("off", 100), ("on", 100), ("off", 100), ("off", 100)], warmup=())
+    never = recs[1].model_copy(update={"ok": False, "error_kind": "not_sent", "chunk_ns": []})
+    failed = recs[3].model_copy(update={"ok": False, "error_kind": "disconnect"})  # a first token, then cut off
+    items = itf.what_ran_before(itf.in_send_order([recs[0], never, recs[2], failed]))
+    assert [(r.side, before) for r, before in items] == [("off", None), ("off", "same"), ("off", "same")]
+    off = side(itf.interference([recs[0], never, recs[2], failed]), "off")
+    assert (off.n, off.after_same) == (2, 1)
+    f = itf.interference(recs)
+    assert f.requests == 3  # the first request has nothing known before it
+
+
+def test_the_order_test_at_its_edges():
+    """Exactly MIN_ORDER requests after the other side is enough; p exactly ALPHA is interference."""
+    seq = ["off", "on", "on", "on", "off", "off", "off", "on", "on", "off"]  # 4 after the other side, 5 after their own
+    f = itf.interference(records([(s, 100) for s in seq], warmup=()))
+    assert (f.order, f.p_value, f.detected) == ("judged", None, False)
+    # the spec-off side: 3 stalls, all of its 3 requests after the other side, 3 after its own: p = 1 / C(6, 3)
+    seq = [("off", 100), ("on", 100), ("off", 900), ("on", 100), ("off", 900), ("on", 100), ("off", 900),
+           ("off", 100), ("off", 100), ("off", 100), ("on", 100), ("on", 100), ("on", 100), ("on", 100)]
+    f = itf.interference(records(seq, warmup=()))
+    assert side(f, "off").stalls_after_other == 3 and f.p_value == pytest.approx(0.05)
+    assert f.p_value <= itf.ALPHA and f.detected and f.order == "judged"
+
+
+def test_judge_counts_stalls_after_either_side():
+    quiet = SideStalls(side="on", n=8, after_other=4, after_same=4)
+    one_each = SideStalls(side="off", n=40, after_other=4, after_same=36, stalls=2, stalls_after_other=1,
+                          stalls_after_same=1)
+    order, reason, p = itf.judge([one_each, quiet], None)
+    assert (order, reason) == ("judged", None) and p == pytest.approx(1 - math.comb(36, 2) / math.comb(40, 2))
+    few = SideStalls(side="off", n=12, after_other=6, after_same=6, stalls=2, stalls_after_other=1,
+                     stalls_after_same=1)
+    assert itf.judge([few, quiet], None)[:2] == ("too few", "too few stalls to tell (2: even all of them right "
+                                                           "after the other side's request would give p = 0.23 > 0.05)")
+    assert itf.judge([few, quiet], "the servers ran one after the other") == (
+        "not judged", "the servers ran one after the other", None)
+
+
+def test_the_report_passes_how_the_run_went():
+    report = report_of(planted())
+    report.settings.interleaved = False
+    assert itf.report_interference(report).reason == "the servers ran one after the other"
+    report.settings.interleaved, report.settings.ray_address = True, "ray://head:10001"
+    assert itf.report_interference(report).reason == "each block was timed from its own start (Ray actors)"
+    assert itf.report_interference(report_of([])) is None
 
 
 @pytest.mark.parametrize("off_url, on_url, expected", [
@@ -221,18 +305,32 @@ def test_the_stall_margin_is_the_floor_or_twenty_mads_of_the_faster_half():
     ("http://localhost:1", "http://[::1]:2", "both servers are on this machine (localhost and ::1)"),
     ("http://gpu1:8000", "http://gpu1:8001/", "both servers are on the host gpu1"),
     ("http://gpu1:8000/", "http://gpu1:8000", "both sides are one server (http://gpu1:8000/)"),
+    ("http://gpu1:8000", "http://gpu1:8000/", "both sides are one server (http://gpu1:8000)"),
+    ("http://h:1/X/", "http://h:1/X", "both sides are one server (http://h:1/X/)"),
+    ("http://h:1/X", "http://h:1/X/", "both sides are one server (http://h:1/X)"),
     ("http://gpu1:8000", "http://gpu2:8000", None),
     ("http://10.0.0.1:8000", "http://127.0.0.1:8000", None),
     ("", "http://x", None),
+    ("/v1", "/v1", None),
 ])
 def test_the_urls_say_when_both_servers_share_a_machine(off_url, on_url, expected):
     assert itf.shared_host(off_url, on_url) == expected
 
 
-def test_duration_and_p_text():
-    assert (itf.duration(1040.0), itf.duration(350.4), itf.duration(949.0), itf.duration(950.0)) == (
-        "1.0 s", "350 ms", "949 ms", "0.9 s")
-    assert (itf.p_text(0.0143), itf.p_text(0.0004)) == ("p = 0.014", "p < 0.001")
+def test_duration_p_text_where_text_and_similar_size():
+    assert (itf.duration(1040.0), itf.duration(350.4), itf.duration(949.0), itf.duration(950.0),
+            itf.duration(1951.0)) == ("1.0 s", "350 ms", "949 ms", "0.9 s", "2.0 s")
+    assert (itf.p_text(0.0143), itf.p_text(0.0004), itf.p_text(0.001)) == ("p = 0.014", "p < 0.001", "p = 0.001")
+    assert [itf.where_text(a, 3) for a in (3, 0, 1)] == [
+        "all right after the other side's request", "none right after the other side's request",
+        "1 of them right after the other side's request"]
+    assert itf.upper_tail([0.6, 0.6], 0) == 1.0  # rounding never takes a p-value past 1
+
+    def sides(a: float | None, b: float | None) -> list[SideStalls]:
+        return [SideStalls(side="off", n=4, stall_ms=a), SideStalls(side="on", n=4, stall_ms=b)]
+
+    assert [itf.similar_size(sides(*ab)) for ab in ((500.0, 1000.0), (500.0, 1000.1), (500.0, None))] == [
+        True, False, None]
 
 
 # --- the report: section, notes, diagnosis, renderers ----------------------------------------------------
@@ -309,8 +407,8 @@ def console_text(report: CompareReport) -> str:
 
 def test_every_form_shows_the_finding_with_each_sides_figures():
     report = diagnosed(planted())
-    report.interference_check = itf.interference(planted(pairs=5, every=1), off_url=OFF.base_url,
-                                                 on_url=ON.base_url, source="check")
+    report.interference_check = itf.interference(planted(pairs=5, every=1), urls=(OFF.base_url, ON.base_url),
+                                                 source="check")
     f = itf.saved_interference(report)
     side_on = ("on: typical 118 ms; 4 of 16 first tokens stalled, about 1.0 s (4 right after the other side's "
                "request, 0 after its own)")
