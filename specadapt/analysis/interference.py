@@ -15,9 +15,10 @@ Per side, over its measured requests with a first token (TTFT t_i, integer ns; n
                excess t_i - b; the side's stall size is the median excess of its stalls
 - bimodal      at least MIN_CLUSTER stalls: a cluster of first tokens far above typical
 
-Order (concurrency 1 with the sides interleaved): every request of both sides at concurrency 1,
-warm-ups included, in the order sent. A measured request comes "after other" when the one sent
-just before it went to the other side, "after same" when to its own side (the first: neither).
+Order (concurrency 1 with the sides interleaved): every request of both sides at concurrency 1 in
+the order sent, warm-ups and failed requests too where the records hold them (turns never sent
+left out). A measured request comes "after other" when the one sent just before it went to the
+other side, "after same" when to its own side (the first one: neither, nothing is known before it).
 If stalls have nothing to do with the order, a side's K_s stalls among its N_s classified requests
 fall on the M_s after other at random: X_s, its stalls after other, is hypergeometric(N_s, K_s,
 M_s). The statistic is T = X_off + X_on, its p-value P(T >= t) under the convolution of the two
@@ -59,8 +60,6 @@ ALPHA = 0.05
 SIMILAR = 2.0
 """Both sides' stall sizes within this factor of each other: the same stall on both."""
 
-THRESHOLDS = {"floor_ms": FLOOR_NS / 1e6, "spread_mads": SPREAD, "min_side": MIN_SIDE, "min_cluster": MIN_CLUSTER,
-              "min_order": MIN_ORDER, "alpha": ALPHA, "similar": SIMILAR}
 SIDES = ("off", "on")
 Item = tuple[RequestRecord, str | None]
 """A measured request and what ran just before it: 'other', 'same' or None (nothing, or not known)."""
