@@ -139,19 +139,42 @@ def test_probe_prints_the_plan_the_log_and_every_note(stub):
     assert opts.model == "resolved:m" and opts.port == 8123 and opts.spec_config == NGRAM_SPEC
 
 
-def test_compare_starts_both_sides_with_probe_s_options_and_messages(stub):
+@pytest.fixture
+def two_cpus(monkeypatch):
+    monkeypatch.setattr(servers, "usable_cpus", lambda: [0, 1])
+
+
+def test_compare_starts_both_sides_with_probe_s_options_and_messages(stub, two_cpus):
     code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--host", "127.0.0.2", "--dtype", "float32",
                          "--max-model-len", "512", "--server-arg", "--x=1")
     assert code == 2
-    assert lines == ["starting spec-off server: stub-serve --spec=False", "server log: /logs/0.log", "note: note 0",
+    assert lines == ["each side on its own share of the machine: spec-off on CPU 0; spec-on on CPU 1",
+                     "starting spec-off server: stub-serve --spec=False", "server log: /logs/0.log", "note: note 0",
                      "starting spec-on server: stub-serve --spec=True", "server log: /logs/1.log", "note: note 1",
                      "error: the stub starts nothing"]
     off, on = stub.launched
     assert off.spec_config is None and on.spec_config == NGRAM_SPEC
+    assert (off.cpus, on.cpus) == ([0], [1])
     common = dict(model="resolved:m", host="127.0.0.2", port=None, dtype="float32", max_model_len=512,
                   extra_args=["--x=1"])
-    assert off.model_dump(exclude={"spec_config"}) == on.model_dump(exclude={"spec_config"}) == {
+    assert off.model_dump(exclude={"spec_config", "cpus", "gpus"}) == on.model_dump(exclude={"spec_config", "cpus", "gpus"}) == {
         **common, "python": off.python}
+
+
+def test_compare_side_by_side_on_one_cpu_says_what_to_do_and_starts_nothing(stub, monkeypatch):
+    monkeypatch.setattr(servers, "usable_cpus", lambda: [0])
+    code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM)
+    assert code == 2 and stub.launched == []
+    assert lines == ["error: this machine gives specadapt 1 CPU: 2 servers side by side would share it and stall "
+                     "each other; use --launch sequential (one server at a time) or --launch shared (side by side "
+                     "anyway, flagged in the report)"]
+
+
+def test_compare_launch_shared_binds_nothing_and_warns(stub, two_cpus):
+    code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--launch", "shared")
+    assert code == 2 and [o.cpus for o in stub.launched] == [None, None]
+    assert " ".join(" ".join(lines[:2]).split()) == ("warning: the spec-off and spec-on servers share this machine's 2 CPUs (--launch "
+                                   "shared): each may stall the other's first token")
 
 
 def test_sequential_compare_starts_the_spec_on_side_first_and_alone(stub):
@@ -195,7 +218,7 @@ def test_given_urls_are_connected_and_closed(stub):
     assert all(s.closed for s in stub.connected) and not stub.launched
 
 
-def test_dtype_auto_is_resolved_for_the_started_servers_and_the_report(stub, monkeypatch):
+def test_dtype_auto_is_resolved_for_the_started_servers_and_the_report(stub, monkeypatch, two_cpus):
     from specadapt.commands import compare as compare_module
     from specadapt.records import HardwareInfo
 
@@ -211,6 +234,7 @@ def test_dtype_auto_is_resolved_for_the_started_servers_and_the_report(stub, mon
     code, lines = invoke("compare", "--model", "m", "--spec-config", NGRAM, "--dtype", "auto")
     assert code == 2
     assert lines == ["dtype auto: bfloat16 (this CPU (AMD EPYC) has AVX512-BF16: bfloat16 runs natively)",
+                     "each side on its own share of the machine: spec-off on CPU 0; spec-on on CPU 1",
                      "error: stop before any request"]
     assert recorded == ["bfloat16"]
     assert "auto: specadapt picks what this machine runs natively" in params(compare)["dtype"]["help"]
