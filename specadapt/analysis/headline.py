@@ -8,7 +8,8 @@ Pure functions over a finished compare report, at its first level.
 - Decode: TPOT off/on and tokens/s on/off, each with its verdict.
 - Agreement: the E2E, TPOT and tokens/s verdicts (faster / slower / no clear difference) agree, or
   one line says why not, the first that applies:
-  1. interference between the sides (the report's interference section found first-token stalls):
+  1. interference between the sides (the run's interference section, or the check before it, found
+     first-token stalls tied to the order of the sides: analysis/interference.py):
      E2E and tokens/s include the stalls, TPOT does not;
   2. the first token: TTFT is a share ``s`` of the spec-off answer (mean TTFT / mean E2E) that
      speculation does not shorten, so E2E moves less than TPOT: at most 1 / (s + (1 - s) / TPOT);
@@ -21,11 +22,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from specadapt.analysis.interference import detected_interference
 from specadapt.records import CompareReport, LevelResult, RatioCI
-
-SECTION = "interference"
-"""The report section whose ``detected`` says the sides stalled each other (analysis/interference.py)."""
-
 
 class Headline(BaseModel):
     """The lead of a comparison (first level), in sentences."""
@@ -73,8 +71,7 @@ def ttft_share(lv: LevelResult) -> float | None:
 
 def why_disagree(report: CompareReport, lv: LevelResult) -> str:
     s = lv.speed
-    found = report.sections.get(SECTION) or {}
-    if found.get("detected"):
+    if detected_interference(report) is not None:
         return ("the two sides stalled each other's first token (interference, see its section): E2E and "
                 "tokens/s include the stalls, TPOT does not; start the servers on separate CPUs or machines")
     share = ttft_share(lv)

@@ -175,7 +175,7 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     request = RequestSettings(max_tokens=opts.max_tokens, seed=0, logprobs=True, top_logprobs=0)
     settings = CompareSettings(concurrency=[1], repeat=opts.repeat, warmup=1, request=request,
                                prompts_source=f"built-in, input-grounded: {', '.join(PROMPT_IDS)}", dtype=dtype,
-                               triage=True, reference=str(model), interleaved=True)
+                               triage=True, reference=str(model), interleaved=True, interference_check=True)
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
                     dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
                     launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)

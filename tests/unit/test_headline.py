@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specadapt.analysis.headline import headline, response_sentence, text_sentence, ttft_share, why_disagree
+from specadapt.records.interference import InterferenceFinding
 from specadapt.records import (
     AcceptanceSummary,
     CompareReport,
@@ -64,10 +65,25 @@ def test_all_verdicts_agree_no_reason():
                          "tokens/s 1.90x [1.70, 2.10] faster")
 
 
+def finding(detected: bool, order: str = "judged", source: str = "run") -> InterferenceFinding:
+    return InterferenceFinding(source=source, detected=detected, order=order, alpha=0.05)
+
+
 def test_interference_is_the_reason_first():
-    h = headline(report(r(2.45, 1.68, 3.59), r(1.39, 0.96, 2.02), r(1.39, 0.96, 2.02),
-                        sections={"interference": {"detected": True}}))
+    stalled = {"interference": finding(True).model_dump(mode="json")}
+    h = headline(report(r(2.45, 1.68, 3.59), r(1.39, 0.96, 2.02), r(1.39, 0.96, 2.02), ttft=800.0, sections=stalled))
     assert not h.agree and h.why_not.startswith("the two sides stalled each other's first token (interference")
+
+
+def test_the_check_before_the_run_counts_where_the_run_could_not_judge_the_order():
+    unjudged = {"interference": finding(False, order="too few").model_dump(mode="json")}
+    rep = report(r(2.45, 1.68, 3.59), r(1.39, 0.96, 2.02), r(1.39, 0.96, 2.02), ttft=10.0, sections=unjudged)
+    rep.interference_check = finding(True, source="check")
+    assert headline(rep).why_not.startswith("the two sides stalled each other's first token")
+    judged = {"interference": finding(False).model_dump(mode="json")}  # the run judged it and saw none
+    rep = report(r(2.45, 1.68, 3.59), r(1.39, 0.96, 2.02), r(1.39, 0.96, 2.02), ttft=10.0, sections=judged)
+    rep.interference_check = finding(True, source="check")
+    assert "interference" not in headline(rep).why_not
 
 
 def test_the_first_tokens_share_bounds_the_response():
