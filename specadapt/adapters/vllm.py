@@ -19,7 +19,7 @@ from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, Launch
 from specadapt.adapters.http import OpenAIServer
 from specadapt.adapters.metrics import by_label, histogram_state, parse_samples, total
 from specadapt.adapters.plan import record_settings
-from specadapt.adapters.placement import cpu_list
+from specadapt.adapters.placement import cpu_list, split_cpus
 from specadapt.adapters.process import free_port
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_argv, vllm_spec_dict
@@ -330,6 +330,21 @@ def spec_json(spec: SpecConfig | None) -> dict[str, Any] | None:
     return d
 
 
+RANK_FLAGS = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
+
+
+def local_ranks(extra_args: list[str]) -> int:
+    """Worker processes of one vLLM server from its --server-arg flags: tensor x pipeline parallel
+    size (1 when neither is given or a value is not a number); the CPU build binds one CPU list each."""
+    sizes = {}
+    for i, arg in enumerate(extra_args):
+        flag, eq, value = arg.partition("=")
+        if flag in RANK_FLAGS:
+            value = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            sizes[RANK_FLAGS[flag]] = int(value) if value.isdigit() and int(value) > 0 else 1
+    return sizes.get("tp", 1) * sizes.get("pp", 1)
+
+
 def check_interpreter_has_vllm(python: str) -> None:
     """UsageError with the install hint when ``python`` cannot import vllm."""
     if python == sys.executable:
@@ -375,7 +390,8 @@ class VLLMBackend(Backend):
         plan = super().placed(plan, opts)
         if not opts.cpus:
             return plan
-        env = {**plan.env, OMP_BIND: cpu_list(opts.cpus)}
+        ranks = split_cpus(opts.cpus, local_ranks(opts.extra_args)) or [opts.cpus]
+        env = {**plan.env, OMP_BIND: "|".join(cpu_list(r) for r in ranks)}
         return plan.model_copy(update={"env": env, "per_server_env": [*plan.per_server_env, OMP_BIND]})
 
     def connect_launched(self, opts: VLLMLaunch, url: str) -> VLLMServer:

@@ -210,3 +210,20 @@ def test_tune_puts_the_spec_off_server_on_one_half_and_every_candidate_on_the_ot
     monkeypatch.setattr("specadapt.orchestration.tune_run.usable_cpus", lambda: [0])
     one = {"off": o, "k=2": o.model_copy()}
     assert place_tune(one) is None and one["off"].cpus is None
+
+
+@pytest.mark.parametrize(("args", "ranks"), [([], 1), (["--tensor-parallel-size", "2"], 2), (["-tp=2"], 2),
+                                             (["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"], 4),
+                                             (["-tp", "x"], 1), (["--max-num-seqs", "4"], 1)])
+def test_vllm_local_ranks_from_the_server_args(args, ranks):
+    from specadapt.adapters.vllm import local_ranks
+
+    assert local_ranks(args) == ranks
+
+
+def test_vllm_binds_one_cpu_list_per_rank():
+    backend = VLLMBackend()
+    opts = VLLMLaunch(model="/m", python=sys.executable, cpus=[4, 5, 6, 7], extra_args=["--tensor-parallel-size=2"])
+    assert backend.placed(backend.launch_plan(opts), opts).env[OMP_BIND] == "4-5|6-7"
+    more = opts.model_copy(update={"extra_args": ["-tp", "8"]})  # more ranks than CPUs: one list, vLLM says why
+    assert backend.placed(backend.launch_plan(more), more).env[OMP_BIND] == "4-7"
