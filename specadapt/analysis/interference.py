@@ -238,6 +238,9 @@ def finding_text(f: InterferenceFinding) -> str:
         return (f"no interference between the sides seen: none of {sum(s.n for s in f.sides)} first tokens "
                 f"stalled ({sum(s.after_other for s in f.sides)} right after the other side's request)"
                 + _levels_text(f.levels))
+    if f.p_value is None:  # every stall came first, after nothing known: nothing to test
+        return (f"no interference between the sides seen: {stalls_text(f)}, none of them after a known request"
+                + _levels_text(f.levels))
     return (f"no clear interference between the sides: {stalls_text(f)}, {f.stalls_after_other} of them right "
             f"after the other side's request, which chance explains ({p_text(f.p_value)} > {ALPHA:g})"
             + _levels_text(f.levels))

@@ -40,7 +40,10 @@ def test_compare_records_both_launches_identical_apart_from_speculation(tmp_path
     assert len(ports) == 2 and ports[0] != ports[1]
     assert [a for a in off["argv"] if a not in ports] == [a for a in on_without_spec if a not in ports]
     assert off["argv"][:5] == [sys.executable, "-m", "specadapt", "reference", "serve"]
-    assert off["env"] == on["env"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # each side on its own half of the CPUs, as many threads there: the only difference, and a placement
+    assert off["cpus"] and on["cpus"] and not set(off["cpus"]) & set(on["cpus"]) and len(off["cpus"]) == len(on["cpus"])
+    assert off["env"] == on["env"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                       "OMP_NUM_THREADS": str(len(off["cpus"]))}
     assert off["inherited_env"] == on["inherited_env"]
     assert off["python"] == on["python"] == sys.executable and off["package_version"] == on["package_version"]
     report = CompareReport.model_validate(raw)

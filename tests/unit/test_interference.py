@@ -437,3 +437,13 @@ def test_a_clean_run_shows_one_line_and_a_run_without_concurrency_1_none():
     analyses.analyse_sections(busy)
     assert "interference" in busy.sections and "interference" not in console_text(busy)
     assert "Interference" not in to_markdown(busy)
+
+
+def test_a_stall_only_where_nothing_ran_before_is_said_without_a_p_value():
+    """The first request (nothing known before it) stalls, nothing else does: judged, nothing to test."""
+    order = compare_order(16)
+    ttfts = [(side, 1200.0 if i == 0 else jitter(i)) for i, (side, _, _) in enumerate(order)]
+    f = itf.interference(records(ttfts, warmup=(), order=order))
+    assert (f.detected, f.order, f.p_value, f.stalls, f.stalls_after_other) == (False, "judged", None, 1, 0)
+    assert f.text.startswith("no interference between the sides seen: 1 of 32 first tokens waited about")
+    assert f.text.endswith("none of them after a known request")
