@@ -46,10 +46,21 @@ promtool:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "note: promtool not found and cannot be installed here; the promtool tests will be skipped" >&2; fi; }
 
+# Two pytest sessions. The tests that share no real vLLM server run on both cores (pytest-xdist);
+# then tests/configs (vLLM's own parser) and tests/integration (real servers, each started once
+# per session) run in one process, alone on the machine, so that nothing else disturbs the two
+# sides of a live comparison. Each session must collect tests (pytest's exit 5 fails here).
+PARALLEL_TESTS ?= tests/unit tests/reliability tests/native_reference tests/docs tests/commands
+SERIAL_TESTS ?= tests/configs tests/integration
+
 test: model browser promtool
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests; that is a failure here" >&2; exit 1; fi; \
-	exit $$rc
+	@$(PY) -m pytest -n 2 $(PARALLEL_TESTS) $(PYTEST_ARGS); a=$$?; \
+	$(PY) -m pytest $(SERIAL_TESTS) $(PYTEST_ARGS); b=$$?; \
+	for rc in $$a $$b; do \
+	  if [ $$rc -eq 5 ]; then echo "error: a pytest session collected no tests; that is a failure here" >&2; exit 1; fi; \
+	done; \
+	if [ $$a -ne 0 ]; then echo "error: the parallel session failed (exit $$a)" >&2; exit $$a; fi; \
+	exit $$b
 
 # Mutation testing of the verdict and figure logic ([tool.mutmut] in pyproject.toml); slow.
 # MUTANTS: globs over mutant names, e.g. MUTANTS='specadapt.analysis.gate*' (one module); empty: all.

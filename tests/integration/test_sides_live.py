@@ -67,7 +67,7 @@ def _log_ttft(pairs):
 def test_demo_ngram_headline_is_consistent(tmp_path, vllm_off_fp32, vllm_ngram_fp32, embedded_model):
     """The demo's n-gram comparison on the session's placed servers: was the response faster, and do
     TPOT, E2E and tokens/s agree (or the report says why, and it is not interference)."""
-    plan = plan_demo(DemoOptions(dtype="float32"), model=embedded_model, check=False)
+    plan = plan_demo(DemoOptions(dtype="float32", max_tokens=48), model=embedded_model, check=False)
     plan.runs = [r for r in plan.runs if r.name == "ngram"]
     plan.launch = {k: v for k, v in plan.launch.items() if k in ("spec-off", "ngram")}
 
