@@ -75,13 +75,15 @@ def why_disagree(report: CompareReport, lv: LevelResult) -> str:
         return ("the two sides stalled each other's first token (interference, see its section): E2E and "
                 "tokens/s include the stalls, TPOT does not; start the servers on separate CPUs or machines")
     share = ttft_share(lv)
-    if share is not None and s.tpot.point and s.tpot.point > 0 and share > 0.05:
+    if share is not None and s.tpot.point and share > 0.05:
         bound = 1 / (share + (1 - share) / s.tpot.point)
         return (f"the first token is {share:.0%} of a spec-off answer here and speculation does not shorten it, "
                 f"so at TPOT {s.tpot.point:.2f}x the response can be at most {bound:.2f}x faster")
     unclear = [name for name, r in (("E2E", s.e2e), ("tokens/s", s.throughput), ("TPOT", s.tpot))
                if r.verdict == "no clear difference"]
-    return (f"the {' and '.join(unclear) or 'intervals'} interval{'s are' if len(unclear) > 1 else ' is'} too wide "
+    if not unclear:
+        return f"the intervals point different ways over {s.e2e.n} {s.e2e.unit}: more --repeat settles them"
+    return (f"the {' and '.join(unclear)} interval{'s are' if len(unclear) > 1 else ' is'} too wide "
             f"to decide over {s.e2e.n} {s.e2e.unit}: more --repeat narrows {'them' if len(unclear) > 1 else 'it'}")
 
 

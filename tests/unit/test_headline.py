@@ -108,3 +108,41 @@ def test_no_levels_no_headline():
     rep = report(r(1, 1, 1), r(1, 1, 1), r(1, 1, 1))
     rep.levels = []
     assert headline(rep) is None
+
+
+def test_figures_without_an_interval_or_a_point():
+    from specadapt.analysis.headline import fmt
+
+    assert fmt(RatioCI(point=None)) == "-" and fmt(RatioCI(point=1.234)) == "1.23x"
+
+
+def test_unknown_identity_is_counted():
+    assert text_sentence({"identical": 3, "unknown": 1}, 4) == "the text was identical for 3 of 4 prompts (1 unknown)"
+
+
+def test_ttft_share_needs_both_means():
+    rep = report(r(1, 1, 1), r(1, 1, 1), r(1, 1, 1))
+    lv = rep.levels[0]
+    lv.off.ttft_ms.mean = None
+    assert ttft_share(lv) is None
+    lv.off.ttft_ms.mean, lv.off.e2e_ms.mean = 100.0, None
+    assert ttft_share(lv) is None
+    lv.off.e2e_ms.mean = 0.0
+    assert ttft_share(lv) is None
+
+
+def test_interference_reason_in_full():
+    stalled = {"interference": finding(True).model_dump(mode="json")}
+    rep = report(r(2.45, 1.68, 3.59), r(1.39, 0.96, 2.02), r(1.39, 0.96, 2.02), ttft=800.0, sections=stalled)
+    assert why_disagree(rep, rep.levels[0]) == (
+        "the two sides stalled each other's first token (interference, see its section): E2E and tokens/s include "
+        "the stalls, TPOT does not; start the servers on separate CPUs or machines")
+
+
+def test_a_wide_tpot_interval_and_opposite_verdicts():
+    rep = report(r(1.3, 0.9, 1.7, n=3), r(1.6, 1.2, 1.9, n=3), r(1.6, 1.2, 1.9, n=3), ttft=10.0, e2e_ms=2000.0)
+    assert why_disagree(rep, rep.levels[0]) == ("the TPOT interval is too wide to decide over 3 pairs: more --repeat "
+                                                "narrows it")
+    opposite = report(r(1.3, 1.1, 1.5), r(0.8, 0.7, 0.9), r(0.8, 0.7, 0.9), ttft=10.0, e2e_ms=2000.0)
+    assert why_disagree(opposite, opposite.levels[0]) == ("the intervals point different ways over 8 pairs: more "
+                                                          "--repeat settles them")

@@ -227,3 +227,42 @@ def test_vllm_binds_one_cpu_list_per_rank():
     assert backend.placed(backend.launch_plan(opts), opts).env[OMP_BIND] == "4-5|6-7"
     more = opts.model_copy(update={"extra_args": ["-tp", "8"]})  # more ranks than CPUs: one list, vLLM says why
     assert backend.placed(backend.launch_plan(more), more).env[OMP_BIND] == "4-7"
+
+
+# --- the exact words, counts and plurals (mutation-tested) -------------------------------------
+@pytest.mark.parametrize(("groups", "cpus", "gpus", "line"), [
+    (2, 4, 4, "each side on its own share of the machine: g0 on CPUs 0-1, GPUs 0-1; g1 on CPUs 2-3, GPUs 2-3"),
+    (3, 5, 0, "each side on its own share of the machine: g0 on CPU 0; g1 on CPU 1; g2 on CPU 2 "
+              "(2 CPUs left unused so that the shares are equal)"),
+    (2, 2, 0, "each side on its own share of the machine: g0 on CPU 0; g1 on CPU 1"),
+])
+def test_placement_lines(groups, cpus, gpus, line):
+    p = plan_placement([f"g{i}" for i in range(groups)], list(range(cpus)), gpus=gpus)
+    assert p.lines == [line] and len(p.cpus) == groups and p.refused is None
+
+
+@pytest.mark.parametrize(("groups", "cpus", "gpus", "refused"), [
+    (3, 2, 0, "this machine gives specadapt 2 CPUs: 3 servers side by side would share them and stall each other; "
+              "use --launch sequential (one server at a time) or --launch shared (side by side anyway, flagged in "
+              "the report)"),
+    (3, 3, 2, "this machine has 2 GPUs for 3 servers: side by side they would share it and stall each other; use "
+              "--launch sequential, or --launch shared to run them side by side anyway (flagged in the report)"),
+])
+def test_refusals_say_the_counts(groups, cpus, gpus, refused):
+    p = plan_placement([f"g{i}" for i in range(groups)], list(range(cpus)), gpus=gpus)
+    assert p.refused == refused and p.cpus == [None] * groups and p.gpus == [None] * groups and p.lines == []
+
+
+def test_shared_lines_name_the_gpus_only_where_there_are_some():
+    assert plan_placement(["a", "b"], [0, 1, 2], gpus=2, shared=True).lines == [
+        "the a and b servers share this machine's 3 CPUs and 2 GPUs (--launch shared): each may stall the other's "
+        "first token"]
+    assert plan_placement(["a", "b"], [0, 1], shared=True).lines == [
+        "the a and b servers share this machine's 2 CPUs (--launch shared): each may stall the other's first token"]
+
+
+def test_bad_values_say_what_is_wrong():
+    with pytest.raises(ValueError, match="groups must be at least 1, not 0"):
+        split_cpus([0], 0)
+    with pytest.raises(ValueError, match="not a CPU range: '3-1'"):
+        parse_cpu_list("3-1")
