@@ -146,3 +146,9 @@ def test_a_wide_tpot_interval_and_opposite_verdicts():
     opposite = report(r(1.3, 1.1, 1.5), r(0.8, 0.7, 0.9), r(0.8, 0.7, 0.9), ttft=10.0, e2e_ms=2000.0)
     assert why_disagree(opposite, opposite.levels[0]) == ("the intervals point different ways over 8 pairs: more "
                                                           "--repeat settles them")
+
+
+def test_a_first_token_of_exactly_5_percent_is_not_given_as_the_reason():
+    rep = report(r(2.0, 1.8, 2.2), r(1.3, 0.95, 1.7), r(1.3, 0.95, 1.7), ttft=100.0, e2e_ms=2000.0)
+    assert ttft_share(rep.levels[0]) == pytest.approx(0.05)
+    assert why_disagree(rep, rep.levels[0]).startswith("the E2E and tokens/s intervals are too wide")

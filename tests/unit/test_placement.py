@@ -266,3 +266,11 @@ def test_bad_values_say_what_is_wrong():
         split_cpus([0], 0)
     with pytest.raises(ValueError, match="not a CPU range: '3-1'"):
         parse_cpu_list("3-1")
+
+
+def test_usable_cpus_without_an_affinity_call_counts_the_cpus(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert usable_cpus() == [0, 1, 2]
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cpus() == [0]
