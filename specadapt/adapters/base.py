@@ -23,7 +23,6 @@ module (a Backend subclass) and one ``specadapt.backends`` entry point (docs/bac
 from __future__ import annotations
 
 import os
-
 import ssl
 import sys
 from abc import ABC, abstractmethod

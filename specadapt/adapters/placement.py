@@ -2,10 +2,9 @@
 neither disturbs the other.
 
 Two servers started side by side on one machine share its cores unless told otherwise. vLLM's
-CPU worker binds its OpenMP threads to every core of the node (``KMP_AFFINITY=...proclist=[0,1]``
-on a 2-core machine), so two servers bind to the same cores, and the request that follows the
-other server's request waits for its first token (docs/compare.md, "Sides that do not disturb
-each other", has the measurement). The cure is a split: each group of servers that run at the
+CPU worker binds its OpenMP threads to cores it picks from the whole node, so two servers bind to
+the same cores, and the request that follows the other server's request can wait for its first
+token (docs/placement.md has the measurement). The cure is a split: each group of servers that run at the
 same time gets its own share of the CPUs this process may use, the whole process tree bound to
 it (``sched_setaffinity`` before exec, inherited by every child) and the backend told how many
 threads to run there (vLLM: ``VLLM_CPU_OMP_THREADS_BIND``).
@@ -23,7 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Placement", "cpu_list", "parse_cpu_list", "plan_placement", "split_cpus", "usable_cpus"]
+__all__ = ["Placement", "cpu_list", "plan_placement", "split_cpus", "usable_cpus"]
 
 
 def usable_cpus() -> list[int]:
@@ -55,18 +54,6 @@ def cpu_list(cpus: Sequence[int]) -> str:
         else:
             runs.append([c])
     return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """'0-2,5' -> [0, 1, 2, 5]; ValueError on anything else."""
-    out: set[int] = set()
-    for part in text.split(","):
-        lo, dash, hi = part.strip().partition("-")
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if first < 0 or last < first:
-            raise ValueError(f"not a CPU range: {part!r}")
-        out.update(range(first, last + 1))
-    return sorted(out)
 
 
 @dataclass(frozen=True)

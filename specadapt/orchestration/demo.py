@@ -4,7 +4,7 @@ Three vLLM servers of the embedded model start side by side, in one dtype chosen
 machine: speculation off; n-gram k=4 (a draft that matches input-grounded prompts, whose
 answers copy the prompt); and a draft model that is the target cut to its first few decoder
 layers (a draft that predicts the target badly). The spec-off server runs on one half of the CPUs and both
-spec-on servers on the other (``demo_placement``): the two sides of each comparison never share
+spec-on servers on the other (``off_and_on_halves``): the two sides of each comparison never share
 a core, so neither stalls the other's first token. The same input-grounded prompts then go
 through two interleaved comparisons against the one spec-off server (orchestration/compare.py):
 n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
@@ -29,13 +29,14 @@ import httpx
 
 from specadapt.adapters.base import LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
-from specadapt.adapters.placement import cpu_list, plan_placement, usable_cpus
+from specadapt.adapters.placement import usable_cpus
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.load.progress import Progress
 from specadapt.models import decoder_layers, is_complete, resolve_model_dir, truncated_model_dir
 from specadapt.orchestration.compare import run_compare, total_requests
+from specadapt.orchestration.servers import off_and_on_halves
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
 from specadapt.workloads.prompts import load_builtin
@@ -47,6 +48,7 @@ DRAFT_K = 3
 DRAFT_LAYERS = 8
 DTYPES = ("auto", "bfloat16", "float32")
 EAGER = "--enforce-eager"
+ON_SERVERS = ("the two spec-on servers", "compared one after the other")
 
 # (launch options, startup timeout, on_plan) -> servers, stopped when the context exits
 Launcher = Callable[[Sequence[VLLMLaunch], float, Callable[[LaunchPlan, Path], None]], ContextManager[list[Server]]]
@@ -160,7 +162,7 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
         extra.append(EAGER)
         notes.append("every server runs with --enforce-eager (no torch.compile at start-up, so all three are up "
                      "in minutes; each decode step is slower, alike on every side)")
-    off_cpus, on_cpus, placed = demo_placement(usable_cpus())
+    off_cpus, on_cpus, placed = off_and_on_halves(usable_cpus(), *ON_SERVERS)
     notes.append(placed)
     launch = {"spec-off": VLLMLaunch(model=str(model), spec_config=None, python=opts.python, dtype=dtype,
                                      extra_args=extra, cpus=off_cpus)}
@@ -179,20 +181,6 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
                     dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
                     launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)
-
-
-def demo_placement(cpus: list[int]) -> tuple[list[int] | None, list[int] | None, str]:
-    """(spec-off CPUs, spec-on CPUs, the placement in words): the spec-off server on one half of the
-    CPUs, both spec-on servers on the other (they are compared one after the other, so they never
-    run at the same time); with a single CPU all share it, said so."""
-    placement = plan_placement(["spec-off", "spec-on"], cpus)
-    if placement.refused:
-        return None, None, (f"this machine gives specadapt {len(cpus)} CPU: the servers share it, and each may "
-                            "stall the other's first token (the report's interference check says whether they did)")
-    off, on = placement.cpus
-    return off, on, (f"the spec-off server runs on CPU{'s' if len(off) > 1 else ''} {cpu_list(off)}, the two spec-on "
-                     f"servers on CPU{'s' if len(on) > 1 else ''} {cpu_list(on)} (compared one after the other): "
-                     "neither side of a comparison disturbs the other's cores")
 
 
 # --- progress ------------------------------------------------------------------------------------

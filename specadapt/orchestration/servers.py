@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from specadapt.adapters.base import Backend, LaunchOptions, LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
-from specadapt.adapters.placement import plan_placement, usable_cpus
+from specadapt.adapters.placement import cpu_list, plan_placement, usable_cpus
 from specadapt.adapters.plan import launch_record
 from specadapt.adapters.registry import get_backend
 from specadapt.adapters.spec_config import load_spec_config
@@ -246,6 +246,22 @@ def launch_options_for(backend: Backend, opts: ServerOptions, model: str, spec: 
         first = exc.errors()[0] if isinstance(exc, ValidationError) else {"loc": (), "msg": str(exc)}
         where = ".".join(str(p) for p in first["loc"]) or "launch options"
         raise UsageError(f"--backend {opts.backend}: {where}: {first['msg']}") from exc
+
+
+def off_and_on_halves(cpus: Sequence[int], on_what: str, when: str
+                      ) -> tuple[list[int] | None, list[int] | None, str]:
+    """(spec-off CPUs, spec-on CPUs, the placement in words) for one spec-off server beside spec-on servers
+    that run one at a time (``on_what`` names them, ``when`` says how they take turns): the spec-off
+    server on one half of ``cpus``, every spec-on server on the other; with a single CPU nothing is
+    bound (None, None) and the words say all share it."""
+    placement = plan_placement(["spec-off", "spec-on"], cpus)
+    if placement.refused:
+        return None, None, (f"this machine gives specadapt {len(cpus)} CPU: the servers share it, and each may "
+                            "stall the other's first token (the report's interference check says whether they did)")
+    off, on = placement.cpus
+    return off, on, (f"the spec-off server runs on CPU{'s' if len(off) > 1 else ''} {cpu_list(off)}, {on_what} on "
+                     f"CPU{'s' if len(on) > 1 else ''} {cpu_list(on)} ({when}): neither side of a comparison "
+                     "disturbs the other's cores")
 
 
 def plan_differences(started: dict[str, LaunchPlan]) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specadapt.adapters.base import LaunchOptions, Server
-from specadapt.adapters.placement import cpu_list, plan_placement, usable_cpus
+from specadapt.adapters.placement import usable_cpus
 from specadapt.adapters.registry import get_backend
 from specadapt.configs.render import validate
 from specadapt.configs.spec import SpecConfig
@@ -28,6 +28,7 @@ from specadapt.orchestration.servers import (
     ServerPlan,
     Side,
     launch_options_for,
+    off_and_on_halves,
     open_servers,
     plan_servers,
     resolve_dtype,
@@ -117,6 +118,7 @@ def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off
     need_start = bool(to_start) or not off_url or (not verify_url and settings.verify)
     model = None
     launches: dict[str, LaunchOptions] = {}
+    on_cpus = None
     if need_start:
         if not backend.capabilities.launch:
             raise UsageError(f"backend {opts.backend} cannot start servers: give --off URL, one --on URL per draft "
@@ -139,7 +141,7 @@ def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off
     return TunePlan(servers=servers, opts=opts, base=base, candidates=tuple(candidates),
                     settings=settings.model_copy(update={"ks": all_ks, "dtype": opts.dtype}), off_url=off_url,
                     verify_url=verify_url, launches=launches, model=model,
-                    on_cpus=on_cpus if need_start else None)
+                    on_cpus=on_cpus)
 
 
 def place_tune(launches: dict[str, LaunchOptions], messages: Messages = LOGGED) -> list[int] | None:
@@ -148,15 +150,13 @@ def place_tune(launches: dict[str, LaunchOptions], messages: Messages = LOGGED) 
     place); returns the spec-on CPUs. One CPU: nothing bound, said so."""
     if "off" not in launches or len(launches) < 2:
         return None
-    placement = plan_placement(["spec-off", "spec-on"], usable_cpus())
-    if placement.refused:
-        messages.warn("one CPU: the spec-off server and each candidate share it, and may stall each other's first "
-                      "token (the interference check of each comparison says whether they did)")
+    off, on, line = off_and_on_halves(usable_cpus(), "each spec-on server", "measured one at a time beside it")
+    if on is None:
+        messages.warn(line)
         return None
-    off, on = placement.cpus
     for label, launch in launches.items():
         launches[label] = launch.model_copy(update={"cpus": off if label == "off" else on})
-    messages.say(f"the spec-off server on CPUs {cpu_list(off)}, each spec-on server on CPUs {cpu_list(on)}")
+    messages.say(line)
     return on
 
 
