@@ -37,11 +37,11 @@ side's stalls and bimodality are given per level. Sides run one after the other,
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
+from specadapt.adapters.hardware import is_loopback
 from specadapt.records import CompareReport, RequestRecord
 from specadapt.records.interference import InterferenceFinding, LevelStalls, OrderStatus, SideStalls, Source
 
@@ -175,15 +175,6 @@ def p_text(p: float) -> str:
     return f"p = {p:.2g}" if p >= 0.001 else "p < 0.001"
 
 
-def loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def shared_host(off_url: str, on_url: str) -> str | None:
     """Whether the URLs put both servers on one machine: one server for both, both on loopback,
     or one host name; None when they do not, or do not tell."""
@@ -192,7 +183,7 @@ def shared_host(off_url: str, on_url: str) -> str | None:
         return None
     if off_url.rstrip("/") == on_url.rstrip("/"):
         return f"both sides are one server ({off_url})"
-    if loopback(a) and loopback(b):
+    if is_loopback(off_url) and is_loopback(on_url):
         return f"both servers are on this machine ({a if a == b else a + ' and ' + b})"
     if a == b:
         return f"both servers are on the host {a}"
