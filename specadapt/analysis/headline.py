@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from specadapt.analysis.diagnosis import ratio_text
 from specadapt.analysis.interference import detected_interference
 from specadapt.records import CompareReport, LevelResult, RatioCI
 
@@ -33,14 +34,6 @@ class Headline(BaseModel):
     figures: str = Field(description="TPOT, E2E and tokens/s with their intervals and verdicts.")
     agree: bool = Field(description="The three speed verdicts are the same.")
     why_not: str | None = Field(None, description="When they are not: the reason, in one line.")
-
-
-def fmt(r: RatioCI) -> str:
-    if r.point is None:
-        return "-"
-    if r.low is None or r.high is None:
-        return f"{r.point:.2f}x"
-    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
 
 
 def response_sentence(e2e: RatioCI) -> str:
@@ -95,7 +88,7 @@ def headline(report: CompareReport) -> Headline | None:
     s = lv.speed
     verdicts = {s.e2e.verdict, s.tpot.verdict, s.throughput.verdict}
     agree = len(verdicts) == 1
-    figures = (f"TPOT {fmt(s.tpot)} {s.tpot.verdict}, E2E {fmt(s.e2e)} {s.e2e.verdict}, "
-               f"tokens/s {fmt(s.throughput)} {s.throughput.verdict}")
+    figures = (f"TPOT {ratio_text(s.tpot)} {s.tpot.verdict}, E2E {ratio_text(s.e2e)} {s.e2e.verdict}, "
+               f"tokens/s {ratio_text(s.throughput)} {s.throughput.verdict}")
     return Headline(response=response_sentence(s.e2e), text=text_sentence(report.counts, len(report.identity)),
                     figures=figures, agree=agree, why_not=None if agree else why_disagree(report, lv))

@@ -110,10 +110,10 @@ def test_no_levels_no_headline():
     assert headline(rep) is None
 
 
-def test_figures_without_an_interval_or_a_point():
-    from specadapt.analysis.headline import fmt
-
-    assert fmt(RatioCI(point=None)) == "-" and fmt(RatioCI(point=1.234)) == "1.23x"
+def test_figures_without_an_interval():
+    h = headline(report(r(2.0, 1.8, 2.2), RatioCI(point=1.9, n=3, too_few=True), r(1.9, 1.7, 2.1)))
+    assert h.figures == ("TPOT 2.00x [1.80, 2.20] faster, E2E 1.90x (no interval) no clear difference, "
+                         "tokens/s 1.90x [1.70, 2.10] faster")
 
 
 def test_unknown_identity_is_counted():
