@@ -51,8 +51,8 @@ def ab_options(f):
                      help="Local HF model dir: recompute the target in float64 at each divergence."),
         click.option("--no-triage", is_flag=True, help="Do not ask the spec-off server for logprobs at divergences."),
         click.option("--interference-check/--no-interference-check", default=True, show_default=True,
-                     help="Before a run at concurrency 1, 20 short requests that tell whether the two servers stall "
-                          "each other's first token (see docs/compare.md)."),
+                     help="After the warm-up of a run with fewer than 10 pairs at concurrency 1, 20 short requests "
+                          "that tell whether the two servers stall each other's first token (see docs/compare.md)."),
         click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
         click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
                      help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),

@@ -9,10 +9,12 @@ and the blocks alternate off/on, on/off with the repeats. Warm-up requests go to
 servers first and are discarded. The spec-on server's counters are read before and after
 each concurrency level, so acceptance is known per level.
 
-With ``settings.interference_check``, a run at concurrency 1 with the sides interleaved starts
-with the interference check (orchestration/interference_check.py): a few short requests that
-tell whether the servers stall each other's first token; its finding goes into the report
-(``interference_check``), its requests do not.
+With ``settings.interference_check``, a run at concurrency 1 with the sides interleaved and
+fewer pairs there than the check sends continues, after the warm-up, with the interference
+check (orchestration/interference_check.py): a few short requests that tell whether the
+servers stall each other's first token; its finding goes into the report
+(``interference_check``), its requests do not. A run with as many pairs or more shows the order
+by its own records, judged by the same rule; one server given as both sides is not checked.
 
 The figures and verdicts from the records: analysis/speed.py (ratios, crossovers, theory),
 analysis/identity.py (identity), analysis/diagnosis.py (why).
@@ -38,7 +40,7 @@ from specadapt.load.executors import executor_for
 from specadapt.load.plan import Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress
 from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
-from specadapt.orchestration.interference_check import check_sides
+from specadapt.orchestration.interference_check import check_sides, needs_check
 from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import readable_tokens, server_triage
@@ -123,13 +125,14 @@ class ABRunner:
         counters = {"off": off_counters, "on": on_counters}
         t0 = time.perf_counter_ns()
         try:
-            if self._checks_interference(sides):
-                self.interference_check = await check_sides(
-                    self.off, self.on, self.prompts[0], {"off": self.req_off, "on": self.req_on}, self.executor, t0)
             for i in range(s.warmup):
                 for side in sides:
                     job = Job(index=i, prompt=self.prompts[i % len(self.prompts)])
                     await self._block(side, [job], 1, Stamp(side=side, concurrency=1, warmup=True), t0)
+            if self._checks_interference(sides):  # after the warm-up: a cold server's first request is no stall
+                self.interference_check = await check_sides(
+                    self.off, self.on, self.prompts[0], {"off": self.req_off, "on": self.req_on}, self.executor, t0,
+                    warm=s.warmup == 0)
             for level in s.concurrency:
                 before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
                 records += await self._level(level, t0)
@@ -147,10 +150,14 @@ class ABRunner:
         return records, on_counters, off_counters
 
     def _checks_interference(self, sides: tuple[str, ...]) -> bool:
-        """The check runs when asked, at concurrency 1, with both sides interleaved on one clock."""
+        """The check runs when asked, at concurrency 1, with both sides interleaved on one clock, on two
+        servers (one server given as both sides cannot stall "the other"), and only where the run's own
+        pairs at concurrency 1 are fewer than the check's (``needs_check``): more of them show the order
+        by themselves, judged by the same rule (analysis/interference.py)."""
         s = self.settings
         return (s.interference_check and 1 in s.concurrency and len(sides) == 2 and bool(self.prompts)
-                and self.executor.shared_clock)
+                and self.executor.shared_clock and self.off.base_url != self.on.base_url
+                and needs_check(len(self.prompts) * s.repeat))
 
     def _order(self, n: int) -> tuple[str, ...]:
         """The sides in alternating order (off/on for even ``n``), those of this run only."""

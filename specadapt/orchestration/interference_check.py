@@ -35,6 +35,12 @@ MAX_TOKENS = 4
 """Tokens per request: the first token is what the check looks at."""
 
 
+def needs_check(run_pairs: int) -> bool:
+    """Whether a run with ``run_pairs`` pairs at concurrency 1 needs the check: with at least as many
+    requests to each side as the check sends (ALONE + PAIRS), the run's own records show the order."""
+    return run_pairs < ALONE + PAIRS
+
+
 def check_order(alone: int = ALONE, pairs: int = PAIRS) -> list[str]:
     """The sides in the order the check sends to them."""
     return ["off"] * alone + ["on"] * alone + ["off", "on"] * pairs
@@ -56,12 +62,16 @@ async def _send(executor: Executor, server: Server, side: str, job: Job, request
 
 
 async def check_sides(off: Server, on: Server, prompt: Prompt, requests: Mapping[str, RequestSettings],
-                      executor: Executor, t0: int | None = None) -> InterferenceFinding:
+                      executor: Executor, t0: int | None = None, warm: bool = True) -> InterferenceFinding:
     """The check through ``executor`` (one clock for every worker: send times are compared);
-    ``requests``: each side's request settings ('off', 'on'); send times from ``t0`` (default: now)."""
+    ``requests``: each side's request settings ('off', 'on'); send times from ``t0`` (default: now).
+    With ``warm``, one request to each side first, not judged: a server's first request after its
+    start waits seconds (the first pass's allocations) and is no stall."""
     servers = {"off": off, "on": on}
     t0 = time.perf_counter_ns() if t0 is None else t0
     sent = check_prompt(prompt)
+    for side in ("off", "on") if warm else ():
+        await _send(executor, servers[side], side, Job(index=0, prompt=sent), requests[side], t0)
     records: list[RequestRecord] = []
     for i, side in enumerate(check_order()):
         records += await _send(executor, servers[side], side, Job(index=i, prompt=sent), requests[side], t0)

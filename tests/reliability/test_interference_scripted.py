@@ -35,15 +35,16 @@ def two_servers(tmp_path):
     return start
 
 
-def run_compare_cli(tmp_path, off_url: str, on_url: str):
+def run_compare_cli(tmp_path, off_url: str, on_url: str, n_prompts: int = 9, repeat: int = 1):
+    """compare at concurrency 1 over ``n_prompts`` x ``repeat`` pairs (fewer than 10: the check runs first)."""
     httpx.post(off_url + "/_script/metrics", json={"mode": "off"})  # the spec-off side shows no spec counters
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": script(id=f"itf-{i}", ttft_ms=20, itl_ms=5,
-                                                                             tokens=8)}) + "\n" for i in range(6)))
+                                                                             tokens=8)}) + "\n" for i in range(n_prompts)))
     out = tmp_path / "report.json"
     proc = subprocess.run(
         [sys.executable, "-m", "specadapt", "compare", "--off", off_url, "--on", on_url, "--prompts", str(prompts),
-         "--concurrency", "1", "--repeat", "2", "--warmup", "1", "--max-tokens", "8", "--no-triage",
+         "--concurrency", "1", "--repeat", str(repeat), "--warmup", "1", "--max-tokens", "8", "--no-triage",
          "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return read_compare_report(out), proc.stdout
@@ -85,3 +86,18 @@ def test_servers_that_do_not_stall_each_other_show_no_interference(tmp_path, two
     assert report.interference_check.order == "judged"
     assert "interference" not in [c.code for c in report.diagnosis.causes]
     assert "interference, the check before the run: no " in console
+
+
+def test_a_run_with_as_many_pairs_as_the_check_shows_the_interference_by_itself(tmp_path, two_servers):
+    """10 pairs at concurrency 1 (the check's count, where compare skips it): the run's own records
+    name the interference, with no check before the run."""
+    off_cm, on_cm = two_servers(stall=True)
+    with off_cm as off, on_cm as on:
+        report, console = run_compare_cli(tmp_path, off.plan.base_url, on.plan.base_url, n_prompts=5, repeat=2)
+    run = InterferenceFinding.model_validate(report.sections["interference"])
+    assert report.interference_check is None and "the check before the run" not in console
+    assert run.detected and run.order == "judged", run.text
+    on_side = next(s for s in run.sides if s.side == "on")
+    assert on_side.stalls_after_other == on_side.after_other >= 4
+    assert "interference" in [c.code for c in report.diagnosis.causes]
+    assert "interference, the run: interference between the sides:" in console

@@ -99,7 +99,7 @@ class Wire:
         self.clock, self.step_ns, self.cap = clock, step_ns, cap
 
     async def stream_request(self, client, prompt, model, settings, t0, repeat=0, warmup=False):
-        (server,) = [s for s in self.servers if str(client.base_url).startswith(s.base_url)]  # its own client
+        (server,) = {id(s): s for s in self.servers if str(client.base_url).startswith(s.base_url)}.values()
         side = "on" if server.name == "on" else "off"
         assert model == server.model_id
         assert len(self.log) < self.cap, "the run does not stop"
