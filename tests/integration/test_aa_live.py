@@ -29,7 +29,7 @@ def aa_runner(tmp_path, server, concurrency: str, repeat: int):
         out = tmp_path / f"aa-{attempt}.json"
         proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", server.base_url,
                                "--on", server.base_url, "--prompts", str(prompts), "--concurrency", concurrency,
-                               "--repeat", str(repeat), "--max-tokens", "16", "--json", str(out)],
+                               "--repeat", str(repeat), "--max-tokens", "8", "--json", str(out)],
                               capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         report = json.loads(out.read_text())

@@ -40,7 +40,7 @@ def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "specadapt", "equiv", "--off", off.base_url, "--on", on.base_url,
                            "--prompts", str(prompts), "--repeat", "1", "--max-tokens", str(max_tokens),
-                           "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+                           "--no-interference-check", "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
     return proc, report, out
 
@@ -102,7 +102,7 @@ def test_concurrency_sweep_reports_acceptance_per_level(tmp_path, vllm_off, vllm
     proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", vllm_off.base_url,
                            "--on", vllm_ngram.base_url, "--prompts", str(prompts_file(tmp_path, COPY, CAPITAL)),
                            "--concurrency", "1,4", "--repeat", "2", "--max-tokens", "24", "--no-triage",
-                           "--json", str(out)], capture_output=True, text=True, timeout=900)
+                           "--no-interference-check", "--json", str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     levels = {lv["concurrency"]: lv for lv in report["levels"]}

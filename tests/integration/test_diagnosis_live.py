@@ -40,7 +40,7 @@ def run_compare(tmp_path: Path, off, on, *extra) -> dict:
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--off", off.base_url, "--on", on.base_url,
                            "--prompts", str(prompts), "--repeat", "2", "--max-tokens", "32", "--dtype", "float32",
-                           "--no-triage", "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
+                           "--no-triage", "--no-interference-check", "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert "why: " in proc.stdout and "### Why" in (out / "summary.md").read_text()

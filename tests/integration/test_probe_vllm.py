@@ -14,7 +14,7 @@ from specadapt.workloads.prompts import load_prompts
 
 pytestmark = pytest.mark.integration
 GEN = "vllm:generation_tokens_total"
-SETTINGS = RequestSettings(max_tokens=48)
+SETTINGS = RequestSettings(max_tokens=24)
 
 
 def probe_with_raw_deltas(settled_counter, server, names, concurrency=1):
