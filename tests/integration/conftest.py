@@ -4,6 +4,12 @@ The vLLM (CPU build) servers start side by side (their start-up is mostly single
 compilation) through the same code the CLI uses; the reference servers
 (`specadapt reference serve`) run as real subprocesses on loopback.
 
+The Makefile runs this directory in three sessions (``SPECADAPT_LIVE_PHASE``): the tests of vLLM
+servers (and those that start their own, or measure time) one at a time; then the tests that use
+reference servers only, in two sessions side by side (one for ``feature_reference_servers``, one
+for the other groups): a test waits on its one-thread server most of the time, so two keep both
+CPUs busy, and each session starts its own shared servers once.
+
 Memory decides the schedule: a vLLM CPU server holds about 3.4 GB (its KV cache, the model in
 float32, torch), a reference server about 1.3 GB, and all of them together (five vLLM servers,
 eight reference servers) do not fit in 24 GB: the page cache is squeezed and every test
@@ -15,6 +21,7 @@ whatever is left is stopped at the end of the session.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -240,8 +247,41 @@ def run_order(item) -> float:
     return rank + 1.5 if item.get_closest_marker("ends_servers") and rank < 2 else rank
 
 
+# --- sessions, when asked: the vLLM tests one at a time, then two sessions of reference-server tests side by side ---
+PHASE_ENV = "SPECADAPT_LIVE_PHASE"
+"""``vllm``: this session keeps every test of this directory but those of the reference phases;
+``reference`` and ``features``: only those of that phase (the Makefile runs the two side by side).
+Unset: every test, one at a time."""
+PHASES = ("vllm", "reference", "features")
+
+
+def live_phase(item) -> str:
+    """``features`` or ``reference`` for a test that uses reference servers only and measures no time
+    (not marked ``timed``): nothing it asserts rests on a quiet machine, so the two groups may run side
+    by side, each in its own session with its own shared servers (``features``: the tests of
+    ``feature_reference_servers``; ``reference``: the others); ``vllm`` for every other test here."""
+    names = getattr(item, "fixturenames", ())
+    if schedule_rank(servers_used(names)) != 2 or item.get_closest_marker("timed"):
+        return "vllm"
+    return "features" if "feature_reference_servers" in names else "reference"
+
+
+def _select_phase(config, items, here: Path) -> None:
+    phase = os.environ.get(PHASE_ENV)
+    if not phase:
+        return
+    if phase not in PHASES:
+        raise pytest.UsageError(f"{PHASE_ENV}={phase!r}: use one of {', '.join(PHASES)} (or leave it unset)")
+    kept = [i for i in items if not i.path.is_relative_to(here) or live_phase(i) == phase]
+    dropped = [i for i in items if i not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_collection_modifyitems(session, config, items):
     here = Path(__file__).parent
+    _select_phase(config, items, here)
     mine = [i for i, item in enumerate(items) if item.path.is_relative_to(here)]
     if not mine:
         return

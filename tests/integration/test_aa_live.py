@@ -46,6 +46,7 @@ def check_printed_and_identity(report: dict) -> None:
     assert [p["verdict"] for p in report["identity"]] == ["identical"] * 3, report["identity"]
 
 
+@pytest.mark.timed
 def test_aa_same_spec_on_vllm_server_twice(tmp_path, vllm_ngram_fp32):
     report = check_aa(aa_runner(tmp_path, vllm_ngram_fp32, "1,2", 5), [1, 2],
                       {1: ("pairs", 15), 2: ("blocks", 5)})
@@ -53,6 +54,7 @@ def test_aa_same_spec_on_vllm_server_twice(tmp_path, vllm_ngram_fp32):
     assert all(p["ratios"]["tpot"]["n"] == 5 for lv in report["levels"] for p in lv["by_prompt"])
 
 
+@pytest.mark.timed
 def test_aa_same_spec_on_reference_server_twice(tmp_path, sampling_reference_servers):
     report = check_aa(aa_runner(tmp_path, sampling_reference_servers["ngram"], "1", 3), [1], {1: ("pairs", 9)})
     check_printed_and_identity(report)
