@@ -43,13 +43,17 @@ class StallingWire(Wire):
         return rec
 
 
+def install_wire(monkeypatch, wire: StallingWire) -> StallingWire:
+    """``wire`` answers every request of this test, and the counters are read from the fake servers."""
+    monkeypatch.setattr(spread, "stream_request", wire.stream_request)
+    monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
+    return wire
+
+
 @pytest.fixture
 def stalling(monkeypatch):
     def install(off: Side, on: Side, stall_ms: float = 0.0) -> StallingWire:
-        wire = StallingWire([off, on], stall_ms)
-        monkeypatch.setattr(spread, "stream_request", wire.stream_request)
-        monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
-        return wire
+        return install_wire(monkeypatch, StallingWire([off, on], stall_ms))
     return install
 
 
@@ -154,9 +158,7 @@ def test_a_cold_servers_first_request_is_not_judged(monkeypatch, warmup):
     """Without the run's warm-up the check warms each side itself; with it, the warm-up did: either way the
     seconds a just-started server takes for its first request are not counted as stalls."""
     off, on = Side("off"), Side("on", spec=True)
-    wire = ColdWire([off, on], cold_ms=3000)
-    monkeypatch.setattr(spread, "stream_request", wire.stream_request)
-    monkeypatch.setattr(compare, "settle_counters", lambda server: server.read_counters())
+    wire = install_wire(monkeypatch, ColdWire([off, on], cold_ms=3000))
     runner = ABRunner(off, on, MIXED[:3], CompareSettings(concurrency=[1], repeat=1, warmup=warmup,
                                                           interference_check=True))
     asyncio.run(runner.run())
@@ -165,32 +167,24 @@ def test_a_cold_servers_first_request_is_not_judged(monkeypatch, warmup):
     assert len(wire.log) == 2 + 2 * (ic.ALONE + ic.PAIRS) + 2 * 3  # warm (the run's or the check's), check, run
 
 
-def test_without_the_warm_request_a_cold_first_request_would_count():
+def test_without_the_warm_request_a_cold_first_request_would_count(monkeypatch):
     """The warm request is what keeps a cold start out: checked on the check itself, without it."""
     off, on = Side("off"), Side("on", spec=True)
-    wire = ColdWire([off, on], cold_ms=3000)
+    wire = install_wire(monkeypatch, ColdWire([off, on], cold_ms=3000))
+    request = RequestSettings(logprobs=False)
 
     async def go(warm):
         executor = spread.InProcess()
         try:
-            return await ic.check_sides(off, on, Prompt(id="x", prompt="hi"), {"off": REQ, "on": REQ}, executor,
-                                        warm=warm)
+            return await ic.check_sides(off, on, Prompt(id="x", prompt="hi"), {"off": request, "on": request},
+                                        executor, warm=warm)
         finally:
             await executor.aclose()
 
-    import specadapt.load.spread as sp
-    saved = sp.stream_request
-    sp.stream_request = wire.stream_request
-    try:
-        cold = asyncio.run(go(False))
-        wire.seen.clear()
-        warmed = asyncio.run(go(True))
-    finally:
-        sp.stream_request = saved
+    cold = asyncio.run(go(False))
+    wire.seen.clear()
+    warmed = asyncio.run(go(True))
     assert cold.stalls == 2 and warmed.stalls == 0
-
-
-REQ = RequestSettings(logprobs=False)
 
 
 @pytest.mark.parametrize("repeat, prompts, checked", [
