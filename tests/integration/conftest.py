@@ -5,10 +5,12 @@ compilation) through the same code the CLI uses; the reference servers
 (`specadapt reference serve`) run as real subprocesses on loopback.
 
 The Makefile runs this directory in three sessions (``SPECADAPT_LIVE_PHASE``): the tests of vLLM
-servers (and those that start their own, or measure time) one at a time; then the tests that use
-reference servers only, in two sessions side by side (one for ``feature_reference_servers``, one
-for the other groups): a test waits on its one-thread server most of the time, so two keep both
-CPUs busy, and each session starts its own shared servers once.
+servers (and those that start their own, or measure time) one at a time, those marked ``timed``
+first and alone on the machine (``SPECADAPT_QUIET_DONE`` says when they are done: the tests that
+share no server then run beside the rest); then the tests that use reference servers only, in
+two sessions side by side (one for ``feature_reference_servers``, one for the other groups): a
+test waits on its one-thread server most of the time, so two keep both CPUs busy, and each
+session starts its own shared servers once.
 
 Memory decides the schedule: a vLLM CPU server holds about 3.4 GB (its KV cache, the model in
 float32, torch), a reference server about 1.3 GB, and all of them together (five vLLM servers,
@@ -36,7 +38,8 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.models import resolve_model_dir
 
 NGRAM_K4 = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
-NGRAM_K2 = SpecConfig(method="ngram", k=2, ngram_min=2, ngram_max=4)  # tune's k=2 candidate
+# tune's verification server: n-gram k=4 that drafts 2 at batch size 2 (test_tune_live.SCHEDULE)
+NGRAM_SCHEDULE = NGRAM_K4.model_copy(update={"k_per_batch_size": [(1, 1, 4), (2, 2, 2)]})
 
 
 @pytest.fixture(scope="session")
@@ -47,12 +50,12 @@ def embedded_model() -> str:
 DRAFT_K3 = "draft_model k=3"  # its SpecConfig names the truncated_model fixture's directory (made at session start)
 SERVERS = {  # name: (spec config, dtype)
     "off_fp32": (None, "float32"), "ngram_fp32": (NGRAM_K4, "float32"), "off_bf16": (None, "bfloat16"),
-    "ngram_k2_fp32": (NGRAM_K2, "float32"), "draft_fp32": (DRAFT_K3, "float32"),
+    "ngram_schedule_fp32": (NGRAM_SCHEDULE, "float32"), "draft_fp32": (DRAFT_K3, "float32"),
 }
 # Fixture -> server. The pair that differs in speculation only is float32 (vllm_off and vllm_ngram
 # are the float32 servers); the bfloat16 spec-off server is there for precision divergences.
 FIXTURES = {"vllm_off": "off_fp32", "vllm_off_fp32": "off_fp32", "vllm_ngram": "ngram_fp32",
-            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16", "vllm_ngram_k2": "ngram_k2_fp32",
+            "vllm_ngram_fp32": "ngram_fp32", "vllm_off_bf16": "off_bf16", "vllm_ngram_schedule": "ngram_schedule_fp32",
             "vllm_draft": "draft_fp32"}
 
 
@@ -106,8 +109,9 @@ def vllm_ngram_fp32(vllm_servers):
 
 
 @pytest.fixture(scope="session")
-def vllm_ngram_k2(vllm_servers):
-    return vllm_servers[FIXTURES["vllm_ngram_k2"]]
+def vllm_ngram_schedule(vllm_servers):
+    """n-gram k=4 with a per-batch-size schedule: k=2 at batch size 2 (tune verifies it)."""
+    return vllm_servers[FIXTURES["vllm_ngram_schedule"]]
 
 
 @pytest.fixture(scope="session")
@@ -176,6 +180,17 @@ def reference_servers(embedded_model, truncated_model):
         yield dict(zip(opts, servers, strict=True))
 
 
+@pytest.fixture(scope="session")
+def reference_ngram_server(embedded_model):
+    """One `specadapt reference serve` with a healthy n-gram k=4 (float32, CPU): the reference A/A's server,
+    started alone (the groups above start four at once)."""
+    from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
+
+    with ReferenceBackend().launched_many([ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM)]) as servers:
+        _STARTED["reference_ngram_server"] = servers
+        yield servers[0]
+
+
 REF_NGRAM_K2 = SpecConfig(method="ngram", k=2, ngram_min=1, ngram_max=4)
 
 
@@ -219,7 +234,8 @@ def feature_reference_servers(embedded_model):
 
 
 # --- the schedule: vLLM first, reference servers after, each server stopped after its last test ---
-REFERENCE_GROUPS = ("reference_servers", "sampling_reference_servers", "feature_reference_servers")
+REFERENCE_GROUPS = ("reference_servers", "sampling_reference_servers", "feature_reference_servers",
+                    "reference_ngram_server")
 _STARTED: dict[str, list] = {}  # a vLLM server's name or a reference group: its started servers
 _LAST_USER: dict[str, str] = {}  # the same keys: node id of the last test that uses them
 
@@ -240,11 +256,22 @@ def schedule_rank(used: set[str]) -> int:
     return 1 if ref and vllm else 2 if ref else 0 if vllm else 3
 
 
-def run_order(item) -> float:
-    """schedule_rank, with a test that may stop its shared servers (marked ends_servers) moved after every other
-    test of its rank and of the next (so after the tests that use the same vLLM servers with reference ones)."""
-    rank = schedule_rank(servers_used(getattr(item, "fixturenames", ())))
-    return rank + 1.5 if item.get_closest_marker("ends_servers") and rank < 2 else rank
+MAIN_PAIR = {"off_fp32", "ngram_fp32"}  # the vLLM servers most tests use; the others have a test or two each
+EXTRA_VLLM = set(SERVERS) - MAIN_PAIR
+
+
+def run_order(item) -> tuple[int, float, int]:
+    """The tests marked ``timed`` first, those that start their own servers before the others (nothing shared is
+    up yet, so nothing else runs on the machine); then the others by schedule_rank, with a test that may stop its
+    shared servers (marked ends_servers) moved after every other test of its rank and of the next (so after the
+    tests that use the same vLLM servers with reference ones). Among the untimed tests of a rank, those of a vLLM
+    server outside MAIN_PAIR come first, so that those servers are stopped early (ROOM_ENV)."""
+    used = servers_used(getattr(item, "fixturenames", ()))
+    rank = schedule_rank(used)
+    if item.get_closest_marker("timed"):
+        return 0, (-1 if rank == 3 else rank), 0
+    late = rank + 1.5 if item.get_closest_marker("ends_servers") and rank < 2 else rank
+    return 1, late, 0 if used & EXTRA_VLLM else 1  # the few users of the other vLLM servers first: they stop early
 
 
 # --- sessions, when asked: the vLLM tests one at a time, then two sessions of reference-server tests side by side ---
@@ -253,6 +280,15 @@ PHASE_ENV = "SPECADAPT_LIVE_PHASE"
 ``reference`` and ``features``: only those of that phase (the Makefile runs the two side by side).
 Unset: every test, one at a time."""
 PHASES = ("vllm", "reference", "features")
+QUIET_ENV = "SPECADAPT_QUIET_DONE"
+"""A file to create once the session's tests marked ``timed`` (which run first, see run_order) have finished, or at
+once when it has none: the Makefile starts the tests that may run beside the rest of this session when it appears.
+Until then nothing else runs on the machine."""
+_LAST_TIMED: list[str] = []  # node id of the session's last timed test (none: the file is created at collection)
+ROOM_ENV = "SPECADAPT_ROOM_DONE"
+"""A file to create once the vLLM servers outside MAIN_PAIR are stopped (after the last test that uses one): from
+then on this session holds two vLLM servers at most, and the Makefile starts the reference sessions beside it."""
+_LAST_EXTRA: list[str] = []  # node id of the last test that uses a vLLM server outside MAIN_PAIR
 
 
 def live_phase(item) -> str:
@@ -292,6 +328,17 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         for key in servers_used(getattr(item, "fixturenames", ())):
             _LAST_USER[key] = item.nodeid
+    _LAST_TIMED[:] = [item.nodeid for item in items if item.get_closest_marker("timed")][-1:]
+    _LAST_EXTRA[:] = [i.nodeid for i in items if servers_used(getattr(i, "fixturenames", ())) & EXTRA_VLLM][-1:]
+    if not _LAST_TIMED:
+        _signal(QUIET_ENV)
+    if not _LAST_EXTRA:
+        _signal(ROOM_ENV)
+
+
+def _signal(env: str) -> None:
+    if os.environ.get(env):
+        Path(os.environ[env]).touch()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -301,3 +348,12 @@ def pytest_runtest_teardown(item, nextitem):
         if last == item.nodeid:
             for server in _STARTED.pop(key, []):
                 server.process.stop()  # the fixture's own exit stops it again: a no-op by then
+    if item.nodeid in _LAST_TIMED:
+        _signal(QUIET_ENV)
+    if item.nodeid in _LAST_EXTRA:
+        _signal(ROOM_ENV)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for env in (QUIET_ENV, ROOM_ENV):  # a session stopped early (-x, a crash of the collection) frees the rest too
+        _signal(env)

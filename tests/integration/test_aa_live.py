@@ -55,6 +55,6 @@ def test_aa_same_spec_on_vllm_server_twice(tmp_path, vllm_ngram_fp32):
 
 
 @pytest.mark.timed
-def test_aa_same_spec_on_reference_server_twice(tmp_path, sampling_reference_servers):
-    report = check_aa(aa_runner(tmp_path, sampling_reference_servers["ngram"], "1", 3), [1], {1: ("pairs", 9)})
+def test_aa_same_spec_on_reference_server_twice(tmp_path, reference_ngram_server):
+    report = check_aa(aa_runner(tmp_path, reference_ngram_server, "1", 3), [1], {1: ("pairs", 9)})
     check_printed_and_identity(report)

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 OFF = json.dumps({"method": "off"})
 
 
+@pytest.mark.timed
 def test_aa_of_two_spec_off_servers_started_side_by_side(tmp_path, embedded_model):
     out = tmp_path / "aa.json"
     proc = subprocess.run([sys.executable, "-m", "specadapt", "compare", "--spec-config", OFF, "--dtype", "float32",
@@ -64,10 +65,11 @@ def _log_ttft(pairs):
     return [math.log(on.ttft_ns / off.ttft_ns) for off, on in pairs if off.ttft_ns and on.ttft_ns]
 
 
+@pytest.mark.timed
 def test_demo_ngram_headline_is_consistent(tmp_path, vllm_off_fp32, vllm_ngram_fp32, embedded_model):
     """The demo's n-gram comparison on the session's placed servers: was the response faster, and do
     TPOT, E2E and tokens/s agree (or the report says why, and it is not interference)."""
-    plan = plan_demo(DemoOptions(dtype="float32", max_tokens=48), model=embedded_model, check=False)
+    plan = plan_demo(DemoOptions(dtype="float32", max_tokens=32), model=embedded_model, check=False)
     plan.runs = [r for r in plan.runs if r.name == "ngram"]
     plan.launch = {k: v for k, v in plan.launch.items() if k in ("spec-off", "ngram")}
 

@@ -1,11 +1,12 @@
 """`specadapt tune` against the vLLM CPU build, whose scheduler applies the per-batch-size
 schedule (a server that does not is caught in tests/reliability/test_tune_scripted.py).
 
-The run is the small sweep k in {0, 2, 4} at concurrency 1 and 2 (1 prompt x 5 repeats, 8
-tokens): the sweep's servers are the session's; tune starts the verification server with the
-emitted schedule. ``--schedule [[1, 1, 4], [2, 2, 2]]`` makes the verified configuration a
-schedule whatever the sweep chooses on a loaded machine, so that the honour check has a batch
-size (2) where fewer drafts are due."""
+The run is the small sweep k in {0, 4} at concurrency 1 and 2 (1 prompt x 5 repeats, 8 tokens)
+on the session's servers. ``--schedule [[1, 1, 4], [2, 2, 2]]`` makes the verified configuration
+a schedule whatever the sweep chooses on a loaded machine, so that the honour check has a batch
+size (2) where fewer drafts are due; the verification server is the session's one started with
+that schedule (``--verify-url``: a server started the way tune starts its own, through the same
+launch options, and the suite starts one vLLM server fewer)."""
 
 from __future__ import annotations
 
@@ -70,22 +71,23 @@ def check_sweep(report: TuneReport, out: Path, ks=(0, 2, 4), schedule=SCHEDULE) 
     return trt
 
 
-def test_vllm_cpu_build_applies_the_schedule_and_tune_verifies_it(tmp_path, vllm_off, vllm_ngram, vllm_ngram_k2):
+def test_vllm_cpu_build_applies_the_schedule_and_tune_verifies_it(tmp_path, vllm_off, vllm_ngram,
+                                                                   vllm_ngram_schedule):
     """The vLLM 0.32 scheduler (shared by the CPU and GPU builds) reads
     num_speculative_tokens_per_batch_size: at batch size 2 the server drafts 2 tokens, not 4."""
     proc, report, out = tune(tmp_path, "--off", vllm_off.base_url, "--on", f"4={vllm_ngram.base_url}",
-                             "--on", f"2={vllm_ngram_k2.base_url}",
+                             "--verify-url", vllm_ngram_schedule.base_url,
                              "--spec-config", json.dumps({"method": "ngram", "k": 4, "ngram_min": 2, "ngram_max": 4}),
-                             "--dtype", "float32", "--server-arg=--enforce-eager")
+                             ks="0,4")
     assert report is not None, proc.stderr
-    trt = check_sweep(report, out)
+    trt = check_sweep(report, out, ks=(0, 4))
     assert trt["draft_len_schedule"][1] == 4 and sorted(trt["draft_len_schedule"].values()) == [2, 4]
     honour = report.verification.levels[1].honour
     assert honour.verdict == "honoured", honour.reason
     assert honour.schedule_rate < 0.5 * honour.fixed_rate
     assert report.verification.honoured == "honoured"
-    launched = report.verification.compare.on_server.launch
-    assert any("num_speculative_tokens_per_batch_size" in a for a in launched.spec_args)
+    # the verified server took the schedule on its command line, as tune writes it for a server it starts
+    assert any("num_speculative_tokens_per_batch_size" in a for a in vllm_ngram_schedule.launch.spec_args)
     # exit 0 when verified, 1 when a level was slower than the best fixed k: both say so
     assert proc.returncode == (0 if report.verification.status == "passed" else 1), proc.stderr
     assert report.recommendation.verified == (report.verification.status == "passed")

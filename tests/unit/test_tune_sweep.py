@@ -183,6 +183,29 @@ def test_verification_spec_carries_the_schedule_of_the_chosen_variant():
     assert tuning.verification_spec(report, BASE) is None
 
 
+def test_the_verification_server_tune_starts_takes_the_schedule_on_its_command_line():
+    """The launch tune builds for its verification server (launch_options_for with verification_spec):
+    vLLM's command line carries num_speculative_tokens_per_batch_size (the live test verifies a
+    session server started from the same launch options)."""
+    import json
+    import sys
+
+    from specadapt.adapters.vllm import VLLMBackend
+    from specadapt.orchestration.servers import ServerOptions, launch_options_for
+
+    report = TuneReport(settings=settings())
+    report.candidates = [tuning_candidate("k=4", "", 4, {"method": "ngram", "k": 4, "ngram_min": 2,
+                                                          "ngram_max": 4})]
+    report.recommendation = Recommendation(form="schedule", k=4, schedule=[(1, 1, 4), (2, 2, 2)])
+    backend = VLLMBackend()
+    launch = launch_options_for(backend, ServerOptions(python=sys.executable), "/m",
+                                tuning.verification_spec(report, BASE), None)
+    (arg,) = backend.launch_plan(launch).spec_args
+    config = json.loads(arg.split("=", 1)[1])
+    assert config["num_speculative_tokens"] == 4
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 2, 2]]
+
+
 def tuning_candidate(label, variant, k, spec):
     return Candidate(label=label, variant=variant, k=k, spec=spec)
 
