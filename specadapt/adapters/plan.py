@@ -66,6 +66,10 @@ class LaunchPlan(BaseModel):
     per_server_env: list[str] = Field(default_factory=list, description=(
         "Variables whose values place this one server (its CPUs, its GPUs): like per_server_flags, allowed to "
         "differ between the two sides of a comparison."))
+    scratch_env: list[str] = Field(default_factory=list, description=(
+        "Variables that name a directory of this one server's own (vLLM: VLLM_RPC_BASE_PATH, where its processes "
+        "make their sockets): specadapt creates a fresh one when it starts the server and removes it once the "
+        "server is stopped, so that nothing is left behind; a variable already set in the environment stands."))
 
     @property
     def base_url(self) -> str:

@@ -25,10 +25,12 @@ import ctypes
 import errno
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -141,6 +143,7 @@ class ManagedProcess:
         self.proc: subprocess.Popen | None = None
         self.watchdog: subprocess.Popen | None = None
         self._log_fh = None
+        self._scratch: list[str] = []  # the plan's scratch directories made for this run (removed by stop)
 
     # -- life cycle -------------------------------------------------------------------
     def start(self) -> ManagedProcess:
@@ -148,6 +151,10 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_fh = open(self.log_path, "ab")
         env = {**os.environ, **self.plan.env}
+        for name in self.plan.scratch_env:
+            if name not in env:
+                env[name] = tempfile.mkdtemp(prefix=f"specadapt-{self.plan.backend}-")
+                self._scratch.append(env[name])
         try:
             self.proc = subprocess.Popen(
                 self.plan.argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log_fh,
@@ -156,6 +163,7 @@ class ManagedProcess:
             )
         except (OSError, subprocess.SubprocessError) as exc:  # SubprocessError: _prepare_child failed (its CPUs)
             self._log_fh.close()
+            self._remove_scratch()
             why = getattr(exc, "strerror", None) or str(exc)
             where = f" on CPUs {self.plan.cpus}" if self.plan.cpus else ""
             raise ServerStartError(f"cannot start {self.plan.argv[0]}{where}: {why}") from exc
@@ -244,7 +252,12 @@ class ManagedProcess:
             _LIVE.discard(self)
         if self._log_fh and not self._log_fh.closed:
             self._log_fh.close()
+        self._remove_scratch()
         return self.proc.returncode
+
+    def _remove_scratch(self) -> None:
+        while self._scratch:
+            shutil.rmtree(self._scratch.pop(), ignore_errors=True)
 
     def _dismiss_watchdog(self) -> None:
         if self.watchdog is None:

@@ -71,6 +71,9 @@ def live_from_metrics(text: str, source: str = "GET /metrics (Prometheus text)")
 # The CPU build's OpenMP binding (vllm/utils/ompmultiprocessing.py, vLLM 0.32.0): CPU ids like "0-2,5",
 # one list per local rank separated by "|"; "auto" (the default) binds every core of the NUMA node.
 OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+# where vLLM's processes make their ZMQ sockets (the system's temporary directory by default, where a stopped
+# server leaves them): a directory of each server's own, removed when it is stopped (LaunchPlan.scratch_env)
+RPC_DIR = "VLLM_RPC_BASE_PATH"
 
 # the request keys that make vLLM's completions name each token as "token_id:N"
 TOKEN_IDS = {"return_tokens_as_token_ids": True}
@@ -303,7 +306,7 @@ def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
     spec_args = [a for a in argv if a.startswith(f"{F_SPEC}=")]  # check_extra_args keeps it out of extra_args
     return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
                       health_path="/v1/models", spec_enabled=spec is not None, model=opts.model, notes=notes,
-                      spec_args=spec_args)
+                      spec_args=spec_args, scratch_env=[RPC_DIR])
 
 
 def intel_openmp(python: str) -> str | None:

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 import time
 
 import psutil
@@ -199,3 +200,40 @@ def test_a_started_server_gets_default_signal_dispositions(tmp_path):
         for s, handler in saved.items():
             signal.signal(s, handler)
     assert (tmp_path / "log").read_text().split() == ["handled"] * 3
+
+
+def test_a_scratch_directory_lives_as_long_as_its_server(tmp_path, monkeypatch):
+    """LaunchPlan.scratch_env: a fresh directory per server start (vLLM puts its sockets there), gone once the
+    server is stopped, whatever the server left in it; a variable already set in the environment stands."""
+    monkeypatch.delenv("SCRATCH_DIR", raising=False)
+    code = SIGTERM_ENDS + textwrap.dedent("""
+        import http.server, os, pathlib, sys
+        pathlib.Path(os.environ["SCRATCH_DIR"], "socket").write_text("left behind")
+        print("scratch", os.environ["SCRATCH_DIR"], flush=True)
+        http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()
+    """)
+    dirs = []
+    for _ in range(2):
+        plan = plan_for(code, free_port()).model_copy(update={"scratch_env": ["SCRATCH_DIR"]})
+        mp = ManagedProcess(plan, log_path=tmp_path / f"log{len(dirs)}")
+        with mp:
+            mp.wait_healthy(timeout_s=30)
+            (line,) = [x for x in mp.log_path.read_text().splitlines() if x.startswith("scratch ")]
+            dirs.append(line.split(" ", 1)[1])
+            assert (Path(dirs[-1]) / "socket").read_text() == "left behind"
+        assert not Path(dirs[-1]).exists()
+    assert dirs[0] != dirs[1] and "SCRATCH_DIR" not in plan.env
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    monkeypatch.setenv("SCRATCH_DIR", str(mine))
+    plan = plan_for(code, free_port()).model_copy(update={"scratch_env": ["SCRATCH_DIR"]})
+    with ManagedProcess(plan, log_path=tmp_path / "log-mine") as mp:
+        mp.wait_healthy(timeout_s=30)
+    assert (mine / "socket").read_text() == "left behind"  # the user's own directory: used, and kept
+
+
+def test_vllm_servers_get_a_socket_directory_of_their_own():
+    from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch
+
+    plan = VLLMBackend().launch_plan(VLLMLaunch(model="/m", python=sys.executable, port=free_port()))
+    assert plan.scratch_env == ["VLLM_RPC_BASE_PATH"] and "VLLM_RPC_BASE_PATH" not in plan.env
