@@ -46,32 +46,18 @@ promtool:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "note: promtool not found and cannot be installed here; the promtool tests will be skipped" >&2; fi; }
 
-# Four pytest sessions. The tests that share no real server run on both cores (pytest-xdist);
-# then tests/configs (vLLM's own parser) and the live tests of vLLM servers (each started once per
-# session, and every test that measures time) run in one process, alone on the machine, so that
-# nothing else disturbs the two sides of a live comparison; then the live tests that use reference
-# servers only, in two sessions side by side, each with its own shared servers (the second one's
-# output follows the first's; tests/integration/conftest.py says which test goes where; an empty
-# REFERENCE_TESTS leaves them out).
+# Four pytest sessions (scripts/test.sh says how they share the machine): the live tests of vLLM servers one
+# at a time, those that measure time first and alone; beside the rest of them, the tests that share no real
+# server on both cores (pytest-xdist); then the live tests of reference servers only, in two sessions side
+# by side (tests/integration/conftest.py says which test goes where; an empty REFERENCE_TESTS leaves them out).
 # Each session must collect tests (pytest's exit 5 fails here).
 PARALLEL_TESTS ?= tests/unit tests/reliability tests/native_reference tests/docs tests/commands
-SERIAL_TESTS ?= tests/configs tests/integration
+SERIAL_TESTS ?= tests/integration tests/configs
 REFERENCE_TESTS ?= tests/integration
 
 test: model browser promtool
-	@$(PY) -m pytest -n 2 $(PARALLEL_TESTS) $(PYTEST_ARGS); a=$$?; \
-	SPECADAPT_LIVE_PHASE=vllm $(PY) -m pytest $(SERIAL_TESTS) $(PYTEST_ARGS); b=$$?; \
-	c=0; d=0; if [ -n "$(REFERENCE_TESTS)" ]; then log=$$(mktemp); \
-	  SPECADAPT_LIVE_PHASE=features $(PY) -m pytest $(REFERENCE_TESTS) $(PYTEST_ARGS) >$$log 2>&1 & f=$$!; \
-	  SPECADAPT_LIVE_PHASE=reference $(PY) -m pytest $(REFERENCE_TESTS) $(PYTEST_ARGS); c=$$?; \
-	  wait $$f; d=$$?; cat $$log; rm -f $$log; fi; \
-	for rc in $$a $$b $$c $$d; do \
-	  if [ $$rc -eq 5 ]; then echo "error: a pytest session collected no tests; that is a failure here" >&2; exit 1; fi; \
-	done; \
-	if [ $$a -ne 0 ]; then echo "error: the parallel session failed (exit $$a)" >&2; exit $$a; fi; \
-	if [ $$b -ne 0 ]; then echo "error: the session of live vLLM tests failed (exit $$b)" >&2; exit $$b; fi; \
-	if [ $$c -ne 0 ]; then echo "error: the session of live reference tests failed (exit $$c)" >&2; exit $$c; fi; \
-	if [ $$d -ne 0 ]; then echo "error: the session of live feature tests failed (exit $$d)" >&2; exit $$d; fi
+	PARALLEL_TESTS="$(PARALLEL_TESTS)" SERIAL_TESTS="$(SERIAL_TESTS)" REFERENCE_TESTS="$(REFERENCE_TESTS)" \
+	PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh $(PY)
 
 # Mutation testing of the verdict and figure logic ([tool.mutmut] in pyproject.toml); slow.
 # MUTANTS: globs over mutant names, e.g. MUTANTS='specadapt.analysis.gate*' (one module); empty: all.
