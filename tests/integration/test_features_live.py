@@ -62,7 +62,7 @@ def cells(report) -> dict[str, dict]:
 def test_healthy_reference_passes_every_cell_it_supports(tmp_path, feature_reference_servers, embedded_model):
     servers = feature_reference_servers
     proc, report, junit = features_equiv(tmp_path, servers["off"], servers["ngram"], "all", "--concurrency", "16",
-                                         reference=embedded_model, max_tokens=8, samples=2)
+                                         reference=embedded_model, max_tokens=12, samples=2)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by = cells(report)
     assert set(by) == {c for c in by} and len(by) == 25
@@ -77,7 +77,7 @@ def test_healthy_reference_passes_every_cell_it_supports(tmp_path, feature_refer
     # the stop and length cells were placed inside an accepted chunk of the spec-on answer
     assert "inside a streamed chunk" in " ".join(by["stop-string"]["notes"])
     assert "inside a streamed chunk" in " ".join(by["max-tokens"]["notes"])
-    assert by["top-k-20"]["stats"]["n_tokens"] == 3 * 2 * 8
+    assert by["top-k-20"]["stats"]["n_tokens"] == 3 * 2 * 12
     text = junit.read_text()
     assert text.count("<testcase") == 25 and "<failure" not in text and text.count("<skipped") == 3
     assert "gate: PASS" in proc.stdout

@@ -51,12 +51,12 @@ def test_watch_against_vllm_equals_the_counter_deltas(vllm_ngram, settled_counte
     out = tmp_path / "watch.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "specadapt", "watch", "--url", f"on={url}", "--interval", "0.25", "--window", "600",
-         "--duration", "14", "--listen", f"127.0.0.1:{port}", "--no-console", "--out", str(out)],
+         "--listen", f"127.0.0.1:{port}", "--no-console", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         metrics = f"http://127.0.0.1:{port}/metrics"
         wait_for(metrics)
-        end = time.monotonic() + 5
+        end = time.monotonic() + 60  # a deadline, not a speed: the watch runs until this test stops it
         while scrape(metrics).get(("specadapt_server_up", (("server", "on"),))) != 1.0:
             assert time.monotonic() < end, "the watcher never read the server"
             time.sleep(0.1)
@@ -76,13 +76,15 @@ def test_watch_against_vllm_equals_the_counter_deltas(vllm_ngram, settled_counte
         assert live[("specadapt_speculation_counters", on)] == 1.0
         assert live[("specadapt_ttft_seconds", on)] > 0  # vLLM's own histogram
         assert ("specadapt_running_requests", on) in live
+        proc.terminate()  # as a pod is stopped: the report is written first
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, stderr
+    assert proc.returncode == 143, stderr
     report = json.loads(out.read_text())
+    assert report["end_reason"] == "stopped by a signal (exit 143)"
     fig = report["servers"][0]["figures"]
     assert fig["accepted"] == after[ACCEPTED] - before[ACCEPTED]
     assert fig["drafts"] == after[DRAFTS] - before[DRAFTS]
