@@ -34,10 +34,11 @@ printf "\n(the timed live tests have finished: the parallel session runs beside 
 # shellcheck disable=SC2086
 $PY -m pytest -n 2 $PARALLEL_TESTS $PYTEST_ARGS >"$logs/parallel.log" 2>&1 & p=$!
 
+wait $p; a=$?  # before the reference sessions: not three at once, the CPUs' threads would wait on each other
+
 c=0 d=0
 if [ -n "$REFERENCE_TESTS" ]; then
   await "$logs/room-done"
-  wait $p; a=$?  # not three at once: the CPUs' threads would wait on each other (torch, OpenMP)
   printf "\n(the reference sessions start now, beside the rest of the vLLM session; their output follows)\n" >&2
   # shellcheck disable=SC2086
   SPECADAPT_LIVE_PHASE=features $PY -m pytest $REFERENCE_TESTS $PYTEST_ARGS >"$logs/features.log" 2>&1 & f=$!
@@ -47,7 +48,6 @@ if [ -n "$REFERENCE_TESTS" ]; then
   wait $f; d=$?
 fi
 wait $v; b=$?
-[ -n "$REFERENCE_TESTS" ] || { wait $p; a=$?; }
 
 for name in parallel reference features; do
   if [ -s "$logs/$name.log" ]; then
