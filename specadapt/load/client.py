@@ -31,6 +31,10 @@ its ``post_stream`` method can stand in for it (the unit tests' scripted transpo
 About 0.05 ms of CPU per chunk at 500 streams and more, 10 us of it parsing
 (docs/benchmarks.md), against 0.2-0.4 ms with httpx + httpx-sse.
 
+Speculation per request. Where the answer itself states the request's drafted and accepted
+draft tokens (vLLM ``metrics.speculative_decoding`` on the final usage chunk, llama.cpp
+``timings``), the record keeps them (``spec_drafted``, ``spec_accepted``, ``spec_steps``).
+
 Faults never raise: each failed request gets ``error`` (one line) and ``error_kind``.
 Retries are off by default because a retried request's latency is not a server's
 latency; with ``retries`` > 0, a request that got HTTP 429/500/502/503/504 or could not
@@ -197,6 +201,26 @@ def _count_tokens(usage: dict[str, Any], before: int | None, tokens: list[str],
 _RANK = {"usage": 0, "logprobs": 1, "chunks": 2}
 
 
+def _spec_counts(answer: dict[str, Any], rec: RequestRecord) -> None:
+    """The request's own drafted/accepted counts where the server's answer states them: vLLM's
+    ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics``; streamed on the final usage
+    chunk) or llama.cpp's ``timings.draft_n`` / ``draft_n_accepted``. Anything else leaves ``rec`` as it is."""
+    metrics = answer.get("metrics")
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if isinstance(spec, dict) and isinstance(spec.get("num_draft_tokens"), int):
+        rec.spec_drafted = spec["num_draft_tokens"]
+        accepted = spec.get("num_accepted_draft_tokens")
+        rec.spec_accepted = accepted if isinstance(accepted, int) else None
+        steps = spec.get("num_spec_steps")
+        rec.spec_steps = steps if isinstance(steps, int) else None
+        return
+    timings = answer.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
+        rec.spec_drafted = timings["draft_n"]
+        accepted = timings.get("draft_n_accepted")
+        rec.spec_accepted = accepted if isinstance(accepted, int) else None
+
+
 def _weaker(current: TokenSource | None, new: TokenSource) -> TokenSource:
     """The least exact source seen in a request is the one the request is labelled with."""
     if current is None or _RANK[new] > _RANK[current]:
@@ -275,6 +299,8 @@ class StreamState:
             self.usage_base = None
         if usage.get("prompt_tokens") is not None:
             self._prompt_tokens = int(usage["prompt_tokens"])
+        if "metrics" in chunk or "timings" in chunk:
+            _spec_counts(chunk, rec)
         if n > 0 and choices:
             rec.chunk_ns.append(now - self.t0)
             rec.chunk_tokens.append(n)

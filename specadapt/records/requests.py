@@ -64,6 +64,14 @@ class RequestRecord(BaseModel):
     tokens: list[str] = Field(default_factory=list, description="Token strings from logprobs, when asked.")
     token_logprobs: list[float] = Field(default_factory=list)
     top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    spec_drafted: int | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "Draft tokens proposed for this request, as the server's own answer states it (vLLM with "
+        "--per-request-spec-decode-metrics: metrics.speculative_decoding; llama.cpp: timings.draft_n); None: "
+        "the answer did not say."))
+    spec_accepted: int | None = Field(None, exclude_if=lambda v: v is None,
+                                      description="Of those, the draft tokens the target accepted (same source).")
+    spec_steps: int | None = Field(None, exclude_if=lambda v: v is None,
+                                   description="Verify passes that had a draft (vLLM's num_spec_steps), where given.")
 
     @property
     def ttft_ns(self) -> int | None:

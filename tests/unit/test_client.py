@@ -627,3 +627,35 @@ def test_usage_only_chunk_beyond_the_content_counts_in_the_total_but_is_no_chunk
     rec, _ = run_with(sse(chat_chunk("a", 1, usage=1), chat_chunk("bc", 2, usage=3), usage_chunk(4), "[DONE]"))
     assert rec.chunk_tokens == [1, 2] and len(rec.chunk_ns) == 2
     assert rec.output_tokens == 4 and rec.prompt_tokens == 0 and rec.ok
+
+
+SPEC = {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.375, "acceptance_histogram": [1, 0, 2, 1, 0],
+        "num_spec_steps": 4, "num_accepted_draft_tokens": 6, "num_draft_tokens": 16, "num_spec_tokens": 4}
+
+
+def test_per_request_spec_metrics_on_the_final_usage_chunk_are_kept():
+    """vLLM 0.32 with --per-request-spec-decode-metrics puts metrics.speculative_decoding on the final usage
+    chunk (shape from vllm/entrypoints/generate/base/protocol.py, SpeculativeDecodingMetrics)."""
+    body = sse(chat_chunk("a", 1, usage=1), chat_chunk("bcd", 3, usage=4),
+               {"choices": [], "usage": {"completion_tokens": 4}, "metrics": {"speculative_decoding": SPEC}},
+               "[DONE]")
+    rec, _ = run(body)
+    assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (16, 6, 4)
+    assert rec.chunk_tokens == [1, 3] and rec.output_tokens == 4
+
+
+def test_llamacpp_timings_give_drafted_and_accepted_without_steps():
+    """llama.cpp's server answers with timings.draft_n / draft_n_accepted (constructed from its README's field
+    names, tools/server/README.md)."""
+    body = sse(chat_chunk("ab", 2), {"choices": [], "timings": {"draft_n": 9, "draft_n_accepted": 5}}, "[DONE]")
+    rec, _ = run(body)
+    assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (9, 5, None)
+
+
+@pytest.mark.parametrize("extra", [{}, {"metrics": None}, {"metrics": {"speculative_decoding": None}},
+                                   {"metrics": {"speculative_decoding": {"num_draft_tokens": "9"}}},
+                                   {"timings": {"draft_n": None}}, {"metrics": []}])
+def test_answers_without_usable_spec_counts_leave_the_record_unknown(extra):
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], **extra}, "[DONE]"))
+    assert rec.ok and (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (None, None, None)
+    assert "spec_drafted" not in json.loads(rec.model_dump_json())
