@@ -14,8 +14,15 @@ reported once):
 - reference (``--reference DIR``): the target is recomputed in float64 on the same prefix
   (prompt ids from the server's /tokenize, then the spec-off tokens before i): the true
   margin, decisive where the server's own logprobs carry its dtype's noise.
+- the spec-on answer's own path (``path_verdict``): the spec-off server scores the prompt
+  plus the spec-on tokens; at each position from i on, margin = logp(top token) -
+  logp(spec-on token) on the spec-on answer's own prefix. A greedy answer is the target's
+  choice at every position up to near-ties, so a dropped or garbled token after i (or at i,
+  where its first margin looked small) shows as a large margin there: suspect.
 - verdict: |margin| below the threshold is a "numerical near-tie" (the server's
-  arithmetic can flip it); above it, "suspect". The default threshold depends on the
+  arithmetic can flip it); above it, "suspect".
+- under concurrency (``PromptIdentity.concurrency_only``): a prompt whose pairs answered
+  alone were identical but whose pairs inside concurrent batches diverged. The default threshold depends on the
   server dtype (see NEAR_TIE_THRESHOLDS and the README for how they were measured).
 """
 
@@ -129,6 +136,40 @@ def triage_at(top: dict[str, float], off_token: str | None, div: Divergence, thr
                   threshold=threshold, server_margin=margin, top_logprobs=top, note=note.rstrip("; "))
 
 
+def path_verdict(base: Triage, margins: list[float], start: int, on_tokens: list[str], threshold: float) -> Triage:
+    """Fold the spec-on answer's own-path margins into a triage. ``margins[j]``: logp(target's top
+    token) - logp(spec-on token) at output position start + j, the target scored on the spec-on
+    answer's own prefix (exact: the scoring gives the spec-on token's logprob).
+
+    - the largest margin at or above ``threshold``: suspect (that token is not the target's choice
+      on its own prefix, whatever the first differing token looked like);
+    - else a triage still "unknown" becomes a near-tie: every token from the divergence on is
+      within the threshold of the target's top choice, the first of them included;
+    - else the verdict stands, with the path's figures added."""
+    if not margins:
+        return base.model_copy(update={"note": _joined(base.note, "rest of the spec-on answer not checked: "
+                                                                  "no token scored")})
+    j = max(range(len(margins)), key=margins.__getitem__)
+    worst = margins[j]
+    update: dict[str, Any] = {"path_checked": len(margins), "path_margin": worst, "path_position": start + j,
+                              "path_token": on_tokens[start + j] if start + j < len(on_tokens) else None}
+    if worst >= threshold:
+        update["verdict"] = "suspect"
+        update["note"] = _joined(base.note, f"spec-on token {start + j} is not the target's choice on the spec-on "
+                                            f"answer's own prefix (margin {worst:.3f} >= {threshold:g})")
+    elif base.verdict == "unknown":
+        update.update(verdict="near-tie", margin=margins[0], margin_is_lower_bound=False,
+                      note=_joined(base.note, f"all {len(margins)} spec-on tokens from the divergence on are within "
+                                              f"{threshold:g} of the target's top choice on their own prefix"))
+    if base.source == "none":
+        update["source"] = "server-logprobs"
+    return base.model_copy(update=update)
+
+
+def _joined(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more
+
+
 def choice_logprobs(choice: dict[str, Any], api: str) -> tuple[list[str], list[dict[str, float]]]:
     """(tokens, top logprobs per position) of a non-streamed answer's choice; each position's
     top holds its own token's logprob too."""
@@ -171,9 +212,12 @@ def identity_report(records: list[RequestRecord], prompts: list[Prompt],
         later = [k for k, *_ in both if k[-1] > diverged_at.get(k[:-1], k[-1])]
         pairs = [(off, on) for k, off, on in both if k not in later]
         divs = [(d, off) for off, on in pairs if (d := first_divergence(off, on)) is not None]
+        levels = sorted({off.concurrency for _, off in divs})
         ident = PromptIdentity(prompt_id=pid, category=by_prompt[pid].category, pairs=len(pairs),
                                identical_pairs=len(pairs) - len(divs), verdict="identical",
-                               different_history_pairs=len(later))
+                               different_history_pairs=len(later), diverged_levels=levels,
+                               concurrency_only=bool(levels) and 1 not in levels
+                               and any(off.concurrency == 1 for off, _ in pairs))
         if divs:
             origins: dict[tuple, tuple[Divergence, RequestRecord]] = {}
             for d, off in sorted(divs, key=lambda x: (x[0].turn, x[0].token_index, x[0].concurrency, x[0].repeat)):

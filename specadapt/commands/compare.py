@@ -37,7 +37,8 @@ def parse_levels(value: str) -> list[int]:
 def ab_options(f):
     """The load, analysis and output options of compare and equiv."""
     opts = [
-        click.option("--concurrency", default="1", show_default=True, help="Levels of the sweep, e.g. 1,2,4,8."),
+        click.option("--concurrency", default="1", show_default=True,
+                     help="Levels of the sweep, e.g. 1,2,4,8 (equiv's greedy gate: 1,4 unless given)."),
         click.option("--repeat", type=click.IntRange(1), default=3, show_default=True,
                      help="Send the prompt set this many times per level."),
         click.option("--warmup", type=click.IntRange(0), default=1, show_default=True,
@@ -124,6 +125,8 @@ def compare(server_opts: ServerOptions, off_url, on_url, launch, **kw) -> None:
     sys.exit(_run(server_opts, off_url, on_url, launch, kw, gate=None))
 
 
+# equiv's greedy gate: each prompt alone and inside batches of 4 (a concurrency-only fault shows there)
+EQUIV_CONCURRENCY = "1,4"
 # equiv --sampling defaults (commands/sampling.py runs it)
 SAMPLES = 8
 ALPHA = 0.01
@@ -156,8 +159,18 @@ TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 @click.option("--list-features", is_flag=True, help="List the cells of --features and exit.")
 @click.option("--require-active", is_flag=True,
               help="With --features: a cell in which the spec-on server proposed no draft fails the gate.")
+@click.option("--max-suspect-rate", type=float, metavar="P",
+              help="Fail unless the run shows, at 95% confidence, that the rate of suspect divergences per exercised "
+                   "prompt is below P (0 < P < 1); 0 suspects in n prompts show 1 - 0.05^(1/n): 299 prompts for 0.01.")
+@click.option("--allow-inactive", is_flag=True,
+              help="Pass even when the spec-on server drafted nothing, or nothing shows it did (by default such a run "
+                   "fails: its identity proves nothing about speculation).")
+@click.option("--allow-lossy", is_flag=True,
+              help="Pass even when the spec-on side's configuration is lossy by design (e.g. vLLM synthetic "
+                   "acceptance, SGLang accept thresholds below 1, TensorRT-LLM relaxed acceptance).")
 def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_near_tie, min_speedup, sampling,
-          samples, alpha, top_logprobs, features_, list_features, require_active, **kw) -> None:
+          samples, alpha, top_logprobs, features_, list_features, require_active, max_suspect_rate, allow_inactive,
+          allow_lossy, **kw) -> None:
     """Staging gate: exit 0 within the thresholds, 1 outside them, 2 on usage or connection errors.
 
     Writes the versioned JSON report, JUnit XML (one testcase per prompt), a Markdown summary and
@@ -169,10 +182,20 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     in flight (default 4). Temperature 1 and top_p 1 only.
 
     With --features LIST: one verdict per request feature; exit 0 when no cell fails, 1 when one does,
-    2 on usage or connection errors; --max-tokens defaults to 32, --samples to 8."""
+    2 on usage or connection errors; --max-tokens defaults to 32, --samples to 8.
+
+    Greedy identity (the default) answers each prompt alone and inside concurrent batches
+    (--concurrency defaults to 1,4 here), fails when speculation did not run (--allow-inactive) or
+    the configuration is lossy (--allow-lossy), and states what the prompts prove: the 95% upper
+    bound on the rate of suspect divergences (--max-suspect-rate gates it)."""
     from specadapt.commands import sampling as sampling_command  # scipy: only when asked for
 
     ctx = click.get_current_context()
+    if allow_inactive and require_active:
+        raise UsageError("--allow-inactive and --require-active ask for opposite things: give one of them")
+    if max_suspect_rate is not None and not 0 < max_suspect_rate < 1:
+        raise UsageError(f"--max-suspect-rate {max_suspect_rate:g}: give a rate between 0 and 1, exclusive "
+                         "(e.g. 0.05 for 5%)")
     if list_features or features_:
         from specadapt.commands import features as features_command  # scipy: only when asked for
 
@@ -191,5 +214,9 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
         sys.exit(sampling_command.run_sampling(ctx, server_opts, off_url, on_url, launch,
                                                dict(kw, samples=samples, alpha=alpha, top_logprobs=top_logprobs)))
     sampling_command.refuse_sampling_options(ctx)
+    if not sampling_command._given(ctx, "concurrency"):
+        kw["concurrency"] = EQUIV_CONCURRENCY
     sys.exit(_run(server_opts, off_url, on_url, launch, kw,
-                  gate=dict(max_suspect=max_suspect, max_near_tie=max_near_tie, min_speedup=min_speedup)))
+                  gate=dict(max_suspect=max_suspect, max_near_tie=max_near_tie, min_speedup=min_speedup,
+                            max_suspect_rate=max_suspect_rate, allow_inactive=allow_inactive,
+                            allow_lossy=allow_lossy)))

@@ -25,7 +25,8 @@ FEATURE_MAX_TOKENS = 32
 FEATURE_SAMPLES = 8
 NOT_FEATURES = ("repeat", "warmup", "no_triage", "draft_cost", "on_temperature", "max_suspect", "max_near_tie",
                 "min_speedup", "request_rate", "burstiness", "duration", "slo", "workers", "ray_address", "prompts_file",
-                "dataset", "workload", "num_prompts", "category", "max_turns", "interference_check")
+                "dataset", "workload", "num_prompts", "category", "max_turns", "interference_check",
+                "max_suspect_rate", "allow_inactive", "allow_lossy")
 
 
 def list_features(console: Console) -> None:

@@ -25,7 +25,7 @@ SAMPLING_CONCURRENCY = 4
 ONLY_SAMPLING = ("samples", "alpha", "top_logprobs")
 NOT_SAMPLING = ("repeat", "warmup", "near_tie_threshold", "no_triage", "draft_cost", "on_temperature", "html_out",
                 "max_suspect", "max_near_tie", "min_speedup", "request_rate", "burstiness", "duration", "slo",
-                "workers", "ray_address", "interference_check")
+                "workers", "ray_address", "interference_check", "max_suspect_rate", "allow_inactive", "allow_lossy")
 
 
 def refuse_sampling_options(ctx: click.Context) -> None:

@@ -5,7 +5,9 @@ the order alternating from one prompt to the next and, for each prompt, from one
 to the next (off-on, on-off, ...), so slow drift of the machine and any advantage of
 going first or second hit both sides alike. At concurrency N > 1 a block of at least 2N
 requests (the prompt set, copied as often as needed) runs against one server at a time,
-and the blocks alternate off/on, on/off with the repeats. Warm-up requests go to both
+and the blocks alternate off/on, on/off with the repeats; repeat r starts the prompt set at
+prompt r, so a prompt is batched with other partners, at other positions, from one repeat to
+the next. Warm-up requests go to both
 servers first and are discarded. The spec-on server's counters are read before and after
 each concurrency level, so acceptance is known per level.
 
@@ -26,13 +28,16 @@ import asyncio
 import math
 import time
 
-from specadapt.adapters.base import Server
+from specadapt.adapters.base import Server, TokenRequests
+from specadapt.adapters.registry import get_backend
+from specadapt.analysis.activity import spec_activity
+from specadapt.analysis.lossy import lossy_reasons_of
 from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
 from specadapt.analysis.identity import default_threshold, identity_report
 from specadapt.analysis.sections import analyse_sections
 from specadapt.analysis.speed import analyse, compare_notes
 from specadapt.configs.checks import load_model_config
-from specadapt.errors import UsageError
+from specadapt.errors import SpecadaptError, UsageError
 from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
 from specadapt.load.engine import Job, turn_prompt, turns_of
@@ -43,7 +48,7 @@ from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.interference_check import check_sides, needs_check
 from specadapt.orchestration.probe import counting, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
-from specadapt.orchestration.triage import readable_tokens, server_triage
+from specadapt.orchestration.triage import path_triage, readable_token, readable_tokens, server_triage
 from specadapt.records import (
     CompareReport,
     CompareSettings,
@@ -63,6 +68,16 @@ def side_settings(server: Server, base: RequestSettings, temperature: float | No
     if temperature is not None:
         update["temperature"] = temperature
     return base.model_copy(update=update)
+
+
+def rotated(prompts: list[Prompt], r: int) -> list[Prompt]:
+    """The prompt set started at prompt r (mod its size): repeat r of a concurrent block sends the
+    same prompts in another order, so a prompt meets other partners in its batches, at other
+    positions, from one repeat to the next (both sides get the same order)."""
+    if not prompts:
+        return prompts
+    i = r % len(prompts)
+    return prompts[i:] + prompts[:i]
 
 
 def copies_for(concurrency: int, n_prompts: int) -> int:
@@ -188,13 +203,14 @@ class ABRunner:
         copies = copies_for(level, len(self.prompts))
         duration = s.load.duration_s if s.load else None
         for r in range(s.repeat):
+            prompts = rotated(self.prompts, r)  # each repeat batches a prompt with other partners, in another place
             for side in self._order(r):
                 stamp = Stamp(side=side, concurrency=level)
                 if duration is None:
-                    jobs = closed_jobs(self.prompts, copies=copies, first_repeat=r)
+                    jobs = closed_jobs(prompts, copies=copies, first_repeat=r)
                     out += await self._block(side, jobs, level, stamp, t0)
                 else:  # the block keeps N streams busy for the duration, cycling the prompts
-                    out += await self._block(side, closed_jobs(self.prompts, first_repeat=r), level, stamp,
+                    out += await self._block(side, closed_jobs(prompts, first_repeat=r), level, stamp,
                                              duration_s=duration)
         return out
 
@@ -239,21 +255,47 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     if settings.reference:
         scorer = ReferenceScorer(settings.reference)
 
+    requests = token_requests_of(off)
+
     def triage(prompt: Prompt, div, off_rec: RequestRecord):
-        prompt = turn_request(records, prompt, off_rec)
-        t = server_triage(off, prompt, off_request, div, off_rec.tokens, threshold) if settings.triage else None
+        asked = turn_request(records, prompt, off_rec)
+        t = server_triage(off, asked, off_request, div, off_rec.tokens, threshold) if settings.triage else None
         if scorer is not None:
-            t = scorer.triage(off, prompt, div, off_rec, threshold, t)
+            t = scorer.triage(off, asked, div, off_rec, threshold, t)
+        on_rec = partner(records, off_rec)
+        if settings.triage and on_rec is not None:  # the spec-on answer on its own path, from its own history
+            t = path_triage(off, turn_request(records, prompt, on_rec), on_rec, div, t, threshold, requests)
         return t
 
     report.identity = identity_report(records, prompts, triage)
     readable_tokens(off, [p.divergence for p in report.identity if p.divergence])
+    for p in report.identity:
+        if p.divergence and p.divergence.triage and p.divergence.triage.path_token:
+            p.divergence.triage.path_token = readable_token(off, p.divergence.triage.path_token)
     report.counts = {v: sum(1 for p in report.identity if p.verdict == v)
                      for v in ("identical", "near-tie", "suspect", "unknown")}
+    report.activity = spec_activity(report)
+    report.lossy = lossy_reasons_of(report.on_server)
     analyse_sections(report, before_diagnosis=True)  # interference: the notes and the diagnosis read it
     report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
     return analyse_sections(report, before_diagnosis=False)
+
+
+def partner(records: list[RequestRecord], off_rec: RequestRecord) -> RequestRecord | None:
+    """The spec-on answer paired with ``off_rec`` (same prompt, level, repeat, copy and turn)."""
+    key = (off_rec.prompt_id, off_rec.concurrency, off_rec.request_rate, off_rec.repeat, off_rec.replica, off_rec.turn)
+    return next((r for r in records if r.side == "on" and r.ok and not r.warmup
+                 and (r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn) == key), None)
+
+
+def token_requests_of(server: Server) -> TokenRequests:
+    """How the server's backend asks for token ids and prompt logprobs; a backend that cannot be
+    loaded asks for none (the path check is then skipped, and says so)."""
+    try:
+        return get_backend(server.backend).token_requests
+    except SpecadaptError:
+        return TokenRequests(sampled_ids=None, prompt_logprobs=None, output_ids=None)
 
 
 def draft_cost_of(report: CompareReport) -> DraftCost | None:

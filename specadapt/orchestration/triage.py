@@ -1,5 +1,6 @@
 """Triage of a divergence by asking a server: the spec-off server's top logprobs at the position
-(its verdict: analysis/identity.py), and token ids made readable through its /detokenize."""
+(its verdict: analysis/identity.py), the spec-on answer scored on its own path from there
+(``path_triage``), and token ids made readable through its /detokenize."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from typing import Any
 
 import httpx
 
-from specadapt.adapters.base import Server
-from specadapt.analysis.identity import TOP_LOGPROBS, token_id, triage_from_logprobs
+from specadapt.adapters.base import Server, TokenRequests
+from specadapt.analysis.identity import TOP_LOGPROBS, path_verdict, token_id, triage_from_logprobs
+from specadapt.errors import SpecadaptError
 from specadapt.load.client import build_body
-from specadapt.records import Divergence, Prompt, RequestSettings, Triage
+from specadapt.orchestration.sampling import Sample, parse_scores, parse_tokenize, score_body, tokenize_body
+from specadapt.records import Divergence, Prompt, RequestRecord, RequestSettings, Triage
 
 
 def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float,
@@ -49,11 +52,11 @@ def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
     """Replace "token_id:N" in divergences by the token's text, via the server's POST /detokenize
     (vLLM); left as ids where the server cannot say."""
     for d in divergences:
-        d.off_token = _readable(server, d.off_token)
-        d.on_token = _readable(server, d.on_token)
+        d.off_token = readable_token(server, d.off_token)
+        d.on_token = readable_token(server, d.on_token)
 
 
-def _readable(server: Server, token: str | None) -> str | None:
+def readable_token(server: Server, token: str | None) -> str | None:
     """"token_id:N" -> "text (id N)" when the server can detokenize N; anything else unchanged."""
     tid = token_id(token or "")
     if tid is None:
@@ -66,3 +69,47 @@ def _readable(server: Server, token: str | None) -> str | None:
     return f"{text} (id {tid})" if isinstance(text, str) else token
 
 
+
+
+def path_triage(server: Server, prompt: Prompt, on_rec: RequestRecord, div: Divergence, base: Triage | None,
+                threshold: float, requests: TokenRequests, timeout_s: float = 120.0) -> Triage | None:
+    """Every token of the spec-on answer from the divergence on, judged on the answer's own prefix.
+
+    A greedy answer is, token by token, the target's top choice given what came before it, up to
+    near-ties; a dropped or garbled token breaks that at its position even where the first
+    differing token looks like a near-tie. The spec-off server scores prompt + the spec-on tokens
+    (``prompt_logprobs``, the top ``TOP_LOGPROBS`` and the token at each position); the margin at
+    position j is logp(top token) - logp(spec-on token j), and the largest one from the
+    divergence on decides (analysis/identity.py ``path_verdict``). ``base``: the triage so far,
+    returned with the path's figures and verdict folded in (None where nothing could be checked
+    and there was no triage)."""
+    base = base or Triage(verdict="unknown", source="none", threshold=threshold)
+    ids = [token_id(t) for t in on_rec.tokens]
+    why = None
+    if requests.prompt_logprobs is None:
+        why = "the spec-off server gives no prompt logprobs"
+    elif div.token_index < 0 or not ids or None in ids:
+        why = "the spec-on answer carries no token ids"
+    elif div.token_index >= len(ids):
+        why = "the spec-on answer ends at the divergence"
+    if why is not None:
+        return base.model_copy(update={"note": _joined(base.note, f"rest of the spec-on answer not checked: {why}")})
+    try:
+        resp = post_json(server, "/tokenize", tokenize_body(prompt, server.model_id), timeout_s)
+        resp.raise_for_status()
+        sample = Sample(prompt_id=prompt.id, index=0, seed=0, prompt_ids=tuple(parse_tokenize(resp.json())),
+                        tokens=tuple(ids))
+        resp = post_json(server, "/v1/completions", score_body(sample, server.model_id, TOP_LOGPROBS, requests),
+                         timeout_s)
+        resp.raise_for_status()
+        draws = parse_scores(resp.json(), sample, TOP_LOGPROBS)
+    except (httpx.HTTPError, ValueError, SpecadaptError) as exc:
+        return base.model_copy(update={"note": _joined(
+            base.note, f"rest of the spec-on answer not checked: the spec-off server could not score it "
+                       f"({type(exc).__name__})")})
+    margins = [max(d.top.values(), default=d.logprob) - d.logprob for d in draws[div.token_index:]]
+    return path_verdict(base, margins, div.token_index, on_rec.tokens, threshold)
+
+
+def _joined(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more

@@ -17,7 +17,7 @@ from specadapt.records.canary import (
 )
 from specadapt.records.client_load import ClientLoad
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
-from specadapt.records.identity import Divergence, PromptIdentity, Triage, Verdict
+from specadapt.records.identity import Divergence, PromptActivity, PromptIdentity, SpecActivity, Triage, Verdict
 from specadapt.records.metrics import (
     AcceptanceSummary,
     Crossover,
@@ -36,6 +36,7 @@ from specadapt.records.reports import (
     ProbeReport,
     ProbeSettings,
     PromptSpeed,
+    RateBound,
     ReportEnvelope,
     SpeedRatios,
     TheoryCheck,
@@ -61,7 +62,8 @@ __all__ = [
     "CounterPair",
     "CounterSnapshot", "Crossover", "DemoReport", "DemoRun", "DemoTimings", "Distribution", "Divergence",
     "ErrorKind", "Gate", "GpuInfo", "HardwareInfo", "LatencySummary",
-    "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptIdentity", "PromptSpeed", "RatioCI",
+    "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptActivity", "PromptIdentity", "PromptSpeed",
+    "RateBound", "RatioCI", "SpecActivity",
     "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
     "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",
     "read_demo_report",

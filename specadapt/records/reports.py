@@ -19,7 +19,7 @@ from specadapt import __version__
 from specadapt.errors import UsageError
 from specadapt.records.client_load import ClientLoad
 from specadapt.records.diagnosis import Diagnosis
-from specadapt.records.identity import PromptIdentity
+from specadapt.records.identity import PromptIdentity, SpecActivity
 from specadapt.records.interference import InterferenceFinding
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
 from specadapt.records.metrics import (
@@ -162,10 +162,28 @@ class LevelResult(BaseModel):
     theory: TheoryCheck | None = None
 
 
+class RateBound(BaseModel):
+    """What a gate run proves: the exact one-sided upper confidence bound (Clopper-Pearson) on the rate of
+    suspect divergences, over the prompts on which speculation took part."""
+
+    exercised_prompts: int = Field(description="Prompts whose compared spec-on answers used accepted drafts.")
+    suspect_prompts: int = Field(description="Of those, prompts with a suspect (or untriaged) divergence.")
+    confidence: float = 0.95
+    upper: float = Field(description="The rate of suspect divergences per prompt is below this at `confidence`.")
+    prompts_for: dict[str, int] = Field(default_factory=dict, description="Exercised prompts needed, at the "
+                                        "current suspect count, for the bound to reach each rate ('0.01': 1%).")
+    exercised_tokens: int | None = Field(None, description="Output tokens of the exercised answers that came from "
+                                                           "accepted drafts, where known.")
+
+
 class Gate(BaseModel):
     max_suspect: int = 0
     max_near_tie: int | None = None
     min_speedup: float | None = None
+    max_suspect_rate: float | None = Field(None, description="Fail when the bound on the suspect rate is above.")
+    allow_inactive: bool = Field(False, description="Pass even where speculation did not run.")
+    allow_lossy: bool = Field(False, description="Pass even where the configuration is lossy by design.")
+    bound: RateBound | None = None
     passed: bool = True
     reasons: list[str] = Field(default_factory=list)
 
@@ -181,6 +199,10 @@ class CompareReport(ReportEnvelope):
     rate_crossover: Crossover | None = Field(None, description="Where spec on stops being faster, in request rate.")
     identity: list[PromptIdentity] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict, description="Prompts per identity verdict.")
+    activity: SpecActivity | None = Field(None, description="Did speculation run on the spec-on server, and on "
+                                                            "which prompts (analysis/activity.py).")
+    lossy: list[str] = Field(default_factory=list, description="Settings of the spec-on side that make its output "
+                                                               "not the target's by design (analysis/lossy.py).")
     gate: Gate | None = None
     diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
                                                           "measured figures (analysis/diagnosis.py).")

@@ -6,6 +6,7 @@ from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
 
+from specadapt.analysis.gate import bound_text
 from specadapt.analysis.interference import detected_interference
 from specadapt.analysis.slo import slo_text
 from specadapt.analysis.text import pct
@@ -80,9 +81,43 @@ def identity_line(p: PromptIdentity) -> str:
     t = d.triage
     margin = "-" if t is None or t.margin is None else (">=" if t.margin_is_lower_bound else "") + f"{t.margin:.3f}"
     src = t.source if t else "none"
-    return (f"{p.prompt_id}: {p.verdict.upper()} at token {d.token_index} / char {d.char_index} "
+    where = " ONLY UNDER CONCURRENCY" if p.concurrency_only else ""
+    path = ""
+    if t is not None and t.path_margin is not None:
+        path = (f"; on path: {t.path_checked} tokens scored, largest margin {t.path_margin:.3f} at token "
+                f"{t.path_position} ({t.path_token!r})")
+    levels = ", ".join(str(c) for c in p.diverged_levels)
+    return (f"{p.prompt_id}: {p.verdict.upper()}{where} at token {d.token_index} / char {d.char_index} "
             f"(off {d.off_token!r} vs on {d.on_token!r}; margin {margin} nats by {src}, threshold "
-            f"{t.threshold if t else '-'}; {p.pairs - p.identical_pairs}/{p.pairs} pairs diverged)")
+            f"{t.threshold if t else '-'}{path}; {p.pairs - p.identical_pairs}/{p.pairs} pairs diverged"
+            + (f", at concurrency {levels}" if levels else "") + ")")
+
+
+def activity_lines(report: CompareReport) -> list[str]:
+    """Whether speculation ran, on which prompts, how much of the text it made, the lossy settings
+    and (with a gate) what the run proves; plain sentences, one per line."""
+    out: list[str] = []
+    a = report.activity
+    if a is not None:
+        state = {True: "ran", False: "DID NOT RUN", None: "NOT SHOWN to run"}[a.ran]
+        out.append(f"speculation {state}: {a.evidence}")
+        if a.source == "none":
+            out.append(f"per prompt: not known ({a.source_note})")
+        else:
+            share = (f"; {a.accepted_output_tokens} of {a.output_tokens} output tokens came from accepted drafts"
+                     f" ({a.accepted_output_tokens / a.output_tokens:.0%})"
+                     if a.accepted_output_tokens is not None and a.output_tokens else "")
+            out.append(f"per prompt ({a.source_note}): {a.exercised_prompts} of {len(a.prompts)} prompts exercised"
+                       + share)
+            idle = [p.prompt_id for p in a.prompts if p.exercised is False]
+            if idle:
+                out.append(f"not exercised (no accepted draft; not counted in the proof): {', '.join(idle[:10])}"
+                           + (f" and {len(idle) - 10} more" if len(idle) > 10 else ""))
+    for reason in report.lossy:
+        out.append(f"lossy by configuration: {reason}")
+    if report.gate is not None and report.gate.bound is not None:
+        out.append(f"proof: {bound_text(report.gate.bound)}")
+    return out
 
 
 def render_console(report: CompareReport, console: Console) -> None:
@@ -119,7 +154,10 @@ def render_console(report: CompareReport, console: Console) -> None:
     render_sections(report, console)
     c = report.counts
     console.print(f"identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
-                  f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)")
+                  f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown (of {len(report.identity)} prompts)"
+                  + concurrency_text(report))
+    for line in activity_lines(report):
+        console.print(line, markup=False, highlight=False)
     for p in report.identity:
         if p.divergence:
             console.print("  " + identity_line(p))
@@ -211,19 +249,32 @@ def to_markdown(report: CompareReport) -> str:
     out += sections_markdown(report)
     c = report.counts
     out += ["", f"Identity: {c.get('identical', 0)} identical, {c.get('near-tie', 0)} near-tie, "
-                f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown.", ""]
+                f"{c.get('suspect', 0)} suspect, {c.get('unknown', 0)} unknown{concurrency_text(report)}.", ""]
+    out += [f"- {line}" for line in activity_lines(report)]
+    if report.activity is not None or report.lossy:
+        out.append("")
     for p in report.identity:
         if p.divergence:
             d = p.divergence
             off_ctx, on_ctx = (c.replace("`", "'") for c in (d.off_context, d.on_context))
-            out += [f"- `{p.prompt_id}`: **{p.verdict}** at token {d.token_index}, char {d.char_index}",
+            where = " only under concurrency" if p.concurrency_only else ""
+            out += [f"- `{p.prompt_id}`: **{p.verdict}**{where} at token {d.token_index}, char {d.char_index}",
                     f"  - off: `…{off_ctx}`",
                     f"  - on: `…{on_ctx}`"]
             if d.triage and d.triage.margin is not None:
                 out.append(f"  - margin {d.triage.margin:.3f} nats ({d.triage.source}), threshold {d.triage.threshold}")
+            if d.triage and d.triage.path_margin is not None:
+                out.append(f"  - on its own path: {d.triage.path_checked} tokens scored, largest margin "
+                           f"{d.triage.path_margin:.3f} at token {d.triage.path_position}")
     for n in report.notes:
         out.append(f"- note: {n}")
     return "\n".join(out) + "\n"
+
+
+def concurrency_text(report: CompareReport) -> str:
+    """", 2 of them only under concurrency" where a prompt diverged only inside concurrent batches."""
+    n = sum(1 for p in report.identity if p.concurrency_only)
+    return f", {n} of them only under concurrency" if n else ""
 
 
 def identity_cases(report: CompareReport, classname: str = "specadapt.identity") -> list[TestCase]:
@@ -231,6 +282,7 @@ def identity_cases(report: CompareReport, classname: str = "specadapt.identity")
     passes (with a message unless the gate's max_near_tie was exceeded), suspect/unknown fail."""
     gate = report.gate
     near_fail = gate is not None and gate.max_near_tie is not None and report.counts.get("near-tie", 0) > gate.max_near_tie
+    exercised = {p.prompt_id: p.exercised for p in report.activity.prompts} if report.activity else {}
     cases = []
     for p in report.identity:
         case = TestCase(p.prompt_id, classname=f"{classname}.{p.category}")
@@ -240,6 +292,41 @@ def identity_cases(report: CompareReport, classname: str = "specadapt.identity")
             case.result = [fail]
         elif p.verdict == "near-tie":
             case.system_out = identity_line(p)
+        if exercised.get(p.prompt_id) is False:
+            case.system_out = ((case.system_out or "") + "\nnot exercised: no accepted draft in its spec-on answers, "
+                               "so it is not counted in the proof").lstrip()
+        cases.append(case)
+    return cases
+
+
+def certification_cases(report: CompareReport) -> list[TestCase]:
+    """With a gate: a case for each thing it certifies beyond the prompts: speculation ran, the
+    configuration promises identity, and (its message) the bound on the suspect rate."""
+    gate = report.gate
+    if gate is None:
+        return []
+    cases = []
+    if report.activity is not None:
+        case = TestCase("speculation-ran", classname="specadapt.certify")
+        failed = [r for r in gate.reasons if r.startswith("speculation")]
+        if failed:
+            case.result = [Failure(failed[0])]
+        else:
+            case.system_out = report.activity.evidence
+        cases.append(case)
+    case = TestCase("lossless-config", classname="specadapt.certify")
+    lossy = [r for r in gate.reasons if r.startswith("lossy by configuration")]
+    if lossy:
+        case.result = [Failure(lossy[0])]
+    elif report.lossy:
+        case.system_out = "allowed (--allow-lossy): " + "; ".join(report.lossy)
+    cases.append(case)
+    if gate.bound is not None:
+        case = TestCase("suspect-rate", classname="specadapt.certify")
+        too_high = [r for r in gate.reasons if r.startswith("suspect rate") or r.startswith("--max-suspect-rate")]
+        if too_high:
+            case.result = [Failure(too_high[0])]
+        case.system_out = bound_text(gate.bound)
         cases.append(case)
     return cases
 
@@ -264,6 +351,8 @@ def to_junit(report: CompareReport) -> str:
     if not report.identity:
         case = TestCase("identity", classname="specadapt.identity")
         case.result = [Skipped("no prompt pair succeeded on both servers")]
+        suite.add_testcase(case)
+    for case in certification_cases(report):
         suite.add_testcase(case)
     xml = JUnitXml()
     xml.add_testsuite(suite)

@@ -13,8 +13,10 @@ from specadapt.analysis.text import pct
 from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
     INTERVAL_NOTE,
+    activity_lines,
     all_levels,
     ci,
+    concurrency_text,
     goodput_rows,
     identity_line,
     lag_text,
@@ -74,13 +76,16 @@ ratio and share difference over units.</p>
 {{ sections }}
 <h{{ top + 1 }}>Identity</h{{ top + 1 }}>
 <p>{{ r.counts.get('identical', 0) }} identical, {{ r.counts.get('near-tie', 0) }} near-tie,
-{{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown.</p>
+{{ r.counts.get('suspect', 0) }} suspect, {{ r.counts.get('unknown', 0) }} unknown{{ concurrency_text(r) }}.</p>
+{% set certify = activity_lines(r) %}{% if certify %}<ul class="certify">{% for line in certify %}<li>{{ line }}</li>{% endfor %}</ul>{% endif %}
 <table><tr><th>prompt</th><th>verdict</th><th>where</th><th>margin (nats)</th><th>context</th></tr>
-{% for p in r.identity %}<tr><td>{{ p.prompt_id }}</td><td class="{{ p.verdict }}">{{ p.verdict }}</td>
+{% for p in r.identity %}<tr><td>{{ p.prompt_id }}</td><td class="{{ p.verdict }}">{{ p.verdict }}{% if p.concurrency_only %}<br>only under concurrency{% endif %}</td>
 {% if p.divergence %}<td>token {{ p.divergence.token_index }}, char {{ p.divergence.char_index }}<br>
 off {{ p.divergence.off_token }} / on {{ p.divergence.on_token }}</td>
 <td class="num">{% if p.divergence.triage and p.divergence.triage.margin is not none %}{{ '>=' if p.divergence.triage.margin_is_lower_bound }}{{ "%.3f"|format(p.divergence.triage.margin) }}
-({{ p.divergence.triage.source }}; threshold {{ p.divergence.triage.threshold }}){% else %}-{% endif %}</td>
+({{ p.divergence.triage.source }}; threshold {{ p.divergence.triage.threshold }}){% else %}-{% endif %}
+{% if p.divergence.triage and p.divergence.triage.path_margin is not none %}<br>on its own path: {{ p.divergence.triage.path_checked }} tokens,
+largest {{ "%.3f"|format(p.divergence.triage.path_margin) }} at token {{ p.divergence.triage.path_position }}{% endif %}</td>
 <td><pre>off: …{{ p.divergence.off_context }}
 on:  …{{ p.divergence.on_context }}</pre>{% if p.divergence.triage and p.divergence.triage.note %}{{ p.divergence.triage.note }}{% endif %}</td>
 {% else %}<td>-</td><td>-</td><td>{{ p.identical_pairs }}/{{ p.pairs }} pairs identical</td>{% endif %}</tr>{% endfor %}
@@ -168,7 +173,7 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
 def environment() -> Environment:
     """The jinja environment of the HTML reports (autoescaped; the renderers' helpers as globals)."""
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(ci=ci, identity_line=identity_line, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
+    env.globals.update(ci=ci, identity_line=identity_line, activity_lines=activity_lines, concurrency_text=concurrency_text, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
                        level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
                        pct=pct, load_text=load_text,
                        num=lambda v: "-" if v is None else f"{v:.2f}")

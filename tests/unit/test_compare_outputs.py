@@ -94,12 +94,12 @@ def test_junit_round_trip_counts():
     path_cases = JUnitXml.fromstring(xml_text)
     suites = list(path_cases) if not hasattr(path_cases, "name") or path_cases._tag == "testsuites" else [path_cases]
     cases = [c for s in suites for c in s]
-    assert {c.name for c in cases} == {"p0", "p1", "p2", "p3", "speedup"}
+    assert {c.name for c in cases} == {"p0", "p1", "p2", "p3", "speedup", "lossless-config"}
     failed = {c.name for c in cases if c.result and type(c.result[0]).__name__ == "Failure"}
     assert failed == {"p3"}
     root = ET.fromstring(xml_text)  # plain XML consumers too
     suite = root if root.tag == "testsuite" else root.find("testsuite")
-    assert int(suite.get("tests")) == 5 and int(suite.get("failures")) == 1
+    assert int(suite.get("tests")) == 6 and int(suite.get("failures")) == 1
 
 
 def test_markdown_summary():
