@@ -128,7 +128,7 @@ def _format_stats(result: dict) -> str:
               help="TEST AID, off by default: accept-always, drop-bonus, perturb-logits=EPS, "
                    "draft-temperature=T (draft model only), residual-p, bonus-previous, accept-later, "
                    "stop-in-chunk, overrun-max-tokens, draft-penalties-skipped, draft-filters-skipped, "
-                   "seed-ignored or logprobs-shifted.")
+                   "seed-ignored, logprobs-shifted or batch-drop (only with two or more requests in a pass).")
 def serve(target, draft, ngram, ngram_min, ngram_max, k, draft_min_confidence, dtype, device, threads, seed,
           host, port, served_model_name, max_num_seqs, max_model_len, schedule, max_logprobs, fault) -> None:
     """Serve the reference engine as an OpenAI-compatible HTTP server (concurrent requests batched)."""

@@ -36,8 +36,12 @@ from specadapt.records.schedule import k_for_batch, schedule_problems
 # several tokens (accepted drafts); target-only decoding (k = 0) never shows them
 FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
                   "seed-ignored", "logprobs-shifted")
+# faults of batching: each shows only where two or more requests share a verify pass;
+# a request served alone (concurrency 1) never shows them
+BATCH_FAULTS = ("batch-drop",)
 # engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
-FAULTS = ("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS + FEATURE_FAULTS
+FAULTS = (("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS + FEATURE_FAULTS
+          + BATCH_FAULTS)
 
 
 @dataclass(frozen=True)
@@ -394,7 +398,8 @@ class SpecEngine:
             if prop.tokens and self._fault("seed-ignored"):
                 generator = self.generator  # the bug: the verify pass ignores the request's seeded generator
             m, nxt = self._verify(row, lg, prop, generator)
-            step = self._emit(row, prop, lg, m, nxt)
+            # the batch-drop fault fires on every row of a shared pass but the first
+            step = self._emit(row, prop, lg, m, nxt, drop=b > 0 and self._fault("batch-drop"))
             # keep the cache entries of every emitted token but the last (fed next step)
             self.target.truncate(b, len(row.tokens) - 1)
             out.append((row, step))
@@ -412,14 +417,22 @@ class SpecEngine:
     def _fault(self, kind: str) -> bool:
         return self.fault is not None and self.fault.kind == kind
 
-    def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int) -> Step:
+    def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int, drop: bool = False) -> Step:
         """Append what the row emits this pass: the accepted drafts and the next token, cut
         at the length limit, at a stop token and at a stop string, in that order (vLLM's
-        scheduler cuts the first two, its output processor the last)."""
+        scheduler cuts the first two, its output processor the last).
+
+        ``drop`` (the batch-drop fault, a row after the first of a shared pass): the last
+        accepted draft is lost, so the token the target chose after it takes its place."""
         draft = prop.tokens
         emitted = draft[:m] + [nxt]
         if self._fault("drop-bonus") and draft and m == len(draft):
             emitted = list(draft)  # the target's extra token is thrown away
+        if drop and m > 0:
+            # the bug: accepted token m-1 is dropped; the cache entries kept (all but the
+            # last emitted token) are still those of the row's tokens, so the row goes on
+            # from the corrupted sequence as if it were its own
+            emitted = draft[:m - 1] + [nxt]
         if not self._fault("overrun-max-tokens"):  # the bug: a chunk is kept whole past max_tokens
             emitted = emitted[:row.max_new_tokens - row.generated]
         emitted, stop_reason = self._cut_at_stop(row, emitted)

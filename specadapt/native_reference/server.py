@@ -8,7 +8,10 @@ both). Concurrent requests are batched: one worker thread owns the engine; reque
 the batch and leave it between steps (continuous batching), up to ``max_num_seqs`` at a
 time, the rest wait in arrival order. A streamed response sends one chunk per engine step,
 so a chunk may carry several tokens, as vLLM's does. A client that goes away is taken out
-of the batch before the next step; no other request ever sees its state.
+of the batch before the next step; no other request ever sees its state. With speculation
+(k >= 1) every answer carries the request's own counts in vLLM 0.32's
+``--per-request-spec-decode-metrics summary`` shape (``metrics.speculative_decoding``, see
+``SpecTally``), adding up to the /metrics counters.
 """
 
 from __future__ import annotations
@@ -96,6 +99,36 @@ class Metrics:
             self.accepted.inc(step.accepted)
             for counter in self.per_pos[:step.accepted]:
                 counter.inc()
+
+
+class SpecTally:
+    """One request's speculation counts, as vLLM's ``SpeculativeDecodingMetrics`` (vLLM 0.32,
+    ``--per-request-spec-decode-metrics summary``): fed the request's Steps, it counts what
+    ``Metrics.record_step`` counts for them, so per-request sums equal the counter deltas.
+    A step without proposed tokens is no spec step (vLLM observes none for it)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.histogram = [0] * (k + 1)  # index j: verify steps that accepted exactly j drafts
+        self.draft_tokens = 0
+        self.accepted = 0
+
+    def add(self, step: Step) -> None:
+        if not step.proposed:
+            return
+        if step.accepted >= len(self.histogram):  # never with k the engine's (drafts <= k)
+            self.histogram += [0] * (step.accepted + 1 - len(self.histogram))
+        self.histogram[step.accepted] += 1
+        self.draft_tokens += len(step.proposed)
+        self.accepted += step.accepted
+
+    def as_dict(self) -> dict:
+        steps = sum(self.histogram)
+        return {"mean_acceptance_length": 1.0 + self.accepted / steps if steps else 1.0,
+                "draft_acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
+                "acceptance_histogram": list(self.histogram), "num_spec_steps": steps,
+                "num_accepted_draft_tokens": self.accepted, "num_draft_tokens": self.draft_tokens,
+                "num_spec_tokens": self.k}
 
 
 class Ticket:
@@ -257,7 +290,12 @@ class ServerState:
     max_model_len: int = 2048
     max_logprobs: int = 20  # -1: no cap (vLLM's --max-logprobs)
     vocab: int = 0  # the target's vocabulary size (what -1 means in logprobs)
+    spec_k: int | None = None  # k of the per-request spec metrics; None: answers carry none
     _token_texts: list[str] | None = None
+
+    def tally(self) -> SpecTally | None:
+        """A new request's SpecTally, or None when answers carry no spec metrics."""
+        return None if self.spec_k is None else SpecTally(self.spec_k)
 
     def token_text(self, tid: int) -> str:
         """``decoded_token`` of a prompt logprob: the token decoded alone (one table for
@@ -292,12 +330,17 @@ class Job:
 
 
 def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int = 16,
-              max_logprobs: int = 20) -> Starlette:
+              max_logprobs: int = 20, spec_metrics: bool = True) -> Starlette:
+    """``spec_metrics``: with speculation (a proposer, k >= 1), every answer carries the
+    request's ``metrics.speculative_decoding`` (vLLM's --per-request-spec-decode-metrics
+    summary); a server without speculation never sends it."""
     name = model_name or ref.model_name
-    metrics = Metrics(name, ref.engine.k, ref.engine.proposer is not None)
+    speculative = ref.engine.proposer is not None
+    metrics = Metrics(name, ref.engine.k, speculative)
     scheduler = Scheduler(ref, metrics, max_num_seqs)
+    spec_k = ref.engine.k if spec_metrics and speculative and ref.engine.k >= 1 else None
     state = ServerState(ref, name, metrics, scheduler, max_model_len=ref.engine.max_model_len,
-                        max_logprobs=max_logprobs, vocab=vocab_size(ref.engine.model))
+                        max_logprobs=max_logprobs, vocab=vocab_size(ref.engine.model), spec_k=spec_k)
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{
@@ -432,9 +475,12 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     if job.stream:
         return StreamingResponse(_stream(state, job, rid), media_type="text/event-stream")
     steps: list[Step] = []
+    tally = state.tally()
     try:
         async for step in _run(state, job):
             steps.append(step)
+            if tally is not None:
+                tally.add(step)
     except Exception as err:  # the engine failed on this batch
         return _error(f"the reference engine failed: {err}", 500)
     tokens = [t for s in steps for t in s.tokens]
@@ -449,6 +495,8 @@ async def _handle(state: ServerState, request: Request, chat: bool) -> Response:
     where["prompt_logprobs"] = prompt_logprobs
     where["prompt_token_ids"] = list(job.prompt) if job.token_ids else None
     choice["token_ids"] = tokens if job.token_ids else None
+    if tally is not None:  # vLLM 0.32 --per-request-spec-decode-metrics: top level, after usage
+        body["metrics"] = {"speculative_decoding": tally.as_dict()}
     return JSONResponse(body)
 
 
@@ -664,13 +712,16 @@ async def _stream(state: ServerState, job: Job, rid: str):
     created = int(time.time())
     kind = "chat.completion.chunk" if job.chat else "text_completion"
 
-    def chunk(choices: list, usage: dict | None = None) -> str:
+    def chunk(choices: list, usage: dict | None = None, metrics: dict | None = None) -> str:
         body = {"id": rid, "object": kind, "created": created, "model": state.model_name, "choices": choices}
         if usage is not None:
             body["usage"] = usage
+        if metrics is not None:
+            body["metrics"] = metrics
         return f"data: {json.dumps(body)}\n\n"
 
     text = _StreamText(state, job)
+    tally = state.tally()
     tokens: list[int] = []
     if job.chat:
         yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -679,6 +730,8 @@ async def _stream(state: ServerState, job: Job, rid: str):
     try:
         async for step in steps:
             tokens.extend(step.tokens)
+            if tally is not None:
+                tally.add(step)
             choice = _choice(state, job, [step], text.add(step), None, final=False)
             if job.token_ids:  # vLLM: each chunk's own token ids (the step's tokens)
                 choice["token_ids"] = list(step.tokens)
@@ -691,8 +744,9 @@ async def _stream(state: ServerState, job: Job, rid: str):
         await steps.aclose()
     last = _choice(state, job, [], text.flush(), _finish(step), final=False, stop_reason=step.stop_reason)
     yield chunk([last], _usage(len(job.prompt), len(tokens)) if job.continuous_usage else None)
-    if job.include_usage:
-        yield chunk([], _usage(len(job.prompt), len(tokens)))
+    if job.include_usage:  # vLLM 0.32: the request's spec metrics ride on the final usage chunk
+        spec = None if tally is None else {"speculative_decoding": tally.as_dict()}
+        yield chunk([], _usage(len(job.prompt), len(tokens)), spec)
     yield "data: [DONE]\n\n"
 
 
@@ -795,7 +849,8 @@ def _logprobs(state: ServerState, job: Job, toks: list) -> dict:
 
 
 def run_server(ref: Reference, host: str, port: int, model_name: str | None = None,
-               max_num_seqs: int = 16, max_logprobs: int = 20) -> None:
+               max_num_seqs: int = 16, max_logprobs: int = 20, spec_metrics: bool = True) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(ref, model_name, max_num_seqs, max_logprobs), host=host, port=port, log_level="warning")
+    uvicorn.run(build_app(ref, model_name, max_num_seqs, max_logprobs, spec_metrics), host=host, port=port,
+                log_level="warning")
