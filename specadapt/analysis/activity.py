@@ -140,14 +140,13 @@ def spec_activity(report: CompareReport) -> SpecActivity:
         if rate is not None:
             levels[(0, rate)] = pair
     source: SpecSource = "none"
-    if on and all(r.spec_accepted is not None for r in on):
+    if not on:
+        note = "no pair was compared"
+    elif all(r.spec_accepted is not None for r in on):
         source, note = "response", "the answers' own drafted and accepted counts"
     else:
         holds, note = chunks_hold(on_all, off_all, levels, report.on_server.num_speculative_tokens)
-        if holds:
-            source = "chunks"
-        elif not on:
-            note = "no pair was compared"
+        source = "chunks" if holds else "none"
     prompts = _per_prompt(on, source)
     accepted_tokens = None if source == "none" else sum(p.accepted or 0 for p in prompts)
     activity = SpecActivity(ran=None, evidence="", source=source, source_note=note, prompts=prompts,

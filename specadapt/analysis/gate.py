@@ -65,6 +65,7 @@ def apply_gate(report: CompareReport, max_suspect: int = 0, max_near_tie: int | 
             shown = "unknown" if point is None else f"{point:.2f}x"
             gate.reasons.append(f"throughput speedup {shown} at concurrency "
                                 f"{first.concurrency if first else '?'} is below {min_speedup:.2f}x")
+    gate.reasons += report.server_exits
     if not report.identity:
         gate.reasons.append("no prompt pair succeeded on both servers: nothing was compared")
     activity = report.activity

@@ -46,7 +46,7 @@ from specadapt.load.plan import Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress
 from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.interference_check import check_sides, needs_check
-from specadapt.orchestration.probe import counting, settle_counters
+from specadapt.orchestration.probe import counting, exit_reason, settle_counters
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import path_triage, readable_token, readable_tokens, server_triage
 from specadapt.records import (
@@ -223,10 +223,14 @@ def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: Compar
     with counting(off, on), executor_for(settings.workers, settings.ray_address) as executor:
         runner = ABRunner(off, on, prompts, settings, progress, executor)
         records, on_counters, off_counters = run_loop(runner.run())
+    done = sum(1 for r in records if r.ok)
+    exits = [exit_reason(server, label, f"{done} of {len(records)} requests had succeeded")
+             for label, server in (("spec-off", off), ("spec-on", on))
+             if server.process is not None and not server.process.alive()]
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters,
                            counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"],
-                           interference_check=runner.interference_check)
+                           interference_check=runner.interference_check, server_exits=exits)
     return finish_compare(report, off, prompts, runner.req_off)
 
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from specadapt.adapters.base import Server
 from specadapt.analysis.client_load import client_load
+from specadapt.analysis.lossy import describe_death
 from specadapt.analysis.probe_report import build_probe_report
 from specadapt.analysis.scale_report import replica_results, summed_counters
 from specadapt.errors import SpecadaptError, UsageError
@@ -110,12 +111,14 @@ def death_reason(server: Server, done: int, planned: int) -> tuple[str, str]:
 
 def exit_reason(server: Server, what: str | None = None, progress: str = "") -> str:
     """One line: which server (``what``, default its backend) exited with which code during a run,
-    ``progress`` so far, and where its log is."""
+    the line of its log that says why (analysis/lossy.py ``describe_death``), ``progress`` so far,
+    and where its log is."""
     process = server.process
     code = process.proc.poll() if process is not None and process.proc is not None else None
     log = f" (log: {process.log_path})" if process is not None else ""
+    why = describe_death(process.log_tail()) if process is not None else None
     return f"the {what or server.backend} server exited with code {code} during the run" + \
-        (f"; {progress}" if progress else "") + log
+        (f", saying: {why}" if why else "") + (f"; {progress}" if progress else "") + log
 
 
 def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:

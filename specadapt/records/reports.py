@@ -203,6 +203,9 @@ class CompareReport(ReportEnvelope):
                                                             "which prompts (analysis/activity.py).")
     lossy: list[str] = Field(default_factory=list, description="Settings of the spec-on side that make its output "
                                                                "not the target's by design (analysis/lossy.py).")
+    server_exits: list[str] = Field(default_factory=list, description="Servers specadapt started that exited during "
+                                                                      "the run, each with the line of its log that "
+                                                                      "says why.")
     gate: Gate | None = None
     diagnosis: Diagnosis | None = Field(None, description="Why spec on was faster or slower here, from the "
                                                           "measured figures (analysis/diagnosis.py).")

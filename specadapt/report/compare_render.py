@@ -115,6 +115,7 @@ def activity_lines(report: CompareReport) -> list[str]:
                            + (f" and {len(idle) - 10} more" if len(idle) > 10 else ""))
     for reason in report.lossy:
         out.append(f"lossy by configuration: {reason}")
+    out += report.server_exits
     if report.gate is not None and report.gate.bound is not None:
         out.append(f"proof: {bound_text(report.gate.bound)}")
     return out

@@ -138,3 +138,85 @@ def test_saved_compare_report_is_shown_and_exported_again(tmp_path):
     assert (tmp_path / "j.xml").read_text() == to_junit(report)
     refused = CliRunner().invoke(cli, ["report", "export", str(saved)])
     assert refused.exit_code == 2 and "give at least one of" in refused.output
+
+
+# ------------------------------------------------------------------------------ what the gate certifies, rendered
+
+def certified_report(ran=True, lossy=(), concurrency_only=True):
+    """make_report's prompts with speculation's activity: p0 never used an accepted draft, p3's suspect
+    divergence appeared only under concurrency and its path was scored."""
+    from specadapt.analysis.activity import spec_activity
+
+    report = make_report()
+    for r in report.requests:
+        if r.side == "on" and r.prompt_id != "p0":
+            r.chunk_tokens = [1, 3] + [1] * 16  # 20 tokens in 18 chunks: 2 accepted
+    report.activity = spec_activity(report)
+    if ran is not True:
+        report.activity.ran, report.activity.evidence = ran, "the spec-on server says speculation is off"
+    report.lossy = list(lossy)
+    p3 = next(p for p in report.identity if p.prompt_id == "p3")
+    p3.concurrency_only, p3.diverged_levels = concurrency_only, [4]
+    p3.divergence.triage.path_checked, p3.divergence.triage.path_margin = 11, 3.0
+    p3.divergence.triage.path_position, p3.divergence.triage.path_token = 9, "BUG"
+    return report
+
+
+def test_console_says_whether_it_ran_where_and_what_the_run_proves():
+    from rich.console import Console
+
+    from specadapt.report.compare_render import render_console
+
+    report = certified_report()
+    apply_gate(report, max_suspect=1, max_suspect_rate=0.01)
+    console = Console(record=True, width=300)
+    render_console(report, console)
+    text = console.export_text()
+    assert "identity: 2 identical, 1 near-tie, 1 suspect, 0 unknown (of 4 prompts), 1 of them only under concurrency" in text
+    assert "speculation ran: the spec-on server's counters: 200 draft tokens proposed, 120 accepted" in text
+    # 18 accepted by the chunks against 120 by the counters: more than k = 2 per request apart
+    assert ("per prompt: not known (the chunks count 18 accepted tokens at concurrency 1, the server's counters 120: "
+            "chunks are not one engine step each there)") in text
+    assert "proof: no prompt used an accepted draft: the run bounds no suspect rate" in text
+    assert "p3: SUSPECT ONLY UNDER CONCURRENCY at token 9" in text
+    assert "on path: 11 tokens scored, largest margin 3.000 at token 9 ('BUG')" in text
+    assert "gate: FAIL" in text and "more exercised prompts would be needed" in text
+
+
+def test_every_format_states_the_activity_the_lossy_settings_and_the_bound():
+    from specadapt.analysis.activity import spec_activity
+
+    report = certified_report(lossy=["rejection_sample_method 'synthetic': forced"])
+    report.counters_on = {}  # no counters: the chunks are used unchecked
+    report.activity = spec_activity(report)
+    apply_gate(report, max_suspect=1)
+    md = to_markdown(report)
+    assert "- per prompt (streamed chunks, one engine step each (not checked: the server gives no spec-decode " \
+           "counters)): 3 of 4 prompts exercised; 18 of 240 output tokens came from accepted drafts (8%)" in md
+    assert "- not exercised (no accepted draft; not counted in the proof): p0" in md
+    assert "- lossy by configuration: rejection_sample_method 'synthetic': forced" in md
+    assert "- proof: 1 suspect in 3 exercised prompts: suspect rate below 86.5% at 95% confidence" in md
+    assert "`p3`: **suspect** only under concurrency at token 9" in md
+    assert "  - on its own path: 11 tokens scored, largest margin 3.000 at token 9" in md
+    html = to_html(report)
+    assert "only under concurrency" in html and "lossy by configuration: rejection_sample_method" in html
+    assert "on its own path: 11 tokens," in html and "suspect rate below 86.5%" in html
+    cases = junit_cases(report)
+    assert cases["lossless-config"].result[0].message.startswith("lossy by configuration, so identity is not promised")
+    assert not cases["speculation-ran"].result and "suspect rate below 86.5%" in cases["suspect-rate"].system_out
+    assert "not exercised" in cases["p0"].system_out and not cases["p0"].result
+    assert report.gate.bound.exercised_prompts == 3 and report.model_dump()["gate"]["bound"]["upper"] > 0.86
+
+
+def junit_cases(report) -> dict:
+    root = JUnitXml.fromstring(to_junit(report))
+    suites = list(root) if root._tag == "testsuites" else [root]
+    return {c.name: c for suite in suites for c in suite}
+
+
+def test_junit_fails_the_speculation_case_when_it_did_not_run():
+    report = certified_report(ran=False)
+    apply_gate(report, max_suspect=1)
+    cases = junit_cases(report)
+    assert cases["speculation-ran"].result[0].message.startswith("speculation did not run")
+    assert not cases["lossless-config"].result

@@ -88,3 +88,95 @@ def test_an_unknown_speedup_fails_a_speedup_limit(levels, where):
 def test_nothing_compared_fails():
     gate = apply_gate(report({}, {}))
     assert (gate.passed, gate.reasons) == (False, ["no prompt pair succeeded on both servers: nothing was compared"])
+
+
+# ------------------------------------------------------------------------------ what the gate certifies
+
+from specadapt.analysis.gate import bound_text, rate_bound  # noqa: E402
+from specadapt.analysis.proof import rate_upper_bound  # noqa: E402
+from specadapt.records import PromptActivity, SpecActivity  # noqa: E402
+
+
+def active(report_: CompareReport, exercised: dict[str, bool | None], ran: bool | None = True,
+           source: str = "chunks") -> CompareReport:
+    prompts = [PromptActivity(prompt_id=pid, category="c", requests=1, output_tokens=10,
+                              accepted=None if ex is None else 4 * ex, exercised=ex) for pid, ex in exercised.items()]
+    report_.activity = SpecActivity(ran=ran, evidence="EVIDENCE", source=source, prompts=prompts,
+                                    exercised_prompts=sum(1 for p in prompts if p.exercised))
+    return report_
+
+
+def test_a_spec_on_server_that_did_not_run_fails_unless_allowed():
+    r = active(report({"a": "identical"}, {"identical": 1}), {"a": False}, ran=False)
+    gate = apply_gate(r)
+    assert gate.reasons == ["speculation did not run: an identity pass would prove nothing (EVIDENCE; "
+                            "--allow-inactive accepts this)"]
+    assert apply_gate(r, allow_inactive=True).passed and r.gate.allow_inactive
+
+
+def test_a_run_that_cannot_show_speculation_ran_fails_unless_allowed():
+    r = active(report({"a": "identical"}, {"identical": 1}), {"a": None}, ran=None, source="none")
+    assert apply_gate(r).reasons == ["speculation not shown to run: an identity pass may prove nothing (EVIDENCE; "
+                                     "--allow-inactive accepts this)"]
+    assert apply_gate(r, allow_inactive=True).passed
+
+
+def test_a_report_without_activity_is_judged_on_its_thresholds_alone():
+    r = report({"a": "identical"}, {"identical": 1})
+    gate = apply_gate(r)
+    assert gate.passed and gate.bound is None
+
+
+def test_a_lossy_configuration_fails_unless_allowed_and_names_every_setting():
+    r = active(report({"a": "identical"}, {"identical": 1}), {"a": True})
+    r.lossy = ["rejection_sample_method 'synthetic': X", "Y"]
+    assert apply_gate(r).reasons == ["lossy by configuration, so identity is not promised: rejection_sample_method "
+                                     "'synthetic': X; Y (--allow-lossy accepts this)"]
+    assert apply_gate(r, allow_lossy=True).passed
+
+
+def test_a_server_that_exited_during_the_run_fails_with_its_reason():
+    r = active(report({"a": "identical"}, {"identical": 1}), {"a": True})
+    r.server_exits = ["the spec-on server exited with code 1 during the run, saying: AssertionError: no"]
+    assert apply_gate(r).reasons == r.server_exits
+
+
+def test_the_bound_counts_exercised_prompts_and_their_suspects_only():
+    r = active(report({"a": "identical", "b": "suspect", "c": "unknown", "d": "suspect", "e": "near-tie"},
+                      {"identical": 1, "suspect": 2, "unknown": 1, "near-tie": 1}),
+               {"a": True, "b": True, "c": True, "d": False, "e": True})
+    bound = apply_gate(r, max_suspect=5).bound
+    assert (bound.exercised_prompts, bound.suspect_prompts) == (4, 2)
+    assert bound.upper == rate_upper_bound(2, 4) and bound.confidence == 0.95
+    assert bound.exercised_tokens == 16
+    assert set(bound.prompts_for) == {"0.01", "0.05"} and bound.prompts_for["0.05"] > bound.prompts_for["0.01"] / 10
+
+
+def test_the_bound_has_no_token_count_without_a_per_prompt_source():
+    r = active(report({"a": "identical"}, {"identical": 1}), {"a": None}, source="none")
+    bound = rate_bound(r)
+    assert (bound.exercised_prompts, bound.upper, bound.exercised_tokens) == (0, 1.0, None)
+    assert bound_text(bound) == "no prompt used an accepted draft: the run bounds no suspect rate"
+
+
+def test_bound_text_states_the_bound_and_the_prompts_it_would_take():
+    r = active(report({p: "identical" for p in "abcdef"}, {"identical": 6}), {p: True for p in "abcdef"})
+    assert bound_text(rate_bound(r)) == ("0 suspect in 6 exercised prompts: suspect rate below 39.3% at 95% confidence "
+                                         "(showing 1% takes 299, 5% takes 59 exercised prompts at 0 suspect)")
+
+
+def test_max_suspect_rate_fails_a_bound_above_it_and_says_how_many_more_prompts():
+    r = active(report({p: "identical" for p in "abcdef"}, {"identical": 6}), {p: True for p in "abcdef"})
+    gate = apply_gate(r, max_suspect_rate=0.05)
+    assert gate.reasons == ["suspect rate shown only below 39.3% (0 suspect in 6 exercised prompts, 95% confidence), "
+                            "above --max-suspect-rate 5%: 53 more exercised prompts would be needed at 0 suspect "
+                            "(59 in all)"]
+    assert apply_gate(r, max_suspect_rate=0.4).passed  # 39.3% <= 40%
+    assert not apply_gate(r, max_suspect_rate=rate_upper_bound(0, 6) * 0.999).passed
+    assert apply_gate(r, max_suspect_rate=rate_upper_bound(0, 6)).passed  # the bound itself passes
+
+
+def test_max_suspect_rate_without_activity_fails_saying_why():
+    r = report({"a": "identical"}, {"identical": 1})
+    assert apply_gate(r, max_suspect_rate=0.5).reasons == [
+        "--max-suspect-rate: the report has no record of speculation per prompt to bound the rate over"]

@@ -56,6 +56,10 @@ def compare_report(levels: list[LevelResult], suspect: int = 0, url: str = "http
 class FakeProcess:
     alive_: bool = True
     log_path: str = "/logs/x.log"
+    tail: str = ""
+
+    def log_tail(self) -> str:
+        return self.tail
 
     @property
     def proc(self):
@@ -319,6 +323,17 @@ def test_died_and_the_exit_reason_of_servers_without_a_process_or_its_handle():
         "the k=2 server exited with code None during the run"
     assert exit_reason(FakeServer("http://x", process=NoHandle()), "k=2") == \
         "the k=2 server exited with code None during the run (log: /logs/x.log)"
+
+
+def test_the_exit_reason_quotes_the_line_of_the_log_that_says_why():
+    """A vLLM CPU engine that dies on a synthetic-acceptance config (log tail constructed after
+    vllm/utils/cpu_triton_utils.py's assertion)."""
+    dead = FakeProcess(alive_=False, tail="INFO 12-03 10:11:12 [core.py:90] started\nTraceback (most recent call last):\n"
+                       "  File \"x.py\", line 1, in f\nAssertionError: Synthetic acceptance not supported with CPU "
+                       "sampling\n")
+    assert exit_reason(FakeServer("http://x", process=dead), "spec-on", "2 of 18 requests had finished") == (
+        "the spec-on server exited with code 9 during the run, saying: AssertionError: Synthetic acceptance not "
+        "supported with CPU sampling; 2 of 18 requests had finished (log: /logs/x.log)")
 
 
 def test_the_sweep_passes_each_candidate_its_own_copy_of_the_settings_and_a_progress_bar(monkeypatch):

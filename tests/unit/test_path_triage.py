@@ -1,0 +1,178 @@
+"""Every token of a diverging spec-on answer judged on its own prefix (analysis/identity.py
+``path_verdict``, orchestration/triage.py ``path_triage``), and divergences seen only under
+concurrency (``identity_report``); the spec-off server is a scripted httpx stand-in (exact answers
+known): its /tokenize and its prompt_logprobs in vLLM 0.32's shape."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from specadapt.adapters.base import TokenRequests
+from specadapt.analysis.identity import first_divergence, identity_report, path_verdict
+from specadapt.orchestration import triage as triage_mod
+from specadapt.orchestration.triage import path_triage
+from specadapt.records import Prompt, RequestRecord, Triage
+
+P = Prompt(id="p", category="open", messages=[{"role": "user", "content": "the capital of France"}])
+BASE = Triage(verdict="near-tie", source="server-logprobs", margin=0.2, threshold=0.75, note="first")
+
+
+def ids(*n):
+    return [f"token_id:{i}" for i in n]
+
+
+def test_a_large_margin_anywhere_on_the_path_makes_the_divergence_suspect():
+    t = path_verdict(BASE, [0.2, 0.0, 3.1, 0.4], 5, ids(*range(10)), 0.75)
+    assert t.verdict == "suspect" and (t.path_checked, t.path_margin, t.path_position, t.path_token) == (
+        4, 3.1, 7, "token_id:7")
+    assert t.note == ("first; spec-on token 7 is not the target's choice on the spec-on answer's own prefix "
+                      "(margin 3.100 >= 0.75)")
+    assert t.margin == 0.2  # the first differing token's own margin stays as it was
+
+
+def test_the_threshold_itself_is_suspect_and_just_below_keeps_the_verdict():
+    assert path_verdict(BASE, [0.0, 0.75], 0, ids(1, 2), 0.75).verdict == "suspect"
+    t = path_verdict(BASE, [0.0, 0.7499], 0, ids(1, 2), 0.75)
+    assert t.verdict == "near-tie" and t.note == "first" and t.path_margin == 0.7499
+
+
+def test_an_unknown_triage_becomes_a_near_tie_when_every_path_token_is_within_the_threshold():
+    unknown = Triage(verdict="unknown", source="none", threshold=0.75, margin=0.9, margin_is_lower_bound=True)
+    t = path_verdict(unknown, [0.3, 0.1], 4, ids(*range(6)), 0.75)
+    assert (t.verdict, t.margin, t.margin_is_lower_bound, t.source) == ("near-tie", 0.3, False, "server-logprobs")
+    assert t.note == "all 2 spec-on tokens from the divergence on are within 0.75 of the target's top choice on their own prefix"
+
+
+def test_a_suspect_triage_stays_suspect_and_no_margins_say_so():
+    suspect = BASE.model_copy(update={"verdict": "suspect"})
+    assert path_verdict(suspect, [0.0], 0, ids(1), 0.75).verdict == "suspect"
+    t = path_verdict(BASE, [], 3, ids(1), 0.75)
+    assert t.verdict == "near-tie" and t.path_checked == 0 and t.note.endswith("no token scored")
+
+
+# --- path_triage against a scripted spec-off server ----------------------------------------------
+
+class Off:
+    base_url, model_id, verify = "http://off", "m", True
+
+    def headers(self):
+        return {}
+
+
+def scripted(monkeypatch, prompt_ids, rows, status=200):
+    """rows[j]: {token id: logprob} at output position j (the sent token among them)."""
+    sent = []
+
+    def post_json(server, path, body, timeout_s, headers=None):
+        sent.append((path, body))
+        req = httpx.Request("POST", server.base_url + path)
+        if path == "/tokenize":
+            return httpx.Response(200, json={"tokens": prompt_ids}, request=req)
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": "no"}}, request=req)
+        n = len(prompt_ids)
+        plps = [None] + [{str(t): {"logprob": -1.0, "rank": 1}} for t in body["prompt"][1:n]]
+        for j, row in enumerate(rows):
+            ranked = sorted(row.items(), key=lambda kv: -kv[1])
+            plps.append({str(t): {"logprob": lp, "rank": r + 1} for r, (t, lp) in enumerate(ranked)})
+        return httpx.Response(200, json={"choices": [{"prompt_logprobs": plps, "prompt_token_ids": body["prompt"]}]},
+                              request=req)
+
+    monkeypatch.setattr(triage_mod, "post_json", post_json)
+    return sent
+
+
+def on_rec(tokens):
+    return RequestRecord(prompt_id="p", category="open", api="chat", side="on", ok=True, tokens=tokens)
+
+
+def test_the_spec_on_answer_is_scored_after_the_prompt_and_a_dropped_token_is_found(monkeypatch):
+    # off: 11 12 13 14; on drops 12: 11 13 14 -> at position 1 the target wanted 12, gave 13 a margin of 0.5
+    # (a near-tie on its own), and at position 2 (after "11 13") it wants 12 again: 14 is 4 nats down
+    off = RequestRecord(prompt_id="p", category="open", api="chat", side="off", ok=True, tokens=ids(11, 12, 13, 14))
+    on = on_rec(ids(11, 13, 14))
+    div = first_divergence(off, on)
+    sent = scripted(monkeypatch, [1, 2, 3], [{11: -0.1, 9: -3}, {12: -0.5, 13: -1.0}, {12: -0.2, 14: -4.2}])
+    t = path_triage(Off(), P, on, div, BASE, 0.75, TokenRequests())
+    assert sent[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "the capital of France"}],
+                                     "add_generation_prompt": True})
+    path, body = sent[1]
+    assert path == "/v1/completions" and body["prompt"] == [1, 2, 3, 11, 13, 14] and body["max_tokens"] == 1
+    assert body["prompt_logprobs"] == 5 and body["return_token_ids"] is True and body["temperature"] == 0.0
+    assert t.verdict == "suspect" and t.path_position == 2 and t.path_margin == pytest.approx(4.0)
+    assert t.path_checked == 2 and t.path_token == "token_id:14"
+
+
+def test_a_healthy_near_tie_path_stays_a_near_tie(monkeypatch):
+    off = RequestRecord(prompt_id="p", category="open", api="chat", side="off", ok=True, tokens=ids(11, 12, 13))
+    on = on_rec(ids(11, 20, 21))
+    scripted(monkeypatch, [1], [{11: -0.1}, {12: -0.6, 20: -0.7}, {21: -0.05, 3: -2}])
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.verdict == "near-tie" and t.path_margin == pytest.approx(0.1) and t.path_position == 1
+
+
+@pytest.mark.parametrize(("requests", "tokens", "why"), [
+    (TokenRequests(prompt_logprobs=None), ids(1, 2), "the spec-off server gives no prompt logprobs"),
+    (TokenRequests(), ["a", "b"], "the spec-on answer carries no token ids"),
+    (TokenRequests(), [], "the spec-on answer carries no token ids"),
+])
+def test_what_cannot_be_scored_is_said_and_the_verdict_kept(monkeypatch, requests, tokens, why):
+    sent = scripted(monkeypatch, [1], [])
+    div = first_divergence(RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True,
+                                         tokens=ids(1, 9)), RequestRecord(prompt_id="p", category="o", api="chat",
+                                                                           side="on", ok=True, tokens=ids(1, 8)))
+    t = path_triage(Off(), P, on_rec(tokens), div, BASE, 0.75, requests)
+    assert t.verdict == "near-tie" and t.note == f"first; rest of the spec-on answer not checked: {why}"
+    assert sent == []
+
+
+def test_an_answer_that_ends_at_the_divergence_is_not_scored(monkeypatch):
+    sent = scripted(monkeypatch, [1], [])
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(1, 2, 3))
+    on = on_rec(ids(1, 2))
+    t = path_triage(Off(), P, on, first_divergence(off, on), None, 0.75, TokenRequests())
+    assert t.verdict == "unknown" and t.note == "rest of the spec-on answer not checked: the spec-on answer ends at the divergence"
+    assert sent == []
+
+
+def test_a_server_that_refuses_the_scoring_leaves_the_verdict_and_says_why(monkeypatch):
+    scripted(monkeypatch, [1], [], status=400)
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(1, 2))
+    on = on_rec(ids(1, 3))
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.verdict == "near-tie"
+    assert t.note == "first; rest of the spec-on answer not checked: the spec-off server could not score it (HTTPStatusError)"
+
+
+# --- under concurrency ----------------------------------------------------------------------------
+
+def pair(tokens_on, concurrency, repeat=0, replica=0):
+    kw = dict(prompt_id="p", category="open", api="chat", ok=True, concurrency=concurrency, repeat=repeat,
+              replica=replica)
+    return [RequestRecord(side="off", tokens=["a", "b", "c"], text="abc", **kw),
+            RequestRecord(side="on", tokens=tokens_on, text="".join(tokens_on), **kw)]
+
+
+def verdict(*_):
+    return Triage(verdict="suspect", source="server-logprobs", margin=3.0, threshold=0.75)
+
+
+def test_a_prompt_identical_alone_and_diverging_in_batches_is_concurrency_only():
+    recs = pair(["a", "b", "c"], 1) + pair(["a", "c"], 4) + pair(["a", "b", "c"], 4, replica=1)
+    (ident,) = identity_report(recs, [P], verdict)
+    assert ident.concurrency_only and ident.diverged_levels == [4] and ident.verdict == "suspect"
+    assert (ident.pairs, ident.identical_pairs) == (3, 2)
+
+
+def test_a_prompt_that_diverges_alone_too_is_not_concurrency_only():
+    recs = pair(["a", "x", "c"], 1) + pair(["a", "c"], 4)
+    (ident,) = identity_report(recs, [P], verdict)
+    assert not ident.concurrency_only and ident.diverged_levels == [1, 4]
+
+
+def test_without_a_pair_answered_alone_nothing_is_concurrency_only():
+    (ident,) = identity_report(pair(["a", "c"], 4) + pair(["a", "c"], 2), [P], verdict)
+    assert not ident.concurrency_only and ident.diverged_levels == [2, 4]
+    (same,) = identity_report(pair(["a", "b", "c"], 1) + pair(["a", "b", "c"], 4), [P], verdict)
+    assert not same.concurrency_only and same.diverged_levels == [] and same.verdict == "identical"
