@@ -453,41 +453,6 @@ def activity_of(acceptance: AcceptanceSummary | None) -> Activity:
     return Activity(state="active" if acceptance.draft_tokens > 0 else "inactive", acceptance=acceptance)
 
 
-# Settings that make speculation lossy by design: (key, the values that do, why).
-LOSSY_SETTINGS: tuple[tuple[str, Any, str], ...] = (
-    ("use_relaxed_acceptance_for_thinking", True, "TensorRT-LLM relaxed MTP acceptance accepts draft tokens that are "
-                                                  "not the target's choice"),
-    ("acceptance_method", "typical_acceptance_sampler", "typical acceptance accepts drafts above a probability "
-                                                         "threshold instead of the target's exact choice"),
-    ("spec_decoding_acceptance_method", "typical_acceptance_sampler", "typical acceptance accepts drafts above a "
-                                                                       "probability threshold"),
-)
-THRESHOLD_KEYS = ("posterior_threshold", "acceptance_threshold", "draft_acceptance_threshold")
-
-
-def lossy_reason(settings: Mapping[str, Any]) -> str | None:
-    """Why a speculative configuration is lossy by design (None: it promises the target's output).
-    ``settings``: the speculative settings as the server or its launch tells them (nested dicts are
-    searched too)."""
-    flat = dict(_flatten(settings))
-    for key, value, why in LOSSY_SETTINGS:
-        if flat.get(key) == value:
-            return f"{why} ({key}={value})"
-    for key in THRESHOLD_KEYS:
-        v = flat.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1:
-            return f"an acceptance threshold below 1 accepts drafts the target would not choose ({key}={v})"
-    return None
-
-
-def _flatten(d: Mapping[str, Any]):
-    for k, v in d.items():
-        if isinstance(v, Mapping):
-            yield from _flatten(v)
-        else:
-            yield k, v
-
-
 def cell_verdict(checks: Sequence[CellCheck], activity: Activity | None, near_tie: bool = False,
                  lossy: str | None = None) -> tuple[str, str]:
     """(verdict, reason) of a cell from its checks: a failed check is a fault ("lossy" when the

@@ -30,6 +30,7 @@ from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.identity import default_threshold
+from specadapt.analysis.lossy import lossy_reasons_of
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
@@ -446,24 +447,8 @@ async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) ->
 
 
 def lossy_of(info: ServerInfo) -> str | None:
-    settings: dict[str, Any] = dict(info.server_flags)
-    if info.launch is not None:
-        settings.update(info.launch.spec_settings)
-        settings.update(_args_as_settings(info.launch.spec_args))
-    return F.lossy_reason(settings)
-
-
-def _args_as_settings(args: Sequence[str]) -> dict[str, Any]:
-    """The JSON values in a launch's speculative arguments (vLLM's --speculative-config '{...}')."""
-    out: dict[str, Any] = {}
-    for a in args:
-        try:
-            value = json.loads(a)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.update(value)
-    return out
+    """Why the spec-on side is lossy by design (analysis/lossy.py), every setting found; None: it is not."""
+    return "; ".join(lossy_reasons_of(info)) or None
 
 
 async def _inputs(m: Matrix, texts: Sequence[str]) -> list[PromptInput]:

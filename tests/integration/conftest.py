@@ -168,12 +168,14 @@ REF_NGRAM = SpecConfig(method="ngram", k=4, ngram_min=1, ngram_max=4)
 @pytest.fixture(scope="session")
 def reference_servers(embedded_model, truncated_model):
     """`specadapt reference serve` (float32, CPU): spec off; ngram with accept-always; ngram
-    with perturb-logits=0.1 on the verify pass; and spec off on a different (4-layer) model."""
+    with perturb-logits=0.1 on the verify pass; ngram with batch-drop (a token lost only where two or
+    more requests share a pass); and spec off on a different (4-layer) model."""
     from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
 
     opts = {"off": ReferenceLaunch(model=embedded_model),
             "accept_always": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="accept-always"),
             "perturb": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="perturb-logits=0.1"),
+            "batch_drop": ReferenceLaunch(model=embedded_model, spec_config=REF_NGRAM, fault="batch-drop"),
             "other_model": ReferenceLaunch(model=truncated_model)}
     with ReferenceBackend().launched_many(list(opts.values())) as servers:
         _STARTED["reference_servers"] = servers

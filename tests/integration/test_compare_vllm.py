@@ -36,10 +36,12 @@ def prompts_file(tmp_path: Path, *rows) -> Path:
     return path
 
 
-def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40):
+def equiv(tmp_path, off, on, prompts: Path, *extra, max_tokens=40, concurrency: str | None = "1"):
+    """``concurrency`` None: equiv's own default levels (each prompt alone and in batches of 4)."""
     out = tmp_path / "out"
+    levels = ["--concurrency", concurrency] if concurrency else []
     proc = subprocess.run([sys.executable, "-m", "specadapt", "equiv", "--off", off.base_url, "--on", on.base_url,
-                           "--prompts", str(prompts), "--repeat", "1", "--max-tokens", str(max_tokens),
+                           "--prompts", str(prompts), "--repeat", "1", "--max-tokens", str(max_tokens), *levels,
                            "--no-interference-check", "--out", str(out), *extra], capture_output=True, text=True, timeout=900)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
     return proc, report, out

@@ -306,16 +306,6 @@ def test_activity_of():
     assert F.activity_of(acc(1)).state == "active"
 
 
-def test_lossy_reason():
-    assert F.lossy_reason({"method": "ngram", "num_speculative_tokens": 4}) is None
-    assert "relaxed" in F.lossy_reason({"speculative_config": {"use_relaxed_acceptance_for_thinking": True}})
-    assert F.lossy_reason({"use_relaxed_acceptance_for_thinking": False}) is None
-    assert "typical" in F.lossy_reason({"acceptance_method": "typical_acceptance_sampler"})
-    assert "0.3" in F.lossy_reason({"posterior_threshold": 0.3})
-    assert F.lossy_reason({"posterior_threshold": 1}) is None
-    assert F.lossy_reason({"posterior_threshold": True}) is None
-
-
 OK = CellCheck(name="identity", ok=True, detail="identical (8 tokens)")
 BAD = CellCheck(name="invariant (spec-on)", ok=False, detail="4 tokens generated, max_tokens is 3")
 ACTIVE = Activity(state="active")
