@@ -84,7 +84,7 @@ def chunks_hold(on_all: Sequence[RequestRecord], off_all: Sequence[RequestRecord
     if merged:
         return False, (f"{len(merged)} spec-off answer(s) streamed chunks of several tokens (a stream interval above "
                        "1, or chunks merged on the way), so a chunk is not one engine step")
-    checked, by_chunks, by_counters = 0, 0, 0.0
+    by_chunks, by_counters = 0, None
     for level, pair in levels.items():
         counted = _spec_delta(pair, "accepted_tokens")
         if counted is None:
@@ -95,10 +95,9 @@ def chunks_hold(on_all: Sequence[RequestRecord], off_all: Sequence[RequestRecord
         if not 0 <= counted - from_chunks <= k_here * len(recs):
             return False, (f"the chunks count {from_chunks} accepted tokens at {_level_text(level)}, the server's "
                            f"counters {counted:g}: chunks are not one engine step each there")
-        checked += 1
         by_chunks += from_chunks
-        by_counters += counted
-    if not checked:
+        by_counters = (by_counters or 0.0) + counted
+    if by_counters is None:
         return True, "streamed chunks, one engine step each (not checked: the server gives no spec-decode counters)"
     return True, (f"streamed chunks, one engine step each: {by_chunks} accepted tokens by the chunks, "
                   f"{by_counters:g} by the server's counters at the same levels")
@@ -149,38 +148,35 @@ def spec_activity(report: CompareReport) -> SpecActivity:
         source = "chunks" if holds else "none"
     prompts = _per_prompt(on, source)
     accepted_tokens = None if source == "none" else sum(p.accepted or 0 for p in prompts)
-    activity = SpecActivity(ran=None, evidence="", source=source, source_note=note, prompts=prompts,
-                            exercised_prompts=sum(1 for p in prompts if p.exercised),
-                            output_tokens=sum(r.output_tokens for r in on), accepted_output_tokens=accepted_tokens)
-    _decide_ran(activity, report, list(levels.values()), on)
-    return activity
+    ran, evidence, drafted, accepted = _decide_ran(report, list(levels.values()), on,
+                                                   accepted_tokens if source == "chunks" else None)
+    return SpecActivity(ran=ran, evidence=evidence, drafted=drafted, accepted=accepted, source=source,
+                        source_note=note, prompts=prompts, exercised_prompts=sum(1 for p in prompts if p.exercised),
+                        output_tokens=sum(r.output_tokens for r in on), accepted_output_tokens=accepted_tokens)
 
 
-def _decide_ran(activity: SpecActivity, report: CompareReport, pairs: list[CounterPair],
-                on: Sequence[RequestRecord]) -> None:
+def _decide_ran(report: CompareReport, pairs: list[CounterPair], on: Sequence[RequestRecord],
+                by_chunks: int | None) -> tuple[bool | None, str, float | None, float | None]:
+    """(ran, evidence, drafted, accepted) from the best evidence (module docstring); ``by_chunks``: the
+    accepted tokens the chunks count, where they hold."""
     info = report.on_server
     totals = counter_totals(pairs)
     if totals is not None and totals[0] > 0:
-        activity.ran, (activity.drafted, activity.accepted) = True, totals
-        activity.evidence = (f"the spec-on server's counters: {totals[0]:g} draft tokens proposed, {totals[1]:g} "
-                             "accepted over the compared levels")
-    elif info.spec_enabled is False:
-        activity.ran = False
-        activity.evidence = "the spec-on server says speculation is off" + (f" ({info.spec_signal})" if info.spec_signal else "")
-    elif totals is not None:
-        activity.ran, (activity.drafted, activity.accepted) = False, totals
-        activity.evidence = "the spec-on server's counters show no draft token proposed over the compared levels"
-    elif on and all(r.spec_drafted is not None for r in on):
+        return True, (f"the spec-on server's counters: {totals[0]:g} draft tokens proposed, {totals[1]:g} accepted "
+                      "over the compared levels"), *totals
+    if info.spec_enabled is False:
+        signal = f" ({info.spec_signal})" if info.spec_signal else ""
+        return False, "the spec-on server says speculation is off" + signal, None, None
+    if totals is not None:
+        return False, "the spec-on server's counters show no draft token proposed over the compared levels", *totals
+    if on and all(r.spec_drafted is not None for r in on):
         drafted = sum(r.spec_drafted or 0 for r in on)
         accepted = sum(r.spec_accepted or 0 for r in on)
-        activity.ran, activity.drafted, activity.accepted = drafted > 0, drafted, accepted
-        activity.evidence = (f"the answers' own counts: {drafted} draft tokens proposed, {accepted} accepted"
-                             if drafted else "the answers' own counts show no draft token proposed")
-    elif activity.source == "chunks" and activity.accepted_output_tokens:
-        activity.ran, activity.accepted = True, activity.accepted_output_tokens
-        activity.evidence = (f"the streamed chunks: {activity.accepted_output_tokens} tokens came in steps of more "
-                             "than one (the server gives no spec-decode counters)")
-    else:
-        activity.ran = None
-        activity.evidence = ("nothing shows that speculation ran: the spec-on server gives no spec-decode counters "
-                             "and no per-request counts, and no streamed chunk carried more than one token")
+        if drafted:
+            return True, f"the answers' own counts: {drafted} draft tokens proposed, {accepted} accepted", drafted, accepted
+        return False, "the answers' own counts show no draft token proposed", drafted, accepted
+    if by_chunks:
+        return True, (f"the streamed chunks: {by_chunks} tokens came in steps of more than one (the server gives no "
+                      "spec-decode counters)"), None, by_chunks
+    return None, ("nothing shows that speculation ran: the spec-on server gives no spec-decode counters and no "
+                  "per-request counts, and no streamed chunk carried more than one token"), None, None

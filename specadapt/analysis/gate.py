@@ -30,7 +30,7 @@ def rate_bound(report: CompareReport) -> RateBound | None:
     exercised = {p.prompt_id: p for p in activity.prompts if p.exercised}
     suspect = sum(1 for p in report.identity if p.verdict in SUSPECT and p.prompt_id in exercised)
     n = len(exercised)
-    tokens = sum(p.accepted or 0 for p in exercised.values()) if activity.source != "none" else None
+    tokens = sum(p.accepted for p in exercised.values() if p.accepted is not None) if activity.source != "none" else None
     return RateBound(exercised_prompts=n, suspect_prompts=suspect, confidence=CONFIDENCE,
                      upper=rate_upper_bound(suspect, n), exercised_tokens=tokens,
                      prompts_for={f"{rate:g}": prompts_needed(suspect, rate) for rate in RATES})

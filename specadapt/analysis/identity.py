@@ -152,7 +152,7 @@ def path_verdict(base: Triage, margins: list[float], start: int, on_tokens: list
     j = max(range(len(margins)), key=margins.__getitem__)
     worst = margins[j]
     update: dict[str, Any] = {"path_checked": len(margins), "path_margin": worst, "path_position": start + j,
-                              "path_token": on_tokens[start + j] if start + j < len(on_tokens) else None}
+                              "path_token": on_tokens[start + j]}
     if worst >= threshold:
         update["verdict"] = "suspect"
         update["note"] = _joined(base.note, f"spec-on token {start + j} is not the target's choice on the spec-on "
@@ -192,6 +192,11 @@ def choice_logprobs(choice: dict[str, Any], api: str) -> tuple[list[str], list[d
     return tokens, tops
 
 
+def _origin_order(d: Divergence) -> tuple[int, int, int, int]:
+    """Earliest first: turn, token, then the pair's concurrency and repeat."""
+    return d.turn, d.token_index, d.concurrency, d.repeat
+
+
 def identity_report(records: list[RequestRecord], prompts: list[Prompt],
                     triage: Callable[[Prompt, Divergence, RequestRecord], Triage] | None) -> list[PromptIdentity]:
     """Per prompt: identical pairs, and the origin of divergence with its triage."""
@@ -220,7 +225,7 @@ def identity_report(records: list[RequestRecord], prompts: list[Prompt],
                                and any(off.concurrency == 1 for off, _ in pairs))
         if divs:
             origins: dict[tuple, tuple[Divergence, RequestRecord]] = {}
-            for d, off in sorted(divs, key=lambda x: (x[0].turn, x[0].token_index, x[0].concurrency, x[0].repeat)):
+            for d, off in sorted(divs, key=lambda x: _origin_order(x[0])):
                 origins.setdefault((d.turn, d.token_index, d.off_token, d.on_token), (d, off))
             worst = None
             for d, off in origins.values():

@@ -38,25 +38,19 @@ def rate_upper_bound(suspect: int, prompts: int, confidence: float = CONFIDENCE)
 
 def prompts_needed(suspect: int, rate: float, confidence: float = CONFIDENCE) -> int:
     """The least number of exercised prompts whose bound, with ``suspect`` of them suspect, is at
-    most ``rate`` (0 < rate < 1)."""
+    most ``rate`` (0 < rate < 1): counted up from the number zero suspects need (the bound only
+    grows with the suspects), closed form at zero."""
     if not 0 < rate < 1:
         raise ValueError(f"rate {rate} outside (0, 1)")
+    n = math.ceil(math.log(1.0 - confidence) / math.log(1.0 - rate) - 1e-9)
     if suspect == 0:
-        return math.ceil(math.log(1.0 - confidence) / math.log(1.0 - rate) - 1e-9)
-    lo, hi = suspect + 1, 2 * (suspect + 1)
-    while rate_upper_bound(suspect, hi, confidence) > rate:
-        lo, hi = hi, 2 * hi
-    while lo < hi:  # the least n in [lo, hi] with U(x, n) <= rate; U falls as n grows
-        mid = (lo + hi) // 2
-        if rate_upper_bound(suspect, mid, confidence) <= rate:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+        return n
+    n = max(n, suspect + 1)
+    while rate_upper_bound(suspect, n, confidence) > rate:
+        n += 1
+    return n
 
 
 def percent(rate: float) -> str:
-    """0.393 -> "39.3%", 0.0153 -> "1.53%", 0.01 -> "1%"."""
-    value = rate * 100
-    text = f"{value:.3g}" if value < 10 else f"{value:.1f}"
-    return (text.rstrip("0").rstrip(".") if "." in text else text) + "%"
+    """0.393 -> "39.3%", 0.0153 -> "1.53%", 0.01 -> "1%", 1.0 -> "100%" (three significant digits)."""
+    return f"{rate * 100:.3g}%"

@@ -168,7 +168,7 @@ class RateBound(BaseModel):
 
     exercised_prompts: int = Field(description="Prompts whose compared spec-on answers used accepted drafts.")
     suspect_prompts: int = Field(description="Of those, prompts with a suspect (or untriaged) divergence.")
-    confidence: float = 0.95
+    confidence: float = Field(description="The bound's confidence level (0.95).")
     upper: float = Field(description="The rate of suspect divergences per prompt is below this at `confidence`.")
     prompts_for: dict[str, int] = Field(default_factory=dict, description="Exercised prompts needed, at the "
                                         "current suspect count, for the bound to reach each rate ('0.01': 1%).")

@@ -46,9 +46,9 @@ def serving(ref, **app_options):
         thread.join(timeout=10)
 
 
-def stream_completion(base, body):
+def stream_completion(base, body, path="/v1/completions"):
     chunks = []
-    with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+    with httpx.stream("POST", f"{base}{path}", json={**body, "stream": True}, timeout=60) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":

@@ -16,7 +16,7 @@ from specadapt.native_reference.engine import SpecEngine
 from specadapt.native_reference.proposers import DraftModelProposer
 from specadapt.native_reference.runtime import open_reference
 
-from .test_server import counter, counters, serving
+from .test_server import counter, counters, serving, stream_completion
 from .test_server_batching import all_in_before_the_first_step, held, ref_app_scheduler
 
 K = 3
@@ -47,12 +47,7 @@ def request(base, prompt, chat, stream, **extra):
         assert r.status_code == 200, r.text
         answer = r.json()
         return answer.get("metrics"), answer
-    chunks = []
-    with httpx.stream("POST", f"{base}{path}", json={**body, "stream": True}, timeout=60) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
+    chunks = stream_completion(base, body, path)
     with_metrics = [c for c in chunks if "metrics" in c]
     assert len(with_metrics) <= 1
     if with_metrics:  # on the final usage chunk only

@@ -180,3 +180,101 @@ def test_failed_spec_on_answers_count_in_the_level_check_but_not_per_prompt(fail
     recs = [rec("off", "a", (1,) * 6), rec("on", "a", (1, 5)), rec("off", "b", (1,) * 3)] + ([failed] if failed_counts else [])
     a = spec_activity(report(recs, {1: counters(12, 4 + (2 if failed_counts else 0))}))
     assert a.source == "chunks" and [p.prompt_id for p in a.prompts] == ["a"]
+
+
+# --- the boundaries each figure turns on -------------------------------------------------------
+
+def test_a_level_read_before_but_not_after_or_with_accepted_going_down_is_skipped():
+    half = CounterPair(before=CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=0), after=CounterSnapshot())
+    down = CounterPair(before=CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=9),
+                       after=CounterSnapshot(drafts=1, draft_tokens=8, accepted_tokens=4))
+    assert counter_totals([half, down]) is None
+    assert counter_totals([half, down, counters(3, 1)]) == (3, 1)
+
+
+def test_every_refusal_of_the_chunks_is_one_whole_sentence():
+    assert chunks_hold([rec("on", "a", (1, 3), source="chunks")], [], {}, 4) == (False, (
+        "chunk token counts are guesses (the server gave neither usage nor logprobs per chunk), so chunks cannot "
+        "count accepted tokens"))
+    assert chunks_hold([rec("on", "a", (1, 3))], [rec("off", "a", (1, 2))], {}, 4) == (False, (
+        "1 spec-off answer(s) streamed chunks of several tokens (a stream interval above 1, or chunks merged on the "
+        "way), so a chunk is not one engine step"))
+
+
+def test_a_level_without_counters_does_not_stop_the_check_of_the_next():
+    on = [rec("on", "a", (1, 3), concurrency=4)]
+    ok, why = chunks_hold(on, [], {(1, None): NO_COUNTERS, (4, None): counters(9, 40)}, 4)
+    assert not ok and "at concurrency 4" in why
+
+
+def test_without_k_a_level_with_no_chunks_allows_no_shortfall():
+    failed = rec("on", "a", (), ok=False)  # failed before its first token
+    assert chunks_hold([failed], [], {(1, None): counters(1, 0)}, None)[0]
+    ok, why = chunks_hold([failed], [], {(1, None): counters(1, 1)}, None)
+    assert not ok and "the chunks count 0 accepted tokens at concurrency 1, the server's counters 1" in why
+    # a level whose counters were read but none of whose requests is here
+    assert chunks_hold([rec("on", "a", (1, 2))], [], {(1, None): counters(2, 1), (4, None): counters(0, 0)}, None)[0]
+
+
+def test_the_sums_over_levels_are_stated():
+    on = [rec("on", "a", (1, 3)), rec("on", "a", (1, 2), concurrency=4)]
+    assert chunks_hold(on, [], {(1, None): counters(5, 2), (4, None): counters(5, 3)}, 4) == (True, (
+        "streamed chunks, one engine step each: 3 accepted tokens by the chunks, 5 by the server's counters at the "
+        "same levels"))
+
+
+def test_the_servers_draft_length_bounds_the_shortfall_not_the_largest_step_seen():
+    """k = 4 from the server: a last step that accepted 3 tokens max_tokens then cut is allowed, though
+    no chunk showed more than one accepted token."""
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 2, 1))]
+    a = spec_activity(report(recs, {1: counters(8, 1 + 3)}, k=4))
+    assert a.source == "chunks"
+    assert spec_activity(report(recs, {1: counters(8, 1 + 3)}, k=None)).source == "none"
+
+
+def test_spec_off_answers_do_not_count_in_the_spec_on_check():
+    recs = [rec("off", "a", (1,) * 4, source="chunks"), rec("on", "a", (1, 3))]
+    assert spec_activity(report(recs, {1: counters(4, 2)})).source == "chunks"
+
+
+def test_a_rate_label_without_records_is_passed_over():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 3))]
+    a = spec_activity(report(recs, {1: counters(4, 2)}, rates={"8": counters(4, 2)}))
+    assert a.source == "chunks" and a.ran is True
+
+
+def test_one_accepted_token_exercises_a_prompt_and_zero_drafted_stays_zero():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 2, 1), drafted=4, accepted=1),
+            rec("off", "b", (1, 1)), rec("on", "b", (1, 1), drafted=0, accepted=0)]
+    a = spec_activity(report(recs, {1: NO_COUNTERS}, spec_enabled=None))
+    assert {p.prompt_id: (p.drafted, p.accepted, p.exercised) for p in a.prompts} == {
+        "a": (4, 1, True), "b": (0, 0, False)}
+
+
+def test_one_drafted_token_or_drafts_without_acceptance_show_it_ran():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 1, 1))]
+    assert spec_activity(report(recs, {1: counters(1, 0)})).ran is True
+    assert spec_activity(report(recs, {1: counters(8, 0)})).ran is True
+    one = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 1, 1), drafted=1, accepted=0)]
+    a = spec_activity(report(one, {1: NO_COUNTERS}, spec_enabled=None))
+    assert (a.ran, a.evidence) == (True, "the answers' own counts: 1 draft tokens proposed, 0 accepted")
+
+
+def test_a_server_that_says_it_is_off_without_naming_the_signal():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1,) * 4)]
+    r = report(recs, {1: NO_COUNTERS}, spec_enabled=False)
+    r.on_server.spec_signal = None
+    assert spec_activity(r).evidence == "the spec-on server says speculation is off"
+
+
+def test_nothing_shows_it_ran_in_one_whole_sentence():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1,) * 4)]
+    assert spec_activity(report(recs, {1: NO_COUNTERS}, spec_enabled=None)).evidence == (
+        "nothing shows that speculation ran: the spec-on server gives no spec-decode counters and no per-request "
+        "counts, and no streamed chunk carried more than one token")
+
+
+def test_answers_that_state_accepted_but_not_drafted_tokens_do_not_pass_for_chunks():
+    recs = [rec("off", "a", (1,) * 4), rec("on", "a", (1, 3), drafted=None, accepted=2)]
+    a = spec_activity(report(recs, {1: NO_COUNTERS}, spec_enabled=None))
+    assert a.source == "response" and a.ran is None and a.evidence.startswith("nothing shows that speculation ran")

@@ -132,7 +132,7 @@ def test_a_lossy_configuration_fails_unless_allowed_and_names_every_setting():
     r.lossy = ["rejection_sample_method 'synthetic': X", "Y"]
     assert apply_gate(r).reasons == ["lossy by configuration, so identity is not promised: rejection_sample_method "
                                      "'synthetic': X; Y (--allow-lossy accepts this)"]
-    assert apply_gate(r, allow_lossy=True).passed
+    assert apply_gate(r, allow_lossy=True).passed and r.gate.allow_lossy
 
 
 def test_a_server_that_exited_during_the_run_fails_with_its_reason():
@@ -168,6 +168,7 @@ def test_bound_text_states_the_bound_and_the_prompts_it_would_take():
 def test_max_suspect_rate_fails_a_bound_above_it_and_says_how_many_more_prompts():
     r = active(report({p: "identical" for p in "abcdef"}, {"identical": 6}), {p: True for p in "abcdef"})
     gate = apply_gate(r, max_suspect_rate=0.05)
+    assert (gate.max_suspect_rate, gate.allow_inactive, gate.allow_lossy) == (0.05, False, False)
     assert gate.reasons == ["suspect rate shown only below 39.3% (0 suspect in 6 exercised prompts, 95% confidence), "
                             "above --max-suspect-rate 5%: 53 more exercised prompts would be needed at 0 suspect "
                             "(59 in all)"]

@@ -32,9 +32,9 @@ def test_a_higher_confidence_gives_a_higher_bound():
     assert rate_upper_bound(1, 20, 0.99) > rate_upper_bound(1, 20, 0.95) > rate_upper_bound(1, 20, 0.5)
 
 
-@pytest.mark.parametrize(("x", "n"), [(-1, 5), (6, 5), (0, -1)])
+@pytest.mark.parametrize(("x", "n"), [(-1, 5), (6, 5), (0, -1), (1, 0)])
 def test_impossible_counts_are_refused(x, n):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"^{x} suspect of {n} prompts$"):
         rate_upper_bound(x, n)
 
 
@@ -51,11 +51,29 @@ def test_prompts_needed_at_zero_suspects_matches_the_closed_form():
 
 @pytest.mark.parametrize("rate", [0, 1, -0.1, 1.5])
 def test_prompts_needed_refuses_a_rate_outside_0_1(rate):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="outside"):
         prompts_needed(0, rate)
 
 
+@pytest.mark.parametrize("n", [1, 6, 11, 59, 299, 1000])
+def test_the_bound_of_n_prompts_needs_exactly_n_prompts(n):
+    """Where log(1 - confidence) / log(1 - rate) is a whole number up to rounding, the ceiling is that number."""
+    assert prompts_needed(0, rate_upper_bound(0, n)) == n
+
+
+@pytest.mark.parametrize(("x", "rate"), [(0, 0.05), (2, 0.1)])
+def test_prompts_needed_at_another_confidence_uses_it(x, rate):
+    n = prompts_needed(x, rate, confidence=0.99)
+    assert rate_upper_bound(x, n, 0.99) <= rate < rate_upper_bound(x, n - 1, 0.99)
+    assert n > prompts_needed(x, rate)
+
+
 @pytest.mark.parametrize(("rate", "text"), [(0.393, "39.3%"), (0.0153, "1.53%"), (0.01, "1%"), (1.0, "100%"),
-                                            (0.05, "5%"), (0.1234, "12.3%")])
+                                            (0.05, "5%"), (0.1234, "12.3%"), (0.996, "99.6%"), (0.5, "50%")])
 def test_percent(rate, text):
     assert percent(rate) == text
+
+
+@pytest.mark.parametrize(("x", "n"), [(1, 10), (3, 40), (11, 12), (2, 300)])
+def test_the_bound_of_x_in_n_prompts_needs_exactly_n_prompts(x, n):
+    assert prompts_needed(x, rate_upper_bound(x, n)) == n
