@@ -103,11 +103,14 @@ def path_triage(server: Server, prompt: Prompt, on_rec: RequestRecord, div: Dive
                          timeout_s)
         resp.raise_for_status()
         draws = parse_scores(resp.json(), sample, TOP_LOGPROBS)
-    except (httpx.HTTPError, ValueError, SpecadaptError) as exc:
+    except (httpx.HTTPError, ValueError) as exc:
         return base.model_copy(update={"note": _joined(
             base.note, f"rest of the spec-on answer not checked: the spec-off server could not score it "
                        f"({type(exc).__name__})")})
-    margins = [max(d.top.values(), default=d.logprob) - d.logprob for d in draws[div.token_index:]]
+    except SpecadaptError as exc:
+        return base.model_copy(update={"note": _joined(
+            base.note, f"rest of the spec-on answer not checked: {exc}")})
+    margins = [max([*d.top.values(), d.logprob]) - d.logprob for d in draws[div.token_index:]]
     return path_verdict(base, margins, div.token_index, on_rec.tokens, threshold)
 
 

@@ -659,3 +659,11 @@ def test_answers_without_usable_spec_counts_leave_the_record_unknown(extra):
     rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], **extra}, "[DONE]"))
     assert rec.ok and (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (None, None, None)
     assert "spec_drafted" not in json.loads(rec.model_dump_json())
+
+
+def test_counts_that_are_not_integers_are_left_unknown_one_by_one():
+    spec = {**SPEC, "num_accepted_draft_tokens": "6", "num_spec_steps": 4.0}
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "metrics": {"speculative_decoding": spec}}, "[DONE]"))
+    assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (16, None, None)
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "timings": {"draft_n": 9, "draft_n_accepted": 5.5}}, "[DONE]"))
+    assert (rec.spec_drafted, rec.spec_accepted) == (9, None)

@@ -63,12 +63,13 @@ class Off:
         return {}
 
 
-def scripted(monkeypatch, prompt_ids, rows, status=200):
-    """rows[j]: {token id: logprob} at output position j (the sent token among them)."""
+def scripted(monkeypatch, prompt_ids, rows, status=200, echo=None):
+    """rows[j]: {token id: logprob} at output position j (the sent token among them), each entry ranked by its
+    logprob, or (logprob, rank) to give the rank; ``echo``: the prompt ids the server says it saw."""
     sent = []
 
     def post_json(server, path, body, timeout_s, headers=None):
-        sent.append((path, body))
+        sent.append((path, body, timeout_s))
         req = httpx.Request("POST", server.base_url + path)
         if path == "/tokenize":
             return httpx.Response(200, json={"tokens": prompt_ids}, request=req)
@@ -77,10 +78,11 @@ def scripted(monkeypatch, prompt_ids, rows, status=200):
         n = len(prompt_ids)
         plps = [None] + [{str(t): {"logprob": -1.0, "rank": 1}} for t in body["prompt"][1:n]]
         for j, row in enumerate(rows):
-            ranked = sorted(row.items(), key=lambda kv: -kv[1])
-            plps.append({str(t): {"logprob": lp, "rank": r + 1} for r, (t, lp) in enumerate(ranked)})
-        return httpx.Response(200, json={"choices": [{"prompt_logprobs": plps, "prompt_token_ids": body["prompt"]}]},
-                              request=req)
+            ranked = sorted(row.items(), key=lambda kv: -(kv[1][0] if isinstance(kv[1], tuple) else kv[1]))
+            plps.append({str(t): {"logprob": lp[0], "rank": lp[1]} if isinstance(lp, tuple)
+                         else {"logprob": lp, "rank": r + 1} for r, (t, lp) in enumerate(ranked)})
+        choice = {"prompt_logprobs": plps, "prompt_token_ids": echo if echo is not None else body["prompt"]}
+        return httpx.Response(200, json={"choices": [choice]}, request=req)
 
     monkeypatch.setattr(triage_mod, "post_json", post_json)
     return sent
@@ -99,9 +101,10 @@ def test_the_spec_on_answer_is_scored_after_the_prompt_and_a_dropped_token_is_fo
     sent = scripted(monkeypatch, [1, 2, 3], [{11: -0.1, 9: -3}, {12: -0.5, 13: -1.0}, {12: -0.2, 14: -4.2}])
     t = path_triage(Off(), P, on, div, BASE, 0.75, TokenRequests())
     assert sent[0] == ("/tokenize", {"model": "m", "messages": [{"role": "user", "content": "the capital of France"}],
-                                     "add_generation_prompt": True})
-    path, body = sent[1]
+                                     "add_generation_prompt": True}, 120.0)
+    path, body, timeout_s = sent[1]
     assert path == "/v1/completions" and body["prompt"] == [1, 2, 3, 11, 13, 14] and body["max_tokens"] == 1
+    assert body["model"] == "m" and timeout_s == 120.0
     assert body["prompt_logprobs"] == 5 and body["return_token_ids"] is True and body["temperature"] == 0.0
     assert t.verdict == "suspect" and t.path_position == 2 and t.path_margin == pytest.approx(4.0)
     assert t.path_checked == 2 and t.path_token == "token_id:14"
@@ -179,3 +182,72 @@ def test_without_a_pair_answered_alone_nothing_is_concurrency_only():
     assert not ident.concurrency_only and ident.diverged_levels == [2, 4]
     (same,) = identity_report(pair(["a", "b", "c"], 1) + pair(["a", "b", "c"], 4), [P], verdict)
     assert not same.concurrency_only and same.diverged_levels == [] and same.verdict == "identical"
+
+
+def test_a_divergence_at_the_first_token_is_scored_from_there_with_the_backends_keys(monkeypatch):
+    sent = scripted(monkeypatch, [1], [{30: -2.0, 11: -0.1}, {12: -0.1}])
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(11, 12))
+    on = on_rec(ids(30, 12))
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests(prompt_logprobs={"k": 1}),
+                    timeout_s=7)
+    assert (t.path_checked, t.path_position, t.verdict) == (2, 0, "suspect") and t.path_margin == pytest.approx(1.9)
+    path, body, timeout_s = sent[1]
+    assert body["k"] == 1 and "return_token_ids" not in body and timeout_s == 7
+
+
+def test_a_spec_on_token_ranked_outside_the_top_is_measured_against_the_top(monkeypatch):
+    """vLLM adds the token at the position with its own rank when it is outside the top K."""
+    scripted(monkeypatch, [1], [{11: -0.1}, {20: (-9.0, 40), 12: (-0.2, 1)}])
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(11, 12))
+    on = on_rec(ids(11, 20))
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.path_margin == pytest.approx(8.8) and t.verdict == "suspect"
+    scripted(monkeypatch, [1], [{11: -0.1}, {20: (-9.0, 40)}])  # no top at all: nothing above the token is known
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.path_margin == 0 and t.verdict == "near-tie"
+
+
+def test_a_server_that_scored_other_ids_is_named_with_its_own_words(monkeypatch):
+    scripted(monkeypatch, [1, 2], [{11: -0.1}, {13: -0.1}], echo=[1, 9, 11, 13])
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(11, 12))
+    on = on_rec(ids(11, 13))
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.verdict == "near-tie" and t.note == (
+        "first; rest of the spec-on answer not checked: the source server's prompt differs from the ids sent (first "
+        "at position 1 of 4): it must take the prompt as token ids")
+
+
+# --- which spec-on answer, and which backend keys ---------------------------------------------------
+
+def test_the_partner_of_a_spec_off_answer_is_the_spec_on_answer_of_the_same_pair():
+    from specadapt.orchestration.compare import partner
+
+    def r(side, **kw):
+        base = dict(prompt_id="p", category="o", api="chat", side=side, ok=True, concurrency=4, repeat=1, replica=1)
+        return RequestRecord(**{**base, **kw})
+
+    off = r("off")
+    right = r("on")
+    others = [r("on", replica=0), r("on", repeat=0), r("on", concurrency=1), r("on", prompt_id="q"), r("on", turn=1),
+              r("on", ok=False), r("on", warmup=True), r("off"), r("on", concurrency=0, request_rate=2.0)]
+    assert partner([*others, right], off) is right
+    assert partner(others, off) is None
+
+
+def test_the_token_keys_are_the_backends_and_none_for_a_backend_that_cannot_be_loaded():
+    from specadapt.adapters.vllm import VLLMBackend
+    from specadapt.orchestration.compare import token_requests_of
+
+    assert token_requests_of(type("S", (), {"backend": "vllm"})()) == VLLMBackend.token_requests
+    assert token_requests_of(type("S", (), {"backend": "no-such-backend"})()) == TokenRequests(
+        sampled_ids=None, prompt_logprobs=None, output_ids=None)
+
+
+def test_a_server_whose_scores_miss_the_sent_token_is_named_with_the_position(monkeypatch):
+    scripted(monkeypatch, [1], [{11: -0.1}, {12: -0.1}])  # position 1 was sent 13: it is not among the entries
+    off = RequestRecord(prompt_id="p", category="o", api="chat", side="off", ok=True, tokens=ids(11, 12))
+    on = on_rec(ids(11, 13))
+    t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
+    assert t.note == ("first; rest of the spec-on answer not checked: the source server's prompt logprobs at sampled "
+                      "position 1 of prompt 'p' (sample 0) do not hold the sampled token 13: it scored other ids than "
+                      "were sent")
