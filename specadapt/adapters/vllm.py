@@ -167,6 +167,7 @@ class VLLMServer(OpenAIServer):
                 except ValueError:
                     spec = None
         if isinstance(spec, dict):
+            info.spec_settings = {k: _scalar(v) for k, v in spec.items()}
             info.spec_method = spec.get("method")
             info.num_speculative_tokens = spec.get("num_speculative_tokens", info.num_speculative_tokens)
             draft = spec.get("model")

@@ -244,12 +244,14 @@ def lossy_reasons(backend: str, spec: Mapping[str, Any] | None, argv: Sequence[s
 
 
 def lossy_reasons_of(info: ServerInfo) -> list[str]:
-    """``lossy_reasons`` for a server as specadapt records it: its launch's speculative settings, command
-    line and environment, and the settings it exposes."""
+    """``lossy_reasons`` for a server as specadapt records it: the speculative config it exposes
+    (``spec_settings``), its launch's speculative settings, command line and environment, and the
+    settings it exposes."""
     launch = info.launch
+    spec = {"exposed": info.spec_settings, "launched": launch.spec_settings if launch else {}}
     if launch is None:
-        return lossy_reasons(info.backend, None, flags=info.server_flags)
-    return lossy_reasons(info.backend, launch.spec_settings, launch.argv, info.server_flags, launch.effective_env())
+        return lossy_reasons(info.backend, spec, flags=info.server_flags)
+    return lossy_reasons(info.backend, spec, launch.argv, info.server_flags, launch.effective_env())
 
 
 # --- why a server died ------------------------------------------------------------------------------

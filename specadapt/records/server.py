@@ -140,6 +140,9 @@ class ServerInfo(BaseModel):
     num_speculative_tokens: int | None = None
     spec_draft: str | None = Field(None, description="The draft model (path or id) where the server or its "
                                                      "launch tells it; None for model-free drafts or unknown.")
+    spec_settings: dict[str, Any] = Field(default_factory=dict, description=(
+        "The speculative config as the server exposes it (vLLM: /server_info's speculative_config) or as specadapt "
+        "launched it; empty when unknown. The lossy-by-configuration check reads it."))
     spec_counters: list[str] = Field(default_factory=list, description="Spec-decode counter names found.")
     spec_signal: str | None = Field(None, description="Which server signal told whether speculation is on.")
     metrics_available: bool = False

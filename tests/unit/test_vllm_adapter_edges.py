@@ -428,3 +428,20 @@ def test_version_is_the_installed_vllm_distribution(monkeypatch, installed, vers
 
     monkeypatch.setattr(metadata, "version", fake_version)
     assert VLLMBackend().version() == version
+
+
+def test_the_exposed_speculative_config_is_kept_for_the_lossy_check():
+    """A server given by URL with VLLM_SERVER_DEV_MODE=1: its speculative_config (vLLM 0.32 field names,
+    vllm/config/speculative.py) is all specadapt knows of a synthetic acceptance."""
+    from specadapt.analysis.lossy import lossy_reasons_of
+
+    si = {"vllm_config": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                 "rejection_sample_method": "synthetic",
+                                                 "synthetic_acceptance_rates": [0.9, 0.5, 0.2, 0.1]}}}
+    info = vllm_server(SPEC_ON, si).describe()
+    assert info.spec_settings["rejection_sample_method"] == "synthetic"
+    assert info.spec_settings["synthetic_acceptance_rates"] == "[0.9,0.5,0.2,0.1]"
+    (reason,) = lossy_reasons_of(info)
+    assert "rejection_sample_method" in reason and "synthetic" in reason
+    plain = vllm_server(SPEC_ON, {"vllm_config": {"speculative_config": {"method": "ngram"}}}).describe()
+    assert plain.spec_settings == {"method": "ngram"} and lossy_reasons_of(plain) == []
