@@ -248,7 +248,7 @@ def lossy_reasons_of(info: ServerInfo) -> list[str]:
     (``spec_settings``), its launch's speculative settings, command line and environment, and the
     settings it exposes."""
     launch = info.launch
-    spec = {"exposed": info.spec_settings, "launched": launch.spec_settings if launch else {}}
+    spec = {**(launch.spec_settings if launch else {}), **info.spec_settings}
     if launch is None:
         return lossy_reasons(info.backend, spec, flags=info.server_flags)
     return lossy_reasons(info.backend, spec, launch.argv, info.server_flags, launch.effective_env())
