@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from specadapt.analysis.pairs import sides_by_pair
 from specadapt.records import CompareReport, PromptActivity, RequestRecord, SpecActivity
 from specadapt.records.identity import SpecSource
 from specadapt.records.load import rate_label
@@ -39,11 +40,7 @@ from specadapt.records.reports import CounterPair
 
 def compared_on(records: Iterable[RequestRecord]) -> list[RequestRecord]:
     """The spec-on answers that have a spec-off partner (the pairs identity compares)."""
-    keyed: dict[tuple, dict[str, RequestRecord]] = {}
-    for r in records:
-        if not r.warmup and r.ok:
-            keyed.setdefault((r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn), {})[r.side] = r
-    return [v["on"] for v in keyed.values() if "on" in v and "off" in v]
+    return [v["on"] for v in sides_by_pair(records).values() if "on" in v and "off" in v]
 
 
 def chunk_accepted(rec: RequestRecord) -> int:

@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
+from specadapt.analysis.pairs import sides_by_pair
 from specadapt.records import Divergence, Prompt, PromptIdentity, RequestRecord, Triage
 
 CONTEXT_CHARS = 40
@@ -201,10 +202,7 @@ def identity_report(records: list[RequestRecord], prompts: list[Prompt],
                     triage: Callable[[Prompt, Divergence, RequestRecord], Triage] | None) -> list[PromptIdentity]:
     """Per prompt: identical pairs, and the origin of divergence with its triage."""
     by_prompt = {p.id: p for p in prompts}
-    keyed: dict[tuple, dict[str, RequestRecord]] = {}
-    for r in records:
-        if not r.warmup and r.ok:
-            keyed.setdefault((r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn), {})[r.side] = r
+    keyed = sides_by_pair(records)
     diverged_at: dict[tuple, int] = {}  # conversation -> its first diverging turn
     for key, v in keyed.items():
         if "off" in v and "on" in v and first_divergence(v["off"], v["on"]) is not None:

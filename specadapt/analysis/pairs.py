@@ -25,3 +25,17 @@ def level_records(records: list[RequestRecord], level: int, rate: float | None =
     if rate is not None:
         level = 0
     return [r for r in records if r.concurrency == level and r.request_rate == rate and not r.warmup]
+
+
+def pair_key(r: RequestRecord) -> tuple:
+    """What an off and an on record of one pair share, at any level: prompt, level, repeat, copy and turn."""
+    return r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn
+
+
+def sides_by_pair(records: list[RequestRecord]) -> dict[tuple, dict[str, RequestRecord]]:
+    """The measured records that succeeded, by ``pair_key`` and then by side ("off", "on")."""
+    keyed: dict[tuple, dict[str, RequestRecord]] = {}
+    for r in records:
+        if not r.warmup and r.ok:
+            keyed.setdefault(pair_key(r), {})[r.side] = r
+    return keyed

@@ -32,6 +32,7 @@ from specadapt.adapters.base import Server, TokenRequests
 from specadapt.adapters.registry import get_backend
 from specadapt.analysis.activity import spec_activity
 from specadapt.analysis.lossy import lossy_reasons_of
+from specadapt.analysis.pairs import pair_key, sides_by_pair
 from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
 from specadapt.analysis.identity import default_threshold, identity_report
 from specadapt.analysis.sections import analyse_sections
@@ -288,9 +289,7 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
 
 def partner(records: list[RequestRecord], off_rec: RequestRecord) -> RequestRecord | None:
     """The spec-on answer paired with ``off_rec`` (same prompt, level, repeat, copy and turn)."""
-    key = (off_rec.prompt_id, off_rec.concurrency, off_rec.request_rate, off_rec.repeat, off_rec.replica, off_rec.turn)
-    return next((r for r in records if r.side == "on" and r.ok and not r.warmup
-                 and (r.prompt_id, r.concurrency, r.request_rate, r.repeat, r.replica, r.turn) == key), None)
+    return sides_by_pair(records).get(pair_key(off_rec), {}).get("on")
 
 
 def token_requests_of(server: Server) -> TokenRequests:

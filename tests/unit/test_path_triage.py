@@ -232,6 +232,7 @@ def test_the_partner_of_a_spec_off_answer_is_the_spec_on_answer_of_the_same_pair
               r("on", ok=False), r("on", warmup=True), r("off"), r("on", concurrency=0, request_rate=2.0)]
     assert partner([*others, right], off) is right
     assert partner(others, off) is None
+    assert partner([], off) is None  # not even the spec-off answer's own pair is there
 
 
 def test_the_token_keys_are_the_backends_and_none_for_a_backend_that_cannot_be_loaded():
