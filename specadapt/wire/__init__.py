@@ -1,0 +1,1 @@
+"""The one wire: every request specadapt sends to a server goes through this package."""
