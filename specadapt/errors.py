@@ -11,6 +11,7 @@ traceback. Third-party exceptions are translated at the boundary
       MissingDependency            an optional extra is not installed (install hint)
       ServerError                  anything about a server
         ServerUnreachable          connection refused, DNS, TLS, timeout
+        RequestRefused             the server answered 4xx to a request it considers invalid
         NotAServer                 it answers, but not as the expected server does
         ServerStartError           a managed server died or never became healthy
         ServerDied                 a managed server exited mid-run (the partial report is written)
@@ -51,6 +52,16 @@ class ServerError(SpecadaptError):
 
 class ServerUnreachable(ServerError):
     """No HTTP answer at all."""
+
+
+class RequestRefused(ServerError):
+    """The server answered 4xx to a request it considers invalid (not a failure of the server):
+    ``status`` is the HTTP status, ``server_message`` the server's own sentence."""
+
+    def __init__(self, message: str, status: int = 400, server_message: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.server_message = server_message
 
 
 class NotAServer(ServerError):
