@@ -1,4 +1,4 @@
-"""`specadapt report`: saved probe and compare reports, rendered again (report/ does the rendering)."""
+"""`specadapt report`: saved reports rendered again (report/kinds.py maps each kind to its renderers)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,10 @@ from rich.console import Console
 from specadapt.analysis.merge import merge_reports
 from specadapt.commands._console import say, stderr
 from specadapt.errors import UsageError
-from specadapt.records import read_compare_report, read_report, report_kind, write_report
-from specadapt.records.demo import read_demo_report
-from specadapt.records.reports import read_model
-from specadapt.records.tune import TuneReport
-from specadapt.report import demo_render, tune_render
-from specadapt.report.compare_render import render_console
+from specadapt.records import read_report, report_kind, write_report
+from specadapt.records.reports import atomic_write_text
+from specadapt.report import kinds
 from specadapt.report.console import render_probe
-from specadapt.report.outputs import write_outputs
 from specadapt.report.scale import render_scale
 from specadapt.report.side_by_side import render_side_by_side
 
@@ -30,47 +26,44 @@ def report() -> None:
 @report.command("show")
 @click.argument("path", type=click.Path(path_type=Path))
 def show(path: Path) -> None:
-    """Print a saved probe, compare, tune or demo report (from --json / --out) as tables."""
-    if report_kind(path) == "demo":
-        demo_render.render_console(read_demo_report(path), Console())
-        return
-    if report_kind(path) == "tune":
-        tune_render.render_console(read_model(path, TuneReport, "tune"), Console())
-        return
-    if report_kind(path) == "compare":
-        render_console(read_compare_report(path), Console())
-        return
-    saved = read_report(path)
-    render_probe(saved, Console())
-    if saved.scale is not None:
-        render_scale(saved.scale, Console())
+    """Print a saved report (probe, compare, equiv --features / --sampling, tune, demo or watch) as
+    tables."""
+    kind, saved = kinds.read(path)
+    kind.console(saved, Console())
 
 
 @report.command("export")
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path))
-def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None) -> None:
-    """Render a saved compare/equiv or demo report again as JUnit XML, Markdown or HTML (a tune report:
-    Markdown, HTML)."""
-    if not (junit_out or md_out or html_out):
-        raise UsageError("give at least one of --junit, --markdown, --html")
-    if report_kind(path) == "demo":
-        for written in demo_render.write_demo_outputs(read_demo_report(path), junit_path=junit_out,
-                                                      markdown_path=md_out, html_path=html_out):
-            stderr.print(f"wrote {written}")
-        return
-    if report_kind(path) == "tune":
-        if junit_out:
-            raise UsageError(f"{path} is a tune report, which has no JUnit form: give --markdown or --html")
-        for written in tune_render.write_tune_outputs(read_model(path, TuneReport, "tune"), markdown_path=md_out,
-                                                      html_path=html_out):
-            stderr.print(f"wrote {written}")
-        return
-    for written in write_outputs(read_compare_report(path), junit_path=junit_out, markdown_path=md_out,
-                                 html_path=html_out):
-        stderr.print(f"wrote {written}")
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path), help="Write Markdown here.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path), help="Write HTML here.")
+@click.option("--format", "fmt", type=click.Choice(kinds.FORMATS),
+              help="Print this form on stdout (or write it to --output).")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --format: write the form here instead of stdout.")
+def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Path | None, fmt: str | None,
+           out: Path | None) -> None:
+    """Render a saved report again as Markdown, HTML or JUnit XML, each form the report's kind has
+    (compare/equiv, --features and demo: all three; --sampling: Markdown, JUnit; tune: Markdown, HTML;
+    watch: Markdown; probe: none, see `report show`)."""
+    if out is not None and fmt is None:
+        raise UsageError("--output goes with --format: give --format markdown, html or junit")
+    asked = [(f, p) for f, p in (("junit", junit_out), ("markdown", md_out), ("html", html_out)) if p]
+    if fmt is not None and out is not None:
+        asked.append((fmt, out))
+    if not asked and fmt is None:
+        raise UsageError("give at least one of --junit, --markdown, --html, --format")
+    kind = kinds.kind_of(path)
+    for f, _ in asked + ([(fmt, None)] if fmt is not None and out is None else []):
+        if getattr(kind, f) is None:
+            raise UsageError(f"{path} is a {kind.name} report, which has no {kinds.FORMAT_NAMES[f]} form: "
+                             f"{kind.formats_text()}")
+    saved = kind.read(path)
+    for f, target in asked:
+        atomic_write_text(target, kind.renderer(f)(saved))
+        stderr.print(f"wrote {target}")
+    if fmt is not None and out is None:
+        click.echo(kind.renderer(fmt)(saved), nl=False)
 
 
 @report.command("compare")
