@@ -155,11 +155,6 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str,
             "annotations": {"summary": summary, "description": description}}
 
 
-def rule_exprs(rules: dict[str, Any]) -> dict[str, str]:
-    """alert name -> expression of a rule file."""
-    return {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
-
-
 # ------------------------------------------------------------------ Grafana dashboard
 
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -85,8 +85,8 @@ class RatioCI(BaseModel):
     n: int = Field(0, description="Independent units behind the ratio (pairs or blocks).")
     unit: Literal["pairs", "blocks"] = Field("pairs", description="pairs: one off/on pair of requests sent back "
                                                                   "to back; blocks: one off block + one on block.")
-    method: str = Field("percentile-bootstrap", description="t: exp(mean +- t_{n-1} sd / sqrt(n)) of the units' log "
-                                                            "ratios; percentile-bootstrap: reports written before.")
+    method: str = Field("t", description="t: exp(mean +- t_{n-1} sd / sqrt(n)) of the units' log ratios "
+                                         "(analysis/stats.py); reports that name another method keep it.")
     level: float = Field(0.95, description="Stated coverage of the interval.")
     min_n: int | None = Field(None, description="Fewest units for which the interval is given.")
     too_few: bool = Field(False, description="Fewer than min_n units: point only, no interval.")

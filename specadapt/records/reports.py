@@ -91,7 +91,6 @@ class CompareSettings(BaseModel):
     request: RequestSettings = Field(default_factory=RequestSettings)
     on_temperature: float | None = Field(None, description="Drill knob: another temperature for the spec-on side.")
     prompts_source: str = "built-in"
-    bootstrap: int = 2000
     seed: int = 0
     draft_cost: float | None = Field(None, description="Draft/target cost ratio c for theory (ngram: 0).")
     near_tie_threshold: float | None = Field(None, description="Nats; None: the default for the dtype.")

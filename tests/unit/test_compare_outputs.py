@@ -49,7 +49,7 @@ def make_report():
     after = CounterSnapshot(drafts=100, draft_tokens=200, accepted_tokens=120, accepted_per_position={0: 70, 1: 50},
                             generation_tokens=240)
     info = ServerInfo(backend="vllm", base_url="http://x", model_id="m", version="0.32.0")
-    report = CompareReport(settings=CompareSettings(repeat=3, bootstrap=200), off_server=info,
+    report = CompareReport(settings=CompareSettings(repeat=3), off_server=info,
                            on_server=info.model_copy(update={"spec_enabled": True, "num_speculative_tokens": 2}),
                            requests=recs, counters_on={1: CounterPair(before=before, after=after)})
     analyse(report)

@@ -429,7 +429,26 @@ def test_an_interval_and_its_verdict_in_the_outputs():
 def test_a_report_saved_before_the_method_was_recorded_still_reads():
     old = {"point": 1.07, "low": 0.95, "high": 1.2, "n": 16}
     r = RatioCI.model_validate(old)
-    assert (r.method, r.too_few, r.unit, r.verdict) == ("percentile-bootstrap", False, "pairs", "no clear difference")
+    assert (r.method, r.too_few, r.unit, r.verdict) == ("t", False, "pairs", "no clear difference")
     from specadapt.report.compare_render import ci
 
     assert ci(r) == "1.07x [0.95, 1.20]"
+    named = RatioCI.model_validate({**old, "method": "percentile-bootstrap"})
+    assert named.method == "percentile-bootstrap" and ci(named) == ci(r)
+
+
+def test_a_report_with_the_retired_bootstrap_setting_still_reads(tmp_path):
+    import json
+
+    from specadapt.records import CompareSettings, read_compare_report, write_report
+
+    report = block_report(MIN_UNITS + 2)
+    path = tmp_path / "r.json"
+    write_report(report, path)
+    saved = json.loads(path.read_text())
+    assert "bootstrap" not in saved["settings"]
+    saved["settings"]["bootstrap"] = 2000
+    path.write_text(json.dumps(saved))
+    again = read_compare_report(path)
+    assert again.settings == report.settings and "bootstrap" not in again.settings.model_dump()
+    assert CompareSettings.model_validate({"repeat": 3, "bootstrap": 200}).repeat == 3

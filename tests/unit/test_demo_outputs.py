@@ -45,7 +45,7 @@ def compare(on_ms: float, suspect: bool, accepted: int) -> CompareReport:
     after = CounterSnapshot(drafts=100, draft_tokens=100, accepted_tokens=accepted,
                             accepted_per_position={0: accepted}, generation_tokens=240)
     info = ServerInfo(backend="vllm", base_url="http://off", model_id="m", version="0.32.0")
-    report = CompareReport(settings=CompareSettings(repeat=3, bootstrap=200), off_server=info,
+    report = CompareReport(settings=CompareSettings(repeat=3), off_server=info,
                            on_server=info.model_copy(update={"base_url": "http://on", "spec_enabled": True,
                                                              "num_speculative_tokens": 1}),
                            requests=recs, counters_on={1: CounterPair(before=zero, after=after)})
