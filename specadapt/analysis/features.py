@@ -22,16 +22,19 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from specadapt.analysis.identity import TOP_LOGPROBS, first_divergence, triage_at
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import UsageError
 from specadapt.records.features import GATE_EFFECT, Activity, CellCheck, FeatureGate
+from specadapt.records.identity import Divergence
 from specadapt.records.metrics import AcceptanceSummary
+from specadapt.records.requests import RequestRecord
 
 # --- the prompts the cells send ----------------------------------------------------------------
 REPEAT = "a b c d e f g h a b c d e f g h a b c d e f g h a b c d e f g h a b"
@@ -55,102 +58,6 @@ PHONE_REGEX = r"[0-9]{3}-[0-9]{4}"
 CHOICES = ["yes", "no"]
 LONG_TEXT = ("The Rhine begins in the Swiss Alps, flows along the German-French border and through Germany, "
              "and empties into the North Sea in the Netherlands. ")
-
-
-@dataclass(frozen=True)
-class Feature:
-    """One cell of the matrix: what it sends and how it is judged.
-
-    ``prompt``: a completion prompt (str) or chat messages (list); ``derive``: request parameters
-    chosen from the spec-on server's own greedy answer before the cell runs (a stop string that
-    completes inside a multi-token chunk, ...); ``raw_logits``: the server's logprobs are the
-    logits the greedy choice was made from (no penalty, bias or grammar), so a divergence can be
-    triaged as a near-tie; ``sampling``: the distribution cells' settings."""
-
-    name: str
-    kind: str
-    title: str
-    prompt: str | list[dict[str, str]] = REPEAT
-    params: Mapping[str, Any] = field(default_factory=dict)
-    derive: str | None = None
-    raw_logits: bool = True
-    sampling: Mapping[str, float] = field(default_factory=dict)
-
-
-# The order the cells run in: the sampled cells with top_k last, since one server build is known to crash on
-# them and the cells after a crash cannot run.
-FEATURES: tuple[Feature, ...] = (
-    Feature("stop-string", "deterministic", "a stop string that completes inside a multi-token accepted chunk",
-            derive="stop"),
-    Feature("stop-string-kept", "deterministic", "the same stop string with include_stop_str_in_output",
-            params={"include_stop_str_in_output": True}, derive="stop"),
-    Feature("stop-token-ids", "deterministic", "stop_token_ids: a token in the middle of an accepted chunk",
-            derive="stop-id"),
-    Feature("max-tokens", "deterministic", "max_tokens that ends inside an accepted chunk", derive="max-tokens"),
-    Feature("min-tokens", "deterministic", "min_tokens past the answer's own EOS", prompt=SHORT_ANSWER,
-            derive="min-tokens", raw_logits=False),
-    Feature("ignore-eos", "deterministic", "ignore_eos: generation runs to max_tokens", prompt=SHORT_ANSWER,
-            params={"ignore_eos": True}),
-    # prompts on which drafts are accepted and the penalty still changes the greedy choice
-    Feature("repetition-penalty", "deterministic", "repetition_penalty 1.1", prompt=CODE,
-            params={"repetition_penalty": 1.1}, raw_logits=False),
-    Feature("frequency-penalty", "deterministic", "frequency_penalty 0.5", prompt=COUNT,
-            params={"frequency_penalty": 0.5}, raw_logits=False),
-    Feature("presence-penalty", "deterministic", "presence_penalty 1.0", prompt=COUNT,
-            params={"presence_penalty": 1.0}, raw_logits=False),
-    Feature("logit-bias", "deterministic", "logit_bias -100 on the answer's most frequent token", derive="ban",
-            raw_logits=False),
-    Feature("logprobs", "deterministic", "logprobs 5: values and ranking", params={"logprobs": 5}),
-    Feature("json-schema", "deterministic", "structured output: response_format json_schema", prompt=JSON_ASK,
-            params={"response_format": {"type": "json_schema",
-                                        "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
-                    "max_tokens": 96},
-            raw_logits=False),
-    Feature("regex", "deterministic", f"structured output: regex {PHONE_REGEX}", prompt=PHONE,
-            params={"structured_outputs": {"regex": PHONE_REGEX}}, raw_logits=False),
-    Feature("choice", "deterministic", "structured output: choice yes/no", prompt=YES_NO,
-            params={"structured_outputs": {"choice": CHOICES}}, raw_logits=False),
-    Feature("prefix-cache", "deterministic", "the same prompt twice: the second is a prefix-cache hit",
-            prompt=CODE),
-    Feature("model-length", "deterministic", "a prompt 8 tokens short of max_model_len, EOS ignored: drafts "
-            "must stop at the limit", params={"ignore_eos": True}, derive="model-length"),
-    Feature("chunked-prefill", "deterministic", "a prompt of about 3/4 of max_model_len (chunked prefill where "
-            "it exceeds the server's tokens per step)", derive="chunked-prefill"),
-    Feature("multi-turn", "deterministic", "a three-message conversation", prompt=MULTI_TURN),
-    Feature("seed", "seed", "the same seed twice gives the same text; different seeds differ",
-            sampling={"temperature": 1.0}),
-    Feature("temperature-0.7", "distribution", "temperature 0.7", sampling={"temperature": 0.7}),
-    Feature("temperature-1.3", "distribution", "temperature 1.3", sampling={"temperature": 1.3}),
-    Feature("top-p-0.9", "distribution", "top_p 0.9", sampling={"temperature": 1.0, "top_p": 0.9}),
-    Feature("min-p-0.05", "distribution", "min_p 0.05", sampling={"temperature": 1.0, "min_p": 0.05}),
-    Feature("top-k-20", "distribution", "top_k 20", sampling={"temperature": 1.0, "top_k": 20}),
-    Feature("combined", "distribution", "temperature 0.8, top_k 20, top_p 0.9, min_p 0.05",
-            sampling={"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05}),
-)
-BY_NAME = {f.name: f for f in FEATURES}
-GROUPS = {"all": [f.name for f in FEATURES],
-          "deterministic": [f.name for f in FEATURES if f.kind == "deterministic"],
-          "distribution": [f.name for f in FEATURES if f.kind == "distribution"],
-          "structured": ["json-schema", "regex", "choice"]}
-DISTRIBUTION_PROMPTS = (REPEAT, COUNT, STORY)  # repetitive ones, so that n-gram drafts are proposed
-
-
-def parse_features(text: str) -> list[str]:
-    """``--features all`` / ``deterministic,top-k-20`` -> cell names in the matrix's order."""
-    asked: set[str] = set()
-    for word in (w.strip() for w in text.split(",")):
-        if not word:
-            continue
-        if word in GROUPS:
-            asked.update(GROUPS[word])
-        elif word in BY_NAME:
-            asked.add(word)
-        else:
-            raise UsageError(f"unknown feature {word!r}: use all, deterministic, distribution, structured or names "
-                             f"from `specadapt equiv --list-features`")
-    if not asked:
-        raise UsageError("--features names no feature: give all, or a comma-separated list")
-    return [f.name for f in FEATURES if f.name in asked]
 
 
 # --- answers and invariants ----------------------------------------------------------------------
@@ -253,32 +160,38 @@ def _logprob_problems(answer: Answer) -> list[str]:
 
 
 # --- identity, logprobs and near-ties -------------------------------------------------------------
-def first_difference(off: Answer, on: Answer) -> tuple[int, int | None] | None:
-    """(character index, token index or None) of the first difference of two answers; None: identical."""
-    if off.text == on.text and (off.token_ids is None or on.token_ids is None or off.token_ids == on.token_ids):
-        return None
-    char = next((i for i, (a, b) in enumerate(zip(off.text, on.text)) if a != b), min(len(off.text), len(on.text)))
-    tok = None
-    if off.token_ids is not None and on.token_ids is not None:
-        a, b = off.token_ids, on.token_ids
-        tok = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return char, tok
+def answer_record(answer: Answer) -> RequestRecord:
+    """An answer as the record analysis/identity.py compares (token ids as "token_id:N")."""
+    return RequestRecord(prompt_id="cell", category="features", api="completions", ok=True, text=answer.text,
+                         tokens=[f"token_id:{t}" for t in answer.token_ids or ()], output_tokens=answer.n_tokens or 0)
 
 
-def difference_text(off: Answer, on: Answer, where: tuple[int, int | None]) -> str:
-    char, tok = where
-    at = f"token {tok}, " if tok is not None else ""
+def divergence(off: Answer, on: Answer) -> Divergence | None:
+    """The first divergence of two answers (analysis/identity.py ``first_divergence``: on token ids
+    where both sides gave them, else on the texts); None: identical."""
+    return first_divergence(answer_record(off), answer_record(on))
+
+
+def difference_text(off: Answer, on: Answer, div: Divergence) -> str:
+    char = div.char_index
+    at = f"token {div.token_index}, " if div.token_index >= 0 else ""
     return (f"spec on differs from spec off at {at}character {char}: off {off.text[char:char + 20]!r} vs on "
             f"{on.text[char:char + 20]!r}")
 
 
-def near_tie_margin(top: Sequence[tuple[str, float]], off_token: str, on_token: str) -> float | None:
-    """logp(off) - logp(on) at a divergence from the baseline's top logprobs there; None when the
-    on token is not among them (the margin is then larger than the list can show)."""
-    table = dict(top)
-    if off_token not in table or on_token not in table:
-        return None
-    return table[off_token] - table[on_token]
+def identity_check(off: Answer, on: Answer, div: Divergence, top: Sequence[tuple[str, float]],
+                   threshold: float) -> tuple[CellCheck, bool]:
+    """(the identity check, near-tie) of a divergence from the spec-off server's top logprobs at the
+    first differing token (``top``), triaged by analysis/identity.py ``triage_at``: a near-tie passes,
+    anything else (suspect, or a margin the top cannot show) fails."""
+    text = difference_text(off, on, div)
+    triage = triage_at(dict(top), None, div, threshold)
+    if triage.verdict == "near-tie":
+        return CellCheck(name="identity", ok=True, detail=f"{text}: a numerical near-tie (margin {triage.margin:.3g} "
+                                                          f"< {threshold:g} nats)"), True
+    said = (f"margin {triage.margin:.3g} nats" if triage.margin is not None and not triage.margin_is_lower_bound
+            else f"the spec-on token is not in the top {TOP_LOGPROBS}")
+    return CellCheck(name="identity", ok=False, detail=f"{text}: suspect ({said}, threshold {threshold:g})"), False
 
 
 def logprob_differences(off: Answer, on: Answer, tolerance: float) -> list[str]:
@@ -352,6 +265,241 @@ def most_frequent(ids: Sequence[int]) -> int | None:
     for t in ids:
         counts[t] = counts.get(t, 0) + 1
     return min(counts, key=lambda t: (-counts[t], t))
+
+
+# --- how a cell's parameters are derived from the servers' own answers ----------------------------
+class Ask(Protocol):
+    """What a derivation may ask the servers (orchestration/features.py answers): the spec-on server's
+    streamed greedy answer and its detokenizer, the spec-off server's greedy answer and tokenizer."""
+
+    max_tokens: int  # tokens of a greedy request of the run
+    max_model_len: int | None  # the servers' context length, where they say it
+
+    async def stream_chunks(self, prompt: Any, max_tokens: int) -> list[list[int]]:
+        """The spec-on server's streamed greedy answer: its token ids, one list per streamed chunk."""
+
+    async def detokenize(self, ids: Sequence[int]) -> str:
+        """The spec-on server's text of ``ids``."""
+
+    async def baseline(self, prompt: Any, max_tokens: int) -> Answer:
+        """The spec-off server's greedy answer."""
+
+    async def tokenize(self, text: str) -> list[int]:
+        """The spec-off server's ids of ``text``."""
+
+
+@dataclass
+class Derived:
+    """A cell's request before it is sent: the prompt, the parameters, and notes on how they were chosen."""
+
+    prompt: Any
+    params: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+class NotExercised(Exception):
+    """Speculation gave no accepted chunk to place the cell's parameter in: the cell is inactive."""
+
+
+class CannotDerive(Exception):
+    """The cell's request cannot be sized (no max_model_len known): it cannot be checked exactly."""
+
+
+Derive = Callable[[Ask, Derived], Awaitable[Derived]]
+
+
+async def _chunked(ask: Ask, cell: Derived) -> tuple[list[int], list[int]]:
+    """(the spec-on answer's ids, the positions from 2 on that are followed by a token of their chunk)."""
+    chunks = await ask.stream_chunks(cell.prompt, ask.max_tokens)
+    ids = [t for c in chunks for t in c]
+    return ids, [j for j in mid_chunk_positions(chunks) if j >= 2]
+
+
+def _inside_a_chunk(ids: Sequence[int], mid: Sequence[int]) -> None:
+    if not mid:
+        raise NotExercised(f"the spec-on server's greedy answer came one token per step ({len(ids)} tokens): no "
+                           "accepted chunk to place the limit in")
+
+
+async def stop_string_in_chunk(ask: Ask, cell: Derived) -> Derived:
+    """A stop string that completes inside an accepted chunk of the spec-on answer."""
+    ids, mid = await _chunked(ask, cell)
+    _inside_a_chunk(ids, mid)
+    full = await ask.detokenize(ids)
+    prefixes = {j: await ask.detokenize(ids[:j + 1]) for j in mid[:8]}
+    picked = pick_stop_string(prefixes, full)
+    if picked is None:
+        raise NotExercised("no stop string completes inside an accepted chunk of the spec-on answer")
+    cell.params["stop"] = [picked[0]]
+    cell.notes.append(f"stop string {picked[0]!r} completes at token {picked[1]}, inside a streamed chunk")
+    return cell
+
+
+async def stop_token_in_chunk(ask: Ask, cell: Derived) -> Derived:
+    """A stop token id from the middle of an accepted chunk, its first occurrence in the answer."""
+    ids, mid = await _chunked(ask, cell)
+    _inside_a_chunk(ids, mid)
+    picked = pick_stop_id(ids, mid)
+    if picked is None:
+        raise NotExercised("every token inside an accepted chunk occurs earlier in the answer")
+    cell.params["stop_token_ids"] = [picked[0]]
+    cell.notes.append(f"stop token {picked[0]} first comes at token {picked[1]}, inside a streamed chunk")
+    return cell
+
+
+async def max_tokens_in_chunk(ask: Ask, cell: Derived) -> Derived:
+    """max_tokens that ends inside an accepted chunk."""
+    ids, mid = await _chunked(ask, cell)
+    _inside_a_chunk(ids, mid)
+    cell.params["max_tokens"] = mid[0] + 1
+    cell.notes.append(f"max_tokens {mid[0] + 1} ends inside a streamed chunk of the spec-on answer")
+    return cell
+
+
+async def ban_most_frequent(ask: Ask, cell: Derived) -> Derived:
+    """logit_bias -100 on the spec-on answer's most frequent token."""
+    ids, _ = await _chunked(ask, cell)
+    cell.params["logit_bias"] = {str(most_frequent(ids)): -100}
+    return cell
+
+
+async def min_tokens_past_eos(ask: Ask, cell: Derived) -> Derived:
+    """min_tokens 8 past the end of the spec-off server's own answer."""
+    natural = await ask.baseline(cell.prompt, ask.max_tokens)
+    n = natural.n_tokens or 1
+    cell.params.update(min_tokens=n + 8, max_tokens=n + 16)
+    cell.notes.append(f"the spec-off answer ends by itself after {n} tokens ({natural.finish_reason})")
+    return cell
+
+
+def long_prompt(size: Callable[[int], int], max_tokens: int | None = None) -> Derive:
+    """A derivation of a prompt of ``size(max_model_len)`` tokens of LONG_TEXT (and ``max_tokens``)."""
+    async def derive(ask: Ask, cell: Derived) -> Derived:
+        if not ask.max_model_len:
+            raise CannotDerive("the servers do not say their max_model_len, so no prompt can be sized to it")
+        unit = await ask.tokenize(LONG_TEXT)
+        want = size(ask.max_model_len)
+        cell.prompt = (unit * (want // len(unit) + 1))[:want]
+        if max_tokens is not None:
+            cell.params["max_tokens"] = max_tokens
+        cell.notes.append(f"prompt of {len(cell.prompt)} tokens, max_model_len {ask.max_model_len}")
+        return cell
+
+    return derive
+
+
+# --- the cells -------------------------------------------------------------------------------------
+Invariant = Callable[[Answer, Mapping[str, Any], int | None], list[str]]  # (answer, params, max_model_len) -> problems
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One cell of the matrix, whole: what it sends, how its parameters are derived, how often it is
+    sent, how it is judged, and the planted fault it catches.
+
+    ``prompt``: a completion prompt (str) or chat messages (list); ``params``: the request's own
+    parameters; ``derive``: parameters chosen from the servers' own answers before the cell runs (a
+    stop string that completes inside a multi-token chunk, ...; None: ``params`` as they are);
+    ``sends``: requests of the cell to each side (2: the spec-on server's second answer, a
+    prefix-cache hit, must agree with its first); ``invariant``: what each answer must keep whatever
+    its text; ``raw_logits``: the server's logprobs are the logits the greedy choice was made from
+    (no penalty, bias or grammar), so a divergence can be triaged as a near-tie; ``sampling``: the
+    distribution and seed cells' settings; ``catches``: the reference engine's planted faults
+    (``specadapt reference serve --fault``) this cell must catch."""
+
+    name: str
+    kind: str
+    title: str
+    prompt: str | list[dict[str, str]] = REPEAT
+    params: Mapping[str, Any] = field(default_factory=dict)
+    derive: Derive | None = None
+    sends: int = 1
+    invariant: Invariant = invariant_problems
+    raw_logits: bool = True
+    sampling: Mapping[str, float] = field(default_factory=dict)
+    catches: tuple[str, ...] = ()
+
+
+# The order the cells run in: the sampled cells with top_k last, since one server build is known to crash on
+# them and the cells after a crash cannot run.
+FEATURES: tuple[Feature, ...] = (
+    Feature("stop-string", "deterministic", "a stop string that completes inside a multi-token accepted chunk",
+            derive=stop_string_in_chunk, catches=("stop-in-chunk",)),
+    Feature("stop-string-kept", "deterministic", "the same stop string with include_stop_str_in_output",
+            params={"include_stop_str_in_output": True}, derive=stop_string_in_chunk, catches=("stop-in-chunk",)),
+    Feature("stop-token-ids", "deterministic", "stop_token_ids: a token in the middle of an accepted chunk",
+            derive=stop_token_in_chunk),
+    Feature("max-tokens", "deterministic", "max_tokens that ends inside an accepted chunk",
+            derive=max_tokens_in_chunk, catches=("overrun-max-tokens",)),
+    Feature("min-tokens", "deterministic", "min_tokens past the answer's own EOS", prompt=SHORT_ANSWER,
+            derive=min_tokens_past_eos, raw_logits=False),
+    Feature("ignore-eos", "deterministic", "ignore_eos: generation runs to max_tokens", prompt=SHORT_ANSWER,
+            params={"ignore_eos": True}),
+    # prompts on which drafts are accepted and the penalty still changes the greedy choice
+    Feature("repetition-penalty", "deterministic", "repetition_penalty 1.1", prompt=CODE,
+            params={"repetition_penalty": 1.1}, raw_logits=False),
+    Feature("frequency-penalty", "deterministic", "frequency_penalty 0.5", prompt=COUNT,
+            params={"frequency_penalty": 0.5}, raw_logits=False, catches=("draft-penalties-skipped",)),
+    Feature("presence-penalty", "deterministic", "presence_penalty 1.0", prompt=COUNT,
+            params={"presence_penalty": 1.0}, raw_logits=False),
+    Feature("logit-bias", "deterministic", "logit_bias -100 on the answer's most frequent token",
+            derive=ban_most_frequent, raw_logits=False, catches=("draft-penalties-skipped",)),
+    Feature("logprobs", "deterministic", "logprobs 5: values and ranking", params={"logprobs": 5},
+            catches=("logprobs-shifted",)),
+    Feature("json-schema", "deterministic", "structured output: response_format json_schema", prompt=JSON_ASK,
+            params={"response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "person", "schema": PERSON_SCHEMA}},
+                    "max_tokens": 96},
+            raw_logits=False),
+    Feature("regex", "deterministic", f"structured output: regex {PHONE_REGEX}", prompt=PHONE,
+            params={"structured_outputs": {"regex": PHONE_REGEX}}, raw_logits=False),
+    Feature("choice", "deterministic", "structured output: choice yes/no", prompt=YES_NO,
+            params={"structured_outputs": {"choice": CHOICES}}, raw_logits=False),
+    Feature("prefix-cache", "deterministic", "the same prompt twice: the second is a prefix-cache hit",
+            prompt=CODE, sends=2),
+    Feature("model-length", "deterministic", "a prompt 8 tokens short of max_model_len, EOS ignored: drafts "
+            "must stop at the limit", params={"ignore_eos": True},
+            derive=long_prompt(lambda max_model_len: max_model_len - 8, max_tokens=8)),
+    Feature("chunked-prefill", "deterministic", "a prompt of about 3/4 of max_model_len (chunked prefill where "
+            "it exceeds the server's tokens per step)",
+            derive=long_prompt(lambda max_model_len: (max_model_len * 3) // 4)),
+    Feature("multi-turn", "deterministic", "a three-message conversation", prompt=MULTI_TURN),
+    Feature("seed", "seed", "the same seed twice gives the same text; different seeds differ",
+            sampling={"temperature": 1.0}, catches=("seed-ignored",)),
+    Feature("temperature-0.7", "distribution", "temperature 0.7", sampling={"temperature": 0.7}),
+    Feature("temperature-1.3", "distribution", "temperature 1.3", sampling={"temperature": 1.3}),
+    Feature("top-p-0.9", "distribution", "top_p 0.9", sampling={"temperature": 1.0, "top_p": 0.9}),
+    Feature("min-p-0.05", "distribution", "min_p 0.05", sampling={"temperature": 1.0, "min_p": 0.05}),
+    Feature("top-k-20", "distribution", "top_k 20", sampling={"temperature": 1.0, "top_k": 20},
+            catches=("draft-filters-skipped",)),
+    Feature("combined", "distribution", "temperature 0.8, top_k 20, top_p 0.9, min_p 0.05",
+            sampling={"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+            catches=("draft-filters-skipped",)),
+)
+BY_NAME = {f.name: f for f in FEATURES}
+GROUPS = {"all": [f.name for f in FEATURES],
+          "deterministic": [f.name for f in FEATURES if f.kind == "deterministic"],
+          "distribution": [f.name for f in FEATURES if f.kind == "distribution"],
+          "structured": ["json-schema", "regex", "choice"]}
+DISTRIBUTION_PROMPTS = (REPEAT, COUNT, STORY)  # repetitive ones, so that n-gram drafts are proposed
+
+
+def parse_features(text: str) -> list[str]:
+    """``--features all`` / ``deterministic,top-k-20`` -> cell names in the matrix's order."""
+    asked: set[str] = set()
+    for word in (w.strip() for w in text.split(",")):
+        if not word:
+            continue
+        if word in GROUPS:
+            asked.update(GROUPS[word])
+        elif word in BY_NAME:
+            asked.add(word)
+        else:
+            raise UsageError(f"unknown feature {word!r}: use all, deterministic, distribution, structured or names "
+                             f"from `specadapt equiv --list-features`")
+    if not asked:
+        raise UsageError("--features names no feature: give all, or a comma-separated list")
+    return [f.name for f in FEATURES if f.name in asked]
 
 
 # --- the exact distribution of a sampling setting ---------------------------------------------------

@@ -28,13 +28,12 @@ import httpx
 
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
-from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.identity import default_threshold
 from specadapt.analysis.lossy import lossy_reasons_of
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
-from specadapt.orchestration.probe import counting, settle_counters
+from specadapt.orchestration.counters import counter_window
 from specadapt.orchestration.sampling import (
     PromptInput,
     ReferenceDistribution,
@@ -48,7 +47,7 @@ from specadapt.orchestration.sampling import (
     score_on_server,
 )
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
-from specadapt.records import Prompt, ServerInfo
+from specadapt.records import Divergence, Prompt, ServerInfo
 from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
 
 SAMPLE_BINS = 10  # PIT bins of a distribution cell: 50 tokens decide (5 expected per bin)
@@ -184,133 +183,73 @@ class Matrix:
     lossy: str | None
     max_model_len: int | None
 
-    def counters_around(self):
-        return _CounterWindow(self.on.server)
+    # --- what a cell's derivation asks (analysis/features.py ``Ask``) ---
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
 
+    async def stream_chunks(self, prompt: Any, max_tokens: int) -> list[list[int]]:
+        return await stream_chunks(self.on, prompt, {}, max_tokens)
 
-class _CounterWindow:
-    def __init__(self, server: Server):
-        self.server = server
+    async def detokenize(self, ids: Sequence[int]) -> str:
+        return await detokenize(self.on, ids)
 
-    def __enter__(self):
-        self._ctx = counting(self.server)
-        self._ctx.__enter__()
-        self.before = settle_counters(self.server)
-        return self
+    async def baseline(self, prompt: Any, max_tokens: int) -> F.Answer:
+        path, body = request_body(prompt, self.off.server.model_id, {}, max_tokens, self.off.requests)
+        return parse_answer(await self.off.post(path, body))
 
-    def __exit__(self, *exc):
-        self.after = settle_counters(self.server)
-        self._ctx.__exit__(*exc)
-        self.acceptance = acceptance_summary(self.before, self.after)
-        return False
+    async def tokenize(self, text: str) -> list[int]:
+        return await tokenize(self.off, text)
 
 
 async def _both(m: Matrix, prompt, params: dict[str, Any], max_tokens: int,
-                twice: bool = False) -> tuple[F.Answer, F.Answer, F.Answer | None]:
-    """The spec-off answer, the spec-on answer (and with ``twice``, the spec-on server's first of two)."""
+                sends: int = 1) -> tuple[F.Answer, F.Answer, F.Answer | None]:
+    """The spec-off answer, the spec-on answer (and with ``sends`` 2, the spec-on server's first of two)."""
     async def ask(side: Endpoint) -> F.Answer:
         path, body = request_body(prompt, side.server.model_id, params, max_tokens, side.requests)
         return parse_answer(await side.post(path, body))
 
     async def answers(side: Endpoint) -> list[F.Answer]:
-        return [await ask(side) for _ in range(2 if twice else 1)]
+        return [await ask(side) for _ in range(sends)]
 
     # the two servers answer at the same time (each side's requests in order): the texts do not depend on it
     offs, ons = await asyncio.gather(answers(m.off), answers(m.on))
-    return offs[0], ons[-1], ons[0] if twice else None
-
-
-async def _derive(m: Matrix, feature: F.Feature, params: dict[str, Any]) -> tuple[Any, dict[str, Any], list[str]]:
-    """(prompt, params, notes) of a cell whose parameters come from the spec-on server's own answer.
-    Raises _NoChunk when speculation gave no chunk to place them in."""
-    prompt: Any = feature.prompt
-    notes: list[str] = []
-    max_tokens = m.settings.max_tokens
-    if feature.derive in ("stop", "stop-id", "max-tokens", "ban"):
-        chunks = await stream_chunks(m.on, prompt, {}, max_tokens)
-        ids = [t for c in chunks for t in c]
-        mid = [j for j in F.mid_chunk_positions(chunks) if j >= 2]
-        if feature.derive == "ban":
-            params["logit_bias"] = {str(F.most_frequent(ids)): -100}
-        elif not mid:
-            raise _NoChunk(f"the spec-on server's greedy answer came one token per step ({len(ids)} tokens): no "
-                           "accepted chunk to place the limit in")
-        elif feature.derive == "max-tokens":
-            params["max_tokens"] = mid[0] + 1
-            notes.append(f"max_tokens {mid[0] + 1} ends inside a streamed chunk of the spec-on answer")
-        elif feature.derive == "stop-id":
-            picked = F.pick_stop_id(ids, mid)
-            if picked is None:
-                raise _NoChunk("every token inside an accepted chunk occurs earlier in the answer")
-            params["stop_token_ids"] = [picked[0]]
-            notes.append(f"stop token {picked[0]} first comes at token {picked[1]}, inside a streamed chunk")
-        else:
-            full = await detokenize(m.on, ids)
-            prefixes = {j: await detokenize(m.on, ids[:j + 1]) for j in mid[:8]}
-            picked = F.pick_stop_string(prefixes, full)
-            if picked is None:
-                raise _NoChunk("no stop string completes inside an accepted chunk of the spec-on answer")
-            params["stop"] = [picked[0]]
-            notes.append(f"stop string {picked[0]!r} completes at token {picked[1]}, inside a streamed chunk")
-    elif feature.derive == "min-tokens":
-        path, body = request_body(prompt, m.off.server.model_id, {}, max_tokens, m.off.requests)
-        natural = parse_answer(await m.off.post(path, body))
-        n = natural.n_tokens or 1
-        params.update(min_tokens=n + 8, max_tokens=n + 16)
-        notes.append(f"the spec-off answer ends by itself after {n} tokens ({natural.finish_reason})")
-    elif feature.derive in ("model-length", "chunked-prefill"):
-        if not m.max_model_len:
-            raise _NotExact("the servers do not say their max_model_len, so no prompt can be sized to it")
-        unit = await tokenize(m.off, F.LONG_TEXT)
-        want = m.max_model_len - 8 if feature.derive == "model-length" else (m.max_model_len * 3) // 4
-        prompt = (unit * (want // len(unit) + 1))[:want]
-        if feature.derive == "model-length":
-            params["max_tokens"] = 8
-        notes.append(f"prompt of {len(prompt)} tokens, max_model_len {m.max_model_len}")
-    return prompt, params, notes
-
-
-class _NoChunk(Exception):
-    pass
-
-
-class _NotExact(Exception):
-    pass
+    return offs[0], ons[-1], ons[0] if sends > 1 else None
 
 
 async def deterministic_cell(m: Matrix, feature: F.Feature) -> CellResult:
-    params: dict[str, Any] = dict(feature.params)
-    notes: list[str] = []
+    cell = F.Derived(prompt=feature.prompt, params=dict(feature.params))
     base = dict(name=feature.name, kind=feature.kind, title=feature.title)
-    try:
-        prompt, params, notes = await _derive(m, feature, params)
-    except _NoChunk as exc:
-        return CellResult(**base, params=params, verdict="inactive", reason=f"speculation not exercised: {exc}")
-    except _NotExact as exc:
-        return CellResult(**base, params=params, verdict="not-exact", reason=str(exc))
+    if feature.derive is not None:
+        try:
+            cell = await feature.derive(m, cell)
+        except F.NotExercised as exc:
+            return CellResult(**base, params=dict(feature.params), verdict="inactive",
+                              reason=f"speculation not exercised: {exc}")
+        except F.CannotDerive as exc:
+            return CellResult(**base, params=dict(feature.params), verdict="not-exact", reason=str(exc))
+    prompt, params = cell.prompt, cell.params
     max_tokens = params.pop("max_tokens", m.settings.max_tokens)
     shown = dict(params, max_tokens=max_tokens)
-    twice = feature.name == "prefix-cache"
-    window = m.counters_around()
-    with window:
-        off, on, first = await _both(m, prompt, params, max_tokens, twice=twice)
-    checks = _deterministic_checks(m, dict(params, max_tokens=max_tokens), off, on, first)
+    with counter_window(m.on.server) as window:
+        off, on, first = await _both(m, prompt, params, max_tokens, sends=feature.sends)
+    checks = _deterministic_checks(m, feature, shown, off, on, first)
     near_tie = False
-    where = F.first_difference(off, on)
-    if where is not None:
-        check, near_tie = await _triage(m, feature, prompt, params, off, on, where)
+    div = F.divergence(off, on)
+    if div is not None:
+        check, near_tie = await _triage(m, feature, prompt, params, off, on, div)
         checks = [c for c in checks if c.name != "identity"] + [check]
     activity = F.activity_of(window.acceptance)
     verdict, reason = F.cell_verdict(checks, activity, near_tie=near_tie, lossy=m.lossy)
     return CellResult(**base, params=shown, verdict=verdict, reason=reason, checks=checks, activity=activity,
-                      requests=2 if twice else 1, tokens=on.n_tokens or 0, notes=notes)
+                      requests=feature.sends, tokens=on.n_tokens or 0, notes=cell.notes)
 
 
-def _deterministic_checks(m: Matrix, params: dict[str, Any], off: F.Answer, on: F.Answer,
+def _deterministic_checks(m: Matrix, feature: F.Feature, params: dict[str, Any], off: F.Answer, on: F.Answer,
                           first: F.Answer | None) -> list[CellCheck]:
     checks = [CellCheck(name="identity", ok=True, detail=f"identical ({on.n_tokens} tokens)")]
     for label, answer in (("spec-on", on), ("spec-off", off)):
-        problems = F.invariant_problems(answer, params, m.max_model_len)
+        problems = feature.invariant(answer, params, m.max_model_len)
         checks.append(CellCheck(name=f"invariant ({label})", ok=not problems,
                                 detail="; ".join(problems) if problems else ""))
     if params.get("logprobs") is not None:
@@ -321,26 +260,26 @@ def _deterministic_checks(m: Matrix, params: dict[str, Any], off: F.Answer, on: 
                                 f"{len(on.logprobs or ())} logprobs within {m.settings.near_tie_threshold:g} nats, "
                                 "same ranking"))
     if first is not None:
-        same = F.first_difference(first, on) is None
-        checks.append(CellCheck(name="cache hit", ok=same, detail="" if same else
+        again = F.divergence(first, on)
+        checks.append(CellCheck(name="cache hit", ok=again is None, detail="" if again is None else
                                 "the spec-on server's second answer differs from its first: "
-                                + F.difference_text(first, on, F.first_difference(first, on))))
+                                + F.difference_text(first, on, again)))
     return checks
 
 
 async def _triage(m: Matrix, feature: F.Feature, prompt, params: dict[str, Any], off: F.Answer, on: F.Answer,
-                  where: tuple[int, int | None]) -> tuple[CellCheck, bool]:
+                  div: Divergence) -> tuple[CellCheck, bool]:
     """The identity check of a divergence: a near-tie where the spec-off server's own top logprobs at the
-    first differing token put the two tokens within the threshold."""
-    text = F.difference_text(off, on, where)
-    tok = where[1]
-    if not feature.raw_logits or tok is None or off.token_ids is None or on.token_ids is None \
+    first differing token put the two tokens within the threshold (analysis/features.py ``identity_check``)."""
+    text = F.difference_text(off, on, div)
+    tok = div.token_index
+    if not feature.raw_logits or tok < 0 or off.token_ids is None or on.token_ids is None \
             or tok >= min(len(off.token_ids), len(on.token_ids)):
         why = ("the server's logprobs are taken before this feature's logits processing" if not feature.raw_logits
                else "no token ids at the divergence")
         return CellCheck(name="identity", ok=False, detail=f"{text} (not triaged: {why})"), False
     prefix_params = {k: v for k, v in params.items() if k not in ("logprobs", "stop", "stop_token_ids")}
-    path, body = request_body(prompt, m.off.server.model_id, dict(prefix_params, logprobs=5,
+    path, body = request_body(prompt, m.off.server.model_id, dict(prefix_params, logprobs=F.TOP_LOGPROBS,
                                                                   **(m.off.requests.sampled_ids or {})),
                               tok + 1, m.off.requests)
     try:
@@ -348,14 +287,7 @@ async def _triage(m: Matrix, feature: F.Feature, prompt, params: dict[str, Any],
     except (Refused, ServerError, NotAServer) as exc:
         return CellCheck(name="identity", ok=False, detail=f"{text} (not triaged: {exc})"), False
     tops = answer.top_logprobs or ()
-    top = tops[tok] if tok < len(tops) else ()
-    margin = F.near_tie_margin(top, f"token_id:{off.token_ids[tok]}", f"token_id:{on.token_ids[tok]}")
-    threshold = m.settings.near_tie_threshold
-    if margin is not None and abs(margin) <= threshold:
-        return CellCheck(name="identity", ok=True, detail=f"{text}: a numerical near-tie (margin {margin:.3g} "
-                                                          f"<= {threshold:g} nats)"), True
-    said = f"margin {margin:.3g} nats" if margin is not None else "the spec-on token is not in the top 5"
-    return CellCheck(name="identity", ok=False, detail=f"{text}: suspect ({said}, threshold {threshold:g})"), False
+    return F.identity_check(off, on, div, tops[tok] if tok < len(tops) else (), m.settings.near_tie_threshold)
 
 
 async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) -> CellResult:
@@ -367,8 +299,7 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
     problem = F.exactness_problem(setting, s.top_logprobs, s.source)
     if problem:
         return CellResult(**base, verdict="not-exact", reason=problem)
-    window = m.counters_around()
-    with window:
+    with counter_window(m.on.server) as window:
         samples = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
                                      requests=m.on.requests, sampling=setting.body())
     if m.reference is not None:
@@ -401,8 +332,7 @@ async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) ->
     seed = m.settings.seed
     params = dict(setting.body(), ignore_eos=True)
     base = dict(name=feature.name, kind=feature.kind, title=feature.title, params=dict(params, seed=seed))
-    window = m.counters_around()
-    with window:
+    with counter_window(m.on.server) as window:
         texts = []
         for s in (seed, seed, seed + 1, seed + 2, seed + 3):
             path, body = request_body(list(prompt_ids), m.on.server.model_id, dict(params, seed=s),

@@ -4,6 +4,7 @@ and the gate. Expected values are worked out by hand or by a brute-force computa
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import numpy as np
@@ -130,25 +131,47 @@ def test_logprob_rules():
 
 
 # --- identity and logprobs ----------------------------------------------------------------------
-def test_first_difference():
-    assert F.first_difference(A("abc", token_ids=(1, 2)), A("abc", token_ids=(1, 2))) is None
-    assert F.first_difference(A("abc"), A("abd")) == (2, None)
-    assert F.first_difference(A("abc", token_ids=(1, 2)), A("abcd", token_ids=(1, 2, 3))) == (3, 2)
-    assert F.first_difference(A("ab", token_ids=(1, 2)), A("ab", token_ids=(1, 3))) == (2, 1)
+def where(off, on):
+    d = F.divergence(off, on)
+    return None if d is None else (d.char_index, d.token_index if d.token_index >= 0 else None)
+
+
+def test_divergence_is_identity_first_divergence():
+    assert F.divergence(A("abc", token_ids=(1, 2)), A("abc", token_ids=(1, 2))) is None
+    assert where(A("abc"), A("abd")) == (2, None)
+    assert where(A("abc", token_ids=(1, 2)), A("abcd", token_ids=(1, 2, 3))) == (3, 2)
+    assert where(A("ab", token_ids=(1, 2)), A("ab", token_ids=(1, 3))) == (2, 1)
     # same text, token ids missing on one side: identical
-    assert F.first_difference(A("ab", token_ids=(1, 2)), A("ab")) is None
+    assert F.divergence(A("ab", token_ids=(1, 2)), A("ab")) is None
+    d = F.divergence(A("ab", token_ids=(1, 2)), A("ab", token_ids=(1, 3)))
+    assert (d.off_token, d.on_token) == ("token_id:2", "token_id:3")
 
 
 def test_difference_text_names_both_sides():
-    text = F.difference_text(A("hello world"), A("hello there"), (6, 1))
+    off, on = A("hello world", token_ids=(1, 2)), A("hello there", token_ids=(1, 3))
+    text = F.difference_text(off, on, F.divergence(off, on))
     assert text == "spec on differs from spec off at token 1, character 6: off 'world' vs on 'there'"
+    off, on = A("hello world"), A("hello there")
+    assert F.difference_text(off, on, F.divergence(off, on)) == (
+        "spec on differs from spec off at character 6: off 'world' vs on 'there'")
 
 
-def test_near_tie_margin():
+def test_identity_check_triages_with_identity_triage_at():
+    off, on = A("ab", token_ids=(5, 1)), A("ac", token_ids=(5, 2))
+    div = F.divergence(off, on)
     top = (("token_id:1", -0.5), ("token_id:2", -0.6))
-    assert F.near_tie_margin(top, "token_id:1", "token_id:2") == pytest.approx(0.1)
-    assert F.near_tie_margin(top, "token_id:1", "token_id:3") is None
-    assert F.near_tie_margin(top, "token_id:4", "token_id:2") is None
+    check, near = F.identity_check(off, on, div, top, 0.2)
+    assert near and check.ok and check.detail.endswith("a numerical near-tie (margin 0.1 < 0.2 nats)")
+    check, near = F.identity_check(off, on, div, top, 0.05)
+    assert not near and not check.ok and check.detail.endswith("suspect (margin 0.1 nats, threshold 0.05)")
+    # the spec-on token outside the top: a margin the top cannot show, never a near-tie
+    check, near = F.identity_check(off, on, div, (("token_id:1", -0.5), ("token_id:3", -0.55)), 0.2)
+    assert not near and "the spec-on token is not in the top 5" in check.detail
+    check, near = F.identity_check(off, on, div, (("token_id:1", -0.5), ("token_id:3", -3.0)), 0.2)
+    assert not near and "the spec-on token is not in the top 5" in check.detail
+    # the spec-off token outside the top, or no top at all
+    assert F.identity_check(off, on, div, (("token_id:4", -0.5), ("token_id:2", -0.6)), 0.2)[1] is False
+    assert F.identity_check(off, on, div, (), 0.2)[1] is False
 
 
 def test_logprob_differences():
@@ -335,3 +358,102 @@ def test_feature_gate():
     assert not strict.passed and strict.reasons == ["b: speculation inactive"]
     nothing = F.feature_gate([("a", "inactive"), ("b", "unsupported")])
     assert not nothing.passed and nothing.reasons == ["no cell passed: nothing about speculation was shown"]
+
+
+# --- the cells, each one definition -------------------------------------------------------------
+class FakeAsk:
+    """The servers as a derivation sees them: streamed chunks and texts of the spec-on answer."""
+
+    def __init__(self, chunks, texts=None, baseline=None, unit=(7, 8, 9), max_model_len=64):
+        self.chunks, self.texts, self.natural, self.unit = chunks, texts or {}, baseline, list(unit)
+        self.max_tokens, self.max_model_len = 16, max_model_len
+        self.asked: list = []
+
+    async def stream_chunks(self, prompt, max_tokens):
+        self.asked.append(("stream", prompt, max_tokens))
+        return self.chunks
+
+    async def detokenize(self, ids):
+        return self.texts[tuple(ids)]
+
+    async def baseline(self, prompt, max_tokens):
+        self.asked.append(("baseline", prompt, max_tokens))
+        return self.natural
+
+    async def tokenize(self, text):
+        assert text == F.LONG_TEXT
+        return self.unit
+
+
+def derive(name, ask):
+    feature = F.BY_NAME[name]
+    return asyncio.run(feature.derive(ask, F.Derived(prompt=feature.prompt, params=dict(feature.params))))
+
+
+def test_every_planted_feature_fault_is_caught_by_a_cell():
+    try:  # where the reference engine keeps its planted faults
+        from specadapt.native_reference.faults import FEATURE_FAULTS
+    except ImportError:
+        from specadapt.native_reference.engine import FEATURE_FAULTS
+
+    assert {fault for f in F.FEATURES for fault in f.catches} == set(FEATURE_FAULTS)
+    assert [f.name for f in F.FEATURES if "stop-in-chunk" in f.catches] == ["stop-string", "stop-string-kept"]
+
+
+def test_cells_are_whole_definitions():
+    assert [f.name for f in F.FEATURES if f.sends != 1] == ["prefix-cache"]
+    assert all(f.derive is None for f in F.FEATURES if f.kind != "deterministic")
+    assert all(f.invariant is F.invariant_problems for f in F.FEATURES)
+    derived = {f.name for f in F.FEATURES if f.derive is not None}
+    assert derived == {"stop-string", "stop-string-kept", "stop-token-ids", "max-tokens", "min-tokens", "logit-bias",
+                       "model-length", "chunked-prefill"}
+
+
+def test_stop_derivations_place_the_stop_inside_a_chunk():
+    chunks = [[1], [2], [3, 4, 5], [6]]
+    ids = (1, 2, 3, 4, 5, 6)
+    texts = {ids: " a b c d e f", (1, 2, 3): " a b c", (1, 2, 3, 4): " a b c d"}
+    cell = derive("stop-string", FakeAsk(chunks, texts))
+    assert cell.params == {"stop": [" a b c"]} and cell.notes == [
+        "stop string ' a b c' completes at token 2, inside a streamed chunk"]
+    kept = derive("stop-string-kept", FakeAsk(chunks, texts))
+    assert kept.params == {"include_stop_str_in_output": True, "stop": [" a b c"]}
+    cell = derive("stop-token-ids", FakeAsk(chunks))
+    assert cell.params == {"stop_token_ids": [3]}
+    assert cell.notes == ["stop token 3 first comes at token 2, inside a streamed chunk"]
+    cell = derive("max-tokens", FakeAsk(chunks))
+    assert cell.params == {"max_tokens": 3}
+    assert cell.notes == ["max_tokens 3 ends inside a streamed chunk of the spec-on answer"]
+    ask = FakeAsk([[4, 4], [5]])
+    assert derive("logit-bias", ask).params == {"logit_bias": {"4": -100}}
+    assert ask.asked == [("stream", F.REPEAT, 16)]
+
+
+@pytest.mark.parametrize("name", ["stop-string", "stop-token-ids", "max-tokens"])
+def test_one_token_per_step_is_not_exercised(name):
+    with pytest.raises(F.NotExercised, match="one token per step"):
+        derive(name, FakeAsk([[1, 2], [3], [4]]))  # the only chunk of two ends before token 2
+
+
+def test_stop_token_seen_earlier_is_not_exercised():
+    with pytest.raises(F.NotExercised, match="occurs earlier"):
+        derive("stop-token-ids", FakeAsk([[3], [4], [3, 4, 5]]))
+
+
+def test_min_tokens_past_the_baseline_eos():
+    ask = FakeAsk([], baseline=A("Paris", token_ids=(1, 2), finish_reason="stop"))
+    cell = derive("min-tokens", ask)
+    assert cell.params == {"min_tokens": 10, "max_tokens": 18}
+    assert cell.notes == ["the spec-off answer ends by itself after 2 tokens (stop)"]
+    assert ask.asked == [("baseline", F.SHORT_ANSWER, 16)]
+
+
+def test_long_prompts_are_sized_to_max_model_len():
+    cell = derive("model-length", FakeAsk([]))
+    assert len(cell.prompt) == 56 and cell.prompt[:4] == [7, 8, 9, 7]
+    assert cell.params == {"ignore_eos": True, "max_tokens": 8}
+    assert cell.notes == ["prompt of 56 tokens, max_model_len 64"]
+    cell = derive("chunked-prefill", FakeAsk([]))
+    assert len(cell.prompt) == 48 and cell.params == {}
+    with pytest.raises(F.CannotDerive, match="max_model_len"):
+        derive("chunked-prefill", FakeAsk([], max_model_len=None))
