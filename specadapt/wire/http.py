@@ -33,7 +33,8 @@ Transport = httpx.BaseTransport | httpx.AsyncBaseTransport
 
 
 class ServerLike(Protocol):
-    """What ``Wire.for_server`` reads of a server (adapters.base.Server has it)."""
+    """What ``Wire.for_server`` reads of a server (adapters.base.Server has it; also ``transport``
+    where the server has one)."""
 
     verify: Verify
 
@@ -119,7 +120,11 @@ class Wire:
 
     @classmethod
     def for_server(cls, server: ServerLike, **kw: Any) -> Wire:
-        """A Wire with ``server``'s base URL, auth headers and TLS setting."""
+        """A Wire with ``server``'s base URL, auth headers and TLS setting, and its ``transport``
+        attribute where it has one (the test seam of ``adapters.http.OpenAIServer``; a test's fake
+        server sets it to an ``httpx.MockTransport``) unless ``transport`` is given."""
+        if kw.get("transport") is None:
+            kw["transport"] = getattr(server, "transport", None)
         return cls(server.base_url, server.headers(), verify=server.verify, **kw)
 
     def __repr__(self) -> str:  # never shows the headers (the API key)
@@ -170,6 +175,14 @@ class Wire:
             return self.client.get(path, timeout=self._per_call(timeout_s, sync=True))
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
+
+    def status(self, path: str, *, timeout_s: float | None = None) -> int | None:
+        """The status of a GET of ``path`` (a path, or a whole URL on a Wire with base URL ""), or None
+        when there is no answer (a health poll)."""
+        try:
+            return self.get(path, timeout_s=timeout_s).status_code
+        except ServerUnreachable:
+            return None
 
     def get_json(self, path: str) -> Any | None:
         """JSON body of a 200 answer, or None for any other status or a non-JSON body (a probe of an
