@@ -24,7 +24,6 @@ analysis/identity.py (identity), analysis/diagnosis.py (why).
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 
@@ -47,7 +46,8 @@ from specadapt.load.plan import Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress
 from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.interference_check import check_sides, needs_check
-from specadapt.orchestration.probe import counting, exit_reason, settle_counters
+from specadapt.orchestration.counters import CounterWindow, counting, settle_counters
+from specadapt.orchestration.probe import exit_reason
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import path_triage, readable_token, readable_tokens, server_triage
 from specadapt.records import (
@@ -150,17 +150,15 @@ class ABRunner:
                     self.off, self.on, self.prompts[0], {"off": self.req_off, "on": self.req_on}, self.executor, t0,
                     warm=s.warmup == 0)
             for level in s.concurrency:
-                before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
+                windows = {side: await CounterWindow(servers[side], settle_counters).open() for side in sides}
                 records += await self._level(level, t0)
                 for side in sides:
-                    counters[side][level] = CounterPair(
-                        before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
+                    counters[side][level] = (await windows[side].close()).pair
             for rate in (s.load.request_rates if s.load else []):
-                before = {side: await asyncio.to_thread(settle_counters, servers[side]) for side in sides}
+                windows = {side: await CounterWindow(servers[side], settle_counters).open() for side in sides}
                 records += await self._rate_level(rate)
                 for side in sides:
-                    self.rate_counters[side][rate_label(rate)] = CounterPair(
-                        before=before[side], after=await asyncio.to_thread(settle_counters, servers[side]))
+                    self.rate_counters[side][rate_label(rate)] = (await windows[side].close()).pair
         finally:
             await self.executor.aclose()
         return records, on_counters, off_counters

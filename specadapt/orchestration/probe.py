@@ -13,7 +13,6 @@ report as ``.report``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +23,7 @@ from specadapt.analysis.client_load import client_load
 from specadapt.analysis.lossy import describe_death
 from specadapt.analysis.probe_report import build_probe_report
 from specadapt.analysis.scale_report import replica_results, summed_counters
-from specadapt.errors import SpecadaptError, UsageError
+from specadapt.errors import UsageError
 from specadapt.load.arrivals import arrivals_for_duration
 from specadapt.load.client import run as run_loop
 from specadapt.load.engine import Job
@@ -33,6 +32,7 @@ from specadapt.load.meter import measure_client
 from specadapt.load.plan import RunResult, Share, Stamp, closed_jobs, rate_jobs, split
 from specadapt.load.progress import Progress, ProgressBars, no_bars
 from specadapt.load.spread import Executor, InProcess, Target, target_of
+from specadapt.orchestration.counters import CounterWindow, counting, read_counters_safely
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import (
     CounterSnapshot,
@@ -45,28 +45,6 @@ from specadapt.records import (
 )
 from specadapt.records.load import LoadSettings
 from specadapt.records.workload import WorkloadInfo
-
-
-def settle_counters(server: Server, previous: CounterSnapshot | None = None,
-                    max_wait_s: float = 3.0) -> CounterSnapshot:
-    """Read counters until two reads in a row agree: servers update stats just after the
-    last response is sent, so an immediate read can miss the final step."""
-    deadline = time.monotonic() + max_wait_s
-    last = previous or read_counters_safely(server)
-    while True:
-        time.sleep(0.2)
-        now = read_counters_safely(server)
-        if now == last or time.monotonic() > deadline:
-            return now
-        last = now
-
-
-def read_counters_safely(server: Server) -> CounterSnapshot:
-    """A snapshot, or an empty one saying why there is none (acceptance then is unknown)."""
-    try:
-        return server.read_counters()
-    except SpecadaptError as exc:
-        return CounterSnapshot(source=f"unavailable: {exc}")
 
 
 class ServerGuard:
@@ -137,20 +115,6 @@ def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | No
     return total * per_set // len(prompts)
 
 
-@contextlib.contextmanager
-def counting(*servers: Server) -> Iterator[None]:
-    """One run's counter window: servers whose counters drain on read poll them between
-    start_run() and end_run() (each server once, however often it is given)."""
-    unique = list(dict.fromkeys(servers))
-    for server in unique:
-        server.start_run()
-    try:
-        yield
-    finally:
-        for server in unique:
-            server.end_run()
-
-
 def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], settings: RequestSettings,
               concurrency: int = 1, repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
               progress: Progress | None = None, load: LoadSettings | None = None, *, workers: int = 1,
@@ -172,8 +136,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
     targets = [target_of(s) for s in servers]
     infos = {s.base_url: s.describe() for s in servers}
     guard = ServerGuard(servers)
-    befores: dict[str, CounterSnapshot] = {}
-    afters: dict[str, CounterSnapshot] = {}
+    counter_windows: dict[str, CounterWindow] = {}
     results: list[RunResult] = []
     meters: list = []
     interrupted: KeyboardInterrupt | None = None
@@ -183,7 +146,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
         if warmup:  # discarded, one after the other, round robin over the servers: the first requests are slow
             await warm_up(targets, prompts, settings, warmup, progress)
         for s in servers:
-            befores[s.base_url] = await asyncio.to_thread(settle_counters, s)
+            counter_windows[s.base_url] = await CounterWindow(s).open()
         async with measure_client() as meter:  # its figures are set also when the run raises
             meters.append(meter)
             try:
@@ -216,16 +179,22 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
                 results.append(executor.last)
         partial = next((r.partial_reason for r in results if r.partial_reason), None)
         for s in servers:
-            if s.base_url not in befores:
-                befores[s.base_url] = read_counters_safely(s)
-            afters[s.base_url] = settle_counters(s) if partial is None else read_counters_safely(s)
+            if s.base_url not in counter_windows:  # the run stopped before the counters were read
+                counter_windows[s.base_url] = CounterWindow(s)
+                counter_windows[s.base_url].before = read_counters_safely(s)
+            window = counter_windows[s.base_url]
+            if partial is None:
+                window.close_now()
+            else:
+                window.after = read_counters_safely(s)
     records = [rec for r in results for rec in r.records]
     planned = sum(r.planned for r in results)
     log_tail = ""
     if guard.dead is not None or (partial is not None and guard.servers and guard.watch()):
         partial, log_tail = guard.death_reason(len(records), max(planned, len(records)))
-        afters = {url: CounterSnapshot(source="unavailable: the server exited during the run") for url in afters}
-    windows = {url: (befores[url], afters[url]) for url in infos}
+        for window in counter_windows.values():
+            window.after = CounterSnapshot(source="unavailable: the server exited during the run")
+    windows = {url: (counter_windows[url].before, counter_windows[url].after) for url in infos}
     before, after = summed_counters(list(windows.values()))
     scale, notes = None, []
     if spread:

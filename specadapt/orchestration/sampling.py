@@ -46,13 +46,12 @@ from typing import Any
 import httpx
 
 from specadapt.adapters.base import Server, TokenRequests
-from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
 from specadapt.analysis.sides import side_differences
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import Progress, ProgressBars, no_bars
-from specadapt.orchestration.probe import counting, settle_counters
+from specadapt.orchestration.counters import counter_window
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, Side, open_servers
 from specadapt.records import AcceptanceSummary, Prompt, RequestRecord, ServerInfo
 from specadapt.records.sampling import SamplingStats
@@ -618,13 +617,11 @@ def prompt_inputs(tokenizer: Server | ReferenceDistribution, prompts: Sequence[P
 def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSettings,
               bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> tuple[list[Sample], AcceptanceSummary]:
     """The samples from the spec-on server (one bar, 'sampling'), with its acceptance over them."""
-    with counting(on):
-        before = settle_counters(on)
+    with counter_window(on) as window:
         samples = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
                                         settings.request_timeout_s, bars("sampling", len(inputs) * settings.samples),
                                         requests=requests))
-        after = settle_counters(on)
-    return samples, acceptance_summary(before, after)
+    return samples, window.acceptance
 
 
 def score(source: Server | ReferenceDistribution, samples: Sequence[Sample], settings: SamplingSettings,
