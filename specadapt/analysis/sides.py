@@ -135,3 +135,22 @@ def side_differences(off: ServerInfo, on: ServerInfo) -> list[str]:
     if off.hardware is not None and on.hardware is not None:
         lines += hardware_differences(off.hardware, on.hardware)
     return lines
+
+
+def side_notes(off: ServerInfo | None, on: ServerInfo, *, off_name: str = f"the {OFF} server",
+               on_name: str = f"the {ON} server", no_counters: str = "speculation looks OFF there",
+               differences: bool = True) -> list[str]:
+    """What looks wrong about the two sides themselves: spec-decode counters on the spec-off side,
+    none on the spec-on side (``no_counters``: what that means for the run), different model ids,
+    and (``differences``) every other difference than speculation (``side_differences``).
+    ``off`` None: no spec-off server (a float64 reference instead)."""
+    notes = []
+    if off is not None and off.spec_enabled:
+        notes.append(f"{off_name} has spec-decode counters: speculation looks ON there")
+    if on.spec_enabled is False:
+        notes.append(f"{on_name} has no spec-decode counters: {no_counters}")
+    if off is not None and off.model_id != on.model_id:
+        notes.append(f"the servers serve different model ids ({off.model_id} vs {on.model_id})")
+    if off is not None and differences:
+        notes += [f"the sides differ in more than speculation: {line}" for line in side_differences(off, on)]
+    return notes

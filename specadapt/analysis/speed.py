@@ -15,7 +15,7 @@ from specadapt.analysis.interference import detected_interference, duration
 from specadapt.analysis.latency import latency_summary, tpot_ns
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.send_lag import send_lag_blocks
-from specadapt.analysis.sides import side_differences
+from specadapt.analysis.sides import side_notes
 from specadapt.analysis.slo import compare_goodput
 from specadapt.analysis.stats import find_crossover, log_latency_ratio, log_rate_ratio, ratio_ci
 from specadapt.native_reference import theory
@@ -207,16 +207,7 @@ def analyse(report: CompareReport) -> None:
 
 
 def compare_notes(report: CompareReport) -> list[str]:
-    notes = []
-    if report.off_server.spec_enabled:
-        notes.append("the 'off' server has spec-decode counters: speculation looks ON there")
-    if report.on_server.spec_enabled is False:
-        notes.append("the 'on' server has no spec-decode counters: speculation looks OFF there")
-    if report.off_server.model_id != report.on_server.model_id:
-        notes.append(f"the servers serve different model ids ({report.off_server.model_id} vs "
-                     f"{report.on_server.model_id})")
-    notes += [f"the sides differ in more than speculation: {line}"
-              for line in side_differences(report.off_server, report.on_server)]
+    notes = side_notes(report.off_server, report.on_server, off_name="the 'off' server", on_name="the 'on' server")
     if report.settings.on_temperature not in (None, report.settings.request.temperature):
         notes.append(f"drill: the spec-on side ran at temperature {report.settings.on_temperature}")
     failed = [r for r in report.requests if not r.ok and not r.warmup]

@@ -30,6 +30,7 @@ from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
 from specadapt.analysis.identity import default_threshold
 from specadapt.analysis.lossy import lossy_reasons_of
+from specadapt.analysis.sides import side_notes
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
@@ -408,7 +409,8 @@ def check_features(plan: ServerPlan, settings: FeatureSettings, reference: Refer
             settings = settings.model_copy(update={"near_tie_threshold": default_threshold(off_info.dtype)})
         report = FeatureReport(settings=settings, on_server=on_info, baseline_server=off_info,
                                lossy=lossy_of(on_info), gate={"passed": False})
-        report.notes += _side_notes(on_info, off_info)
+        report.notes += side_notes(off_info, on_info, no_counters="every cell's activity is unknown",
+                                   differences=False)
         progress = bars("cells", len(features))
         try:
             run_loop(_run_all(plan, on, off, settings, reference, report, features, progress))
@@ -438,14 +440,3 @@ async def _run_all(plan: ServerPlan, on: Server, off: Server, settings: FeatureS
                 return
             report.cells.append(cell)
             progress(finished(feature.name, feature.kind, cell.tokens, cell.verdict, None))
-
-
-def _side_notes(on: ServerInfo, off: ServerInfo) -> list[str]:
-    notes = []
-    if off.spec_enabled:
-        notes.append("the spec-off server has spec-decode counters: speculation looks ON there")
-    if on.spec_enabled is False:
-        notes.append("the spec-on server has no spec-decode counters: every cell's activity is unknown")
-    if on.model_id != off.model_id:
-        notes.append(f"the servers serve different model ids ({off.model_id} vs {on.model_id})")
-    return notes

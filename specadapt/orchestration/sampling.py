@@ -47,7 +47,7 @@ import httpx
 
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
-from specadapt.analysis.sides import side_differences
+from specadapt.analysis import sides
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError, require
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import Progress, ProgressBars, no_bars
@@ -516,18 +516,9 @@ def source_text(settings: SamplingSettings, source_info: ServerInfo | None) -> s
 
 
 def side_notes(on_info: ServerInfo, source_info: ServerInfo | None) -> list[str]:
-    """What looks wrong about the two servers themselves."""
-    notes = []
-    if source_info is not None and source_info.spec_enabled:
-        notes.append("the spec-off server has spec-decode counters: speculation looks ON there")
-    if on_info.spec_enabled is False:
-        notes.append("the spec-on server has no spec-decode counters: speculation looks OFF there")
-    if source_info is not None and source_info.model_id != on_info.model_id:
-        notes.append(f"the servers serve different model ids ({source_info.model_id} vs {on_info.model_id})")
-    if source_info is not None and source_info.base_url != on_info.base_url:
-        notes += [f"the sides differ in more than speculation: {line}"
-                  for line in side_differences(source_info, on_info)]
-    return notes
+    """What looks wrong about the two servers themselves (analysis/sides.py ``side_notes``)."""
+    return sides.side_notes(source_info, on_info, differences=source_info is not None
+                            and source_info.base_url != on_info.base_url)
 
 
 def sampling_report(settings: SamplingSettings, on_info: ServerInfo, source_info: ServerInfo | None,
