@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from specadapt.records.metrics import AcceptanceSummary
-from specadapt.records.reports import ReportEnvelope
+from specadapt.records.reports import PassGate, ReportEnvelope
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.server import ServerInfo
 
@@ -80,9 +80,7 @@ class FeatureSettings(BaseModel):
     prompts_source: str = "built-in"
 
 
-class FeatureGate(BaseModel):
-    passed: bool
-    reasons: list[str] = Field(default_factory=list)
+FeatureGate = PassGate  # the one pass/fail gate (records/reports.py)
 
 
 class FeatureReport(ReportEnvelope):

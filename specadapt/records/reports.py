@@ -175,6 +175,13 @@ class RateBound(BaseModel):
                                                            "accepted drafts, where known.")
 
 
+class PassGate(BaseModel):
+    """A gate that is its verdict and its reasons only (`equiv --sampling`, `equiv --features`)."""
+
+    passed: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
 class Gate(BaseModel):
     max_suspect: int = 0
     max_near_tie: int | None = None

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from specadapt.records.metrics import AcceptanceSummary
-from specadapt.records.reports import ReportEnvelope
+from specadapt.records.reports import PassGate, ReportEnvelope
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.server import ServerInfo
 
@@ -43,9 +43,7 @@ class PromptTokens(BaseModel):
     in_top_k: int = Field(description="Sampled tokens that were among the source's top K at their position.")
 
 
-class SamplingGate(BaseModel):
-    passed: bool
-    reasons: list[str] = Field(default_factory=list)
+SamplingGate = PassGate  # the one pass/fail gate (records/reports.py)
 
 
 class SamplingReport(ReportEnvelope):

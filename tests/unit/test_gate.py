@@ -181,3 +181,15 @@ def test_max_suspect_rate_without_activity_fails_saying_why():
     r = report({"a": "identical"}, {"identical": 1})
     assert apply_gate(r, max_suspect_rate=0.5).reasons == [
         "--max-suspect-rate: the report has no record of speculation per prompt to bound the rate over"]
+
+
+def test_the_sampling_and_features_gates_are_one_model_and_old_reports_load():
+    from specadapt.records.features import FeatureGate
+    from specadapt.records.reports import PassGate
+    from specadapt.records.sampling_report import SamplingGate
+
+    assert FeatureGate is SamplingGate is PassGate
+    assert list(PassGate.model_fields) == ["passed", "reasons"]
+    saved = {"passed": False, "reasons": ["top-k-20: fail"]}  # a gate as reports before the one model saved it
+    assert PassGate.model_validate(saved).model_dump() == saved
+    assert PassGate(passed=True).model_dump_json() == '{"passed":true,"reasons":[]}'
