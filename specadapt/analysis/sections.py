@@ -1,24 +1,25 @@
-"""Sections of the compare report that analyses add: the registry.
+"""Sections of the compare report that analyses add: a fixed table, ``SECTIONS``.
 
 A section is one pure analysis of a finished compare report: ``analyse(report)`` returns an
 instance of the section's pydantic ``model``, or None when it has nothing to say about this
-report. The compare runner calls ``analyse_sections`` twice: once after identity for the
-sections marked ``before_diagnosis`` (the notes and the diagnosis read them from
-``report.sections``), once after the notes and the diagnosis for the others, so an analysis
-sees all of those. Each result is kept as JSON in ``report.sections[name]``: a saved report
-reads back, and renders, without rerunning anything.
-Its renderers (console, Markdown, HTML) register under the same name in report/sections.py.
+report. The compare runner (orchestration/compare.py) calls ``analyse_sections`` twice: once
+after identity for the sections marked ``before_diagnosis`` (the notes and the diagnosis read
+them from ``report.sections``), once after the notes and the diagnosis for the others, so an
+analysis sees all of those. Each result is kept as JSON in ``report.sections[name]``: a saved
+report reads back, and renders, without rerunning anything. Its renderers (console, Markdown,
+HTML) are the view of the same name in report/sections.py, a layer above the runner; the kinds
+of whole reports and their renderers are report/kinds.py.
 
 An analysis that raises does not lose the report: its section is left out and the report
 gets one note, "the NAME section failed and is left out: ErrorType: first line of the
 message"; the other sections are still computed.
 
-Adding one: a module in this package with the model and the pure ``analyse``, and one line
-in ``BUILT_IN`` below (the order there is the order the reports show them in). The first,
-``interference``, says whether the two servers stalled each other's first token
-(analysis/interference.py); the diagnosis and the notes read it, so it comes before them. The diagnosis
-is not one of them: the runner computes it itself, since it needs the draft's cost, which it
-reads from the models' configs; only its renderers are registered (report/sections.py).
+Adding one: a module in this package with the model and the pure ``analyse``, one entry in
+``SECTIONS`` below (its order is the order the reports show them in) and its view in
+report/sections.py ``VIEWS``. The first, ``interference``, says whether the two servers stalled
+each other's first token (analysis/interference.py); the diagnosis and the notes read it, so it
+comes before them. The diagnosis is not one of them: the runner computes it itself, since it
+needs the draft's cost, which it reads from the models' configs; it has a view only.
 """
 
 from __future__ import annotations
@@ -48,33 +49,12 @@ class Section:
 INTERFERENCE = Section("interference", InterferenceFinding, report_interference, before_diagnosis=True)
 """Did the servers stall each other's first token (analysis/interference.py)?"""
 
-BUILT_IN: tuple[Section, ...] = (INTERFERENCE,)
+SECTIONS: tuple[Section, ...] = (INTERFERENCE,)
 """The sections every compare report gets, in the order the reports show them."""
-
-_REGISTRY: dict[str, Section] = {}
-
-
-def register(section: Section) -> Section:
-    """Add a section after those registered so far; ValueError if another one has its name."""
-    known = _REGISTRY.get(section.name)
-    if known is not None and known is not section:
-        raise ValueError(f"a report section named {section.name!r} is registered already")
-    _REGISTRY[section.name] = section
-    return section
-
-
-def unregister(name: str) -> None:
-    """Remove the section called ``name`` (nothing if there is none)."""
-    _REGISTRY.pop(name, None)
-
-
-def registered() -> list[Section]:
-    """The sections, in the order they were registered."""
-    return list(_REGISTRY.values())
 
 
 def section(name: str) -> Section | None:
-    return _REGISTRY.get(name)
+    return next((s for s in SECTIONS if s.name == name), None)
 
 
 def one_line(exc: BaseException) -> str:
@@ -84,10 +64,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def analyse_sections(report: CompareReport, before_diagnosis: bool | None = None) -> CompareReport:
-    """Run the registered analyses on ``report`` and keep each result in ``report.sections`` (JSON):
+    """Run the analyses of ``SECTIONS`` on ``report`` and keep each result in ``report.sections`` (JSON):
     all of them, or with ``before_diagnosis`` True / False those marked so / not; a section whose
     analysis raises, or returns something other than its model, is left out with one note saying why."""
-    for s in registered():
+    for s in SECTIONS:
         if before_diagnosis is not None and s.before_diagnosis != before_diagnosis:
             continue
         try:
@@ -104,14 +84,10 @@ def analyse_sections(report: CompareReport, before_diagnosis: bool | None = None
 
 def section_data(report: CompareReport, name: str) -> BaseModel | None:
     """The section ``name`` of a report read back as its model; None when the report has no such
-    section or no registered section knows its model. ValidationError when the saved data does
+    section or no section of ``SECTIONS`` knows its model. ValidationError when the saved data does
     not fit the model."""
     data = report.sections.get(name)
-    s = _REGISTRY.get(name)
+    s = section(name)
     if data is None or s is None:
         return None
     return s.model.model_validate(data)
-
-
-for _built_in in BUILT_IN:
-    register(_built_in)

@@ -1,13 +1,13 @@
-"""Renderers of the compare report's sections: the registry (the analyses' side is
-analysis/sections.py).
+"""Renderers of the compare report's sections: a fixed table, ``VIEWS`` (the analyses' side is
+analysis/sections.py, a layer below; the kinds of whole reports are report/kinds.py).
 
 A ``SectionView`` renders one section in the console, Markdown and HTML forms of a compare
 report, from the section's model: by default the one its analysis left in
 ``report.sections[name]``, read back with the model of the analysis section of that name;
 ``data`` reads it from elsewhere (the diagnosis, a field of the report of its own). Each form
 may be left out. The compare renderers show the sections where the diagnosis stands: after
-the speed, load and per-prompt tables, before identity; in the order of ``BUILT_IN`` and then
-of registration. JUnit carries none of them (its cases are identity and the gate).
+the speed, load and per-prompt tables, before identity; in the order of ``VIEWS``. JUnit
+carries none of them (its cases are identity and the gate).
 
 A report without a section's data (the analysis had nothing to say, failed, or is not known
 here) shows nothing for it. A renderer that raises, or saved data that no longer fits its
@@ -141,27 +141,8 @@ INTERFERENCE = SectionView("interference", console=_interference_console, markdo
 """Did the servers stall each other's first token: the run's own finding (the ``interference``
 section) and the check's before the run (``report.interference_check``)."""
 
-BUILT_IN: tuple[SectionView, ...] = (INTERFERENCE, DIAGNOSIS)
+VIEWS: tuple[SectionView, ...] = (INTERFERENCE, DIAGNOSIS)
 """The views every compare report renders, in this order."""
-
-_REGISTRY: dict[str, SectionView] = {}
-
-
-def register_view(view: SectionView) -> SectionView:
-    """Add a view after those registered so far; ValueError if another one has its name."""
-    known = _REGISTRY.get(view.name)
-    if known is not None and known is not view:
-        raise ValueError(f"a view of the report section {view.name!r} is registered already")
-    _REGISTRY[view.name] = view
-    return view
-
-
-def unregister_view(name: str) -> None:
-    _REGISTRY.pop(name, None)
-
-
-def views() -> list[SectionView]:
-    return list(_REGISTRY.values())
 
 
 def _failed(view: SectionView, exc: Exception) -> str:
@@ -170,7 +151,7 @@ def _failed(view: SectionView, exc: Exception) -> str:
 
 def render_sections(report: CompareReport, console: Console) -> None:
     """Every section the report has, on the console."""
-    for view in views():
+    for view in VIEWS:
         if view.console is None:
             continue
         try:
@@ -184,7 +165,7 @@ def render_sections(report: CompareReport, console: Console) -> None:
 def sections_markdown(report: CompareReport) -> list[str]:
     """Every section the report has, as Markdown lines."""
     out: list[str] = []
-    for view in views():
+    for view in VIEWS:
         if view.markdown is None:
             continue
         try:
@@ -199,7 +180,7 @@ def sections_markdown(report: CompareReport) -> list[str]:
 def sections_html(report: CompareReport, heading: int) -> Markup:
     """Every section the report has, as HTML, headings h``heading``."""
     parts: list[str] = []
-    for view in views():
+    for view in VIEWS:
         if view.html is None:
             continue
         try:
@@ -210,6 +191,3 @@ def sections_html(report: CompareReport, heading: int) -> Markup:
             parts.append(f"<p>{escape(_failed(view, exc))}</p>")
     return Markup("".join(parts))
 
-
-for _view in BUILT_IN:
-    register_view(_view)

@@ -1,7 +1,7 @@
-"""Report sections (analysis/sections.py, report/sections.py): an analysis registered with its
-renderers is computed by the compare runner, kept in the JSON report and shown in the console,
-Markdown and HTML forms, without a change to the runner or the renderers; an analysis or a
-renderer that fails costs its own section only."""
+"""Report sections (analysis/sections.py ``SECTIONS``, report/sections.py ``VIEWS``): an analysis
+added to the table with its view is computed by the compare runner, kept in the JSON report and
+shown in the console, Markdown and HTML forms, without a change to the runner or the renderers;
+an analysis or a renderer that fails costs its own section only."""
 
 from __future__ import annotations
 
@@ -62,24 +62,17 @@ def broken(report: CompareReport) -> Tally:
 
 
 @pytest.fixture
-def registered():
-    """Register sections (analysis and view) for one test; all of them gone afterwards."""
-    names: list[str] = []
+def added(monkeypatch):
+    """Add sections (analysis and view) to the tables for one test, after the built-in ones; the
+    tables are as they were afterwards."""
 
     def add(section: analyses.Section | None = None, view: views.SectionView | None = None) -> None:
         if section is not None:
-            analyses.register(section)
-            names.append(section.name)
+            monkeypatch.setattr(analyses, "SECTIONS", (*analyses.SECTIONS, section))
         if view is not None:
-            views.register_view(view)
-            names.append(view.name)
+            monkeypatch.setattr(views, "VIEWS", (*views.VIEWS, view))
 
     yield add
-    for name in names:
-        analyses.unregister(name)
-        views.unregister_view(name)
-    assert [s.name for s in analyses.registered()] == [s.name for s in analyses.BUILT_IN]
-    assert [v.name for v in views.views()] == [v.name for v in views.BUILT_IN]
 
 
 def compare_run(wired) -> CompareReport:  # noqa: F811 (the fixture, passed on)
@@ -108,8 +101,8 @@ def in_order(text: str, *parts: str) -> bool:
 # ------------------------------------------------------------------------------------------ tests
 
 def test_a_registered_section_is_computed_saved_and_rendered_everywhere(
-        registered, wired, triager, detokenizer, tmp_path):  # noqa: F811
-    registered(TALLY, TALLY_VIEW)
+        added, wired, triager, detokenizer, tmp_path):  # noqa: F811
+    added(TALLY, TALLY_VIEW)
     report = compare_run(wired)
     measured = [r for r in report.requests if r.ok and not r.warmup]
     expected = {"off_ok": sum(r.side == "off" for r in measured), "on_ok": sum(r.side == "on" for r in measured),
@@ -136,10 +129,10 @@ def test_a_registered_section_is_computed_saved_and_rendered_everywhere(
 
 
 def test_an_analysis_that_raises_loses_its_section_only_and_says_why_in_one_note(
-        registered, wired, triager, detokenizer, tmp_path):  # noqa: F811
-    registered(analyses.Section("broken", Tally, broken), views.SectionView("broken", markdown=tally_markdown))
-    registered(analyses.Section("wrong", Tally, lambda report: {"off_ok": 1}))
-    registered(TALLY, TALLY_VIEW)
+        added, wired, triager, detokenizer, tmp_path):  # noqa: F811
+    added(analyses.Section("broken", Tally, broken), views.SectionView("broken", markdown=tally_markdown))
+    added(analyses.Section("wrong", Tally, lambda report: {"off_ok": 1}))
+    added(TALLY, TALLY_VIEW)
     report = compare_run(wired)
     assert set(report.sections) == {"interference", "tally"} and report.diagnosis is not None and len(report.identity) == 4
     assert report.notes == ["the broken section failed and is left out: ValueError: no features measured",
@@ -152,11 +145,11 @@ def test_an_analysis_that_raises_loses_its_section_only_and_says_why_in_one_note
     assert "- note: the broken section failed and is left out: ValueError: no features measured" in md
 
 
-def test_a_renderer_that_raises_shows_one_line_and_the_rest_of_the_report(registered):
+def test_a_renderer_that_raises_shows_one_line_and_the_rest_of_the_report(added):
     def fail(*args):
         raise RuntimeError("cannot draw\nmore")
 
-    registered(TALLY, views.SectionView("tally", console=fail, markdown=fail, html=fail))
+    added(TALLY, views.SectionView("tally", console=fail, markdown=fail, html=fail))
     report = CompareReport.model_validate_json(_saved_report())
     report.sections["tally"] = {"off_ok": 1, "on_ok": 2, "diverged": []}
     line = "the tally section could not be shown: RuntimeError: cannot draw"
@@ -166,8 +159,8 @@ def test_a_renderer_that_raises_shows_one_line_and_the_rest_of_the_report(regist
     assert f"<p>{line}</p>" in page and "<h2>Identity</h2>" in page
 
 
-def test_saved_data_that_does_not_fit_the_model_is_said_and_unknown_sections_are_kept(registered):
-    registered(TALLY, TALLY_VIEW)
+def test_saved_data_that_does_not_fit_the_model_is_said_and_unknown_sections_are_kept(added):
+    added(TALLY, TALLY_VIEW)
     report = CompareReport.model_validate_json(_saved_report())
     report.sections = {"tally": {"off_ok": "many"}, "from-elsewhere": {"x": 1}}
     md = to_markdown(report)
@@ -185,19 +178,22 @@ def test_a_report_without_sections_writes_no_sections_key_and_reads_back_the_sam
     assert "sections" not in to_junit(report)
 
 
-def test_a_name_is_registered_once(registered):
-    registered(TALLY, TALLY_VIEW)
-    analyses.register(TALLY)  # the same section again: no change
-    views.register_view(TALLY_VIEW)
-    with pytest.raises(ValueError, match="'tally' is registered already"):
-        analyses.register(analyses.Section("tally", Tally, broken))
-    with pytest.raises(ValueError, match="'tally' is registered already"):
-        views.register_view(views.SectionView("tally"))
-    assert [s.name for s in analyses.registered()].count("tally") == 1
+def test_each_section_has_one_name_and_a_view_of_that_name():
+    names = [s.name for s in analyses.SECTIONS]
+    shown = [v.name for v in views.VIEWS]
+    assert len(set(names)) == len(names) and len(set(shown)) == len(shown)
+    assert set(names) <= set(shown)  # an analysis no view shows would be saved and never rendered
+    assert analyses.section("interference") is analyses.INTERFERENCE and analyses.section("tally") is None
+
+
+def test_a_section_not_in_the_table_reads_back_as_nothing():
+    report = CompareReport.model_validate_json(_saved_report())
+    report.sections["tally"] = {"off_ok": 1, "on_ok": 2, "diverged": []}
+    assert analyses.section_data(report, "tally") is None and "tally" not in to_markdown(report)
 
 
 def test_the_diagnosis_is_a_built_in_view_of_its_own_field():
-    assert [v.name for v in views.BUILT_IN] == ["interference", "diagnosis"]
+    assert [v.name for v in views.VIEWS] == ["interference", "diagnosis"]
     report = CompareReport.model_validate_json(_saved_report())
     assert views.DIAGNOSIS.model(report) is None and "Why" not in to_markdown(report)
 
