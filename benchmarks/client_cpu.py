@@ -25,8 +25,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specadapt.load.client import SSEParser, StreamState  # noqa: E402
+from specadapt.load.client import StreamState  # noqa: E402
 from specadapt.records import RequestRecord  # noqa: E402
+from specadapt.wire.sse import SSEParser  # noqa: E402
 
 
 def vllm_chunk(i: int) -> bytes:

@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specadapt.load.client import connect, run  # noqa: E402
+from specadapt.load.client import run  # noqa: E402
 from specadapt.testing import scripted_server  # noqa: E402
 from specadapt.testing.load import soak  # noqa: E402
+from specadapt.wire.stream import connect  # noqa: E402
 
 
 class _HttpxResponse:

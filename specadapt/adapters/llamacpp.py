@@ -18,7 +18,6 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-import httpx
 from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
@@ -29,6 +28,7 @@ from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.models import embedded_gguf_path
 from specadapt.records import CounterSnapshot, ServerInfo
+from specadapt.wire.http import Transport
 
 NO_COUNTERS = "llama-cpp-python's server exposes no speculative-decoding counters (no /metrics)"
 
@@ -55,7 +55,7 @@ class LlamaCppServer(OpenAIServer):
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  num_pred_tokens: int | None = None, launched: bool = False, version: str | None = None,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: Transport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
         self.num_pred_tokens = num_pred_tokens
         self.version = version
@@ -64,7 +64,7 @@ class LlamaCppServer(OpenAIServer):
         return CounterSnapshot(source=NO_COUNTERS)
 
     def describe(self) -> ServerInfo:
-        models = self._http.models()
+        models = self._models()
         self._model_id = str(models[0]["id"])
         info = self._server_info(version=self.version, model_id=self._model_id)
         info.notes.append(f"{NO_COUNTERS}: acceptance rate and length cannot be read")

@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import psutil
 
 from specadapt.adapters.plan import LaunchPlan
 from specadapt.errors import PortInUse, ServerStartError
 from specadapt.paths import runs_dir
+from specadapt.wire.http import Wire
 
 LOG_TAIL_LINES = 30
 _LIVE: set[ManagedProcess] = set()
@@ -197,9 +197,8 @@ class ManagedProcess:
         first, or if ``timeout_s`` passes.
         """
         assert self.proc is not None, "start() first"
-        url = self.plan.base_url + self.plan.health_path
         t0 = time.monotonic()
-        with httpx.Client(timeout=2.0) as client:
+        with Wire(self.plan.base_url, timeout_s=2.0) as wire:
             while True:
                 elapsed = time.monotonic() - t0
                 code = self.proc.poll()
@@ -207,11 +206,8 @@ class ManagedProcess:
                     raise ServerStartError(
                         f"{self.plan.backend} server exited with code {code} during start-up "
                         f"(log: {self.log_path})", log_tail=self.log_tail(), exit_code=code)
-                try:
-                    if client.get(url).status_code == 200:
-                        return elapsed
-                except httpx.HTTPError:
-                    pass
+                if wire.status(self.plan.health_path) == 200:
+                    return elapsed
                 if elapsed > timeout_s:
                     tail = self.log_tail()
                     self.stop()

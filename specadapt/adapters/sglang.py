@@ -16,7 +16,6 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-import httpx
 from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
@@ -28,6 +27,7 @@ from specadapt.configs.checks import raise_on_errors
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.watch import LiveSnapshot
+from specadapt.wire.http import Transport
 
 G_LENGTH, G_RATE = "sglang:spec_accept_length", "sglang:spec_accept_rate"
 GENERATION, PROMPT = "sglang:generation_tokens_total", "sglang:prompt_tokens_total"
@@ -67,7 +67,7 @@ class SGLangServer(OpenAIServer):
     backend = "sglang"
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
-                 launched: bool = False, transport: httpx.BaseTransport | None = None):
+                 launched: bool = False, transport: Transport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
 
     def server_info(self) -> dict[str, Any] | None:
@@ -98,7 +98,7 @@ class SGLangServer(OpenAIServer):
                                source="GET /metrics (SGLang: acceptance is a gauge, not a counter)")
 
     def describe(self) -> ServerInfo:
-        models = self._http.models()
+        models = self._models()
         self._model_id = str(models[0]["id"])
         si = self.server_info()
         if si is None:

@@ -27,7 +27,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from pydantic import BaseModel, Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
@@ -42,6 +41,7 @@ from specadapt.errors import NotAServer, ServerUnreachable, UsageError
 from specadapt.paths import runs_dir
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.watch import LiveSnapshot
+from specadapt.wire.http import Transport
 
 # Prometheus names (tensorrt_llm/metrics/collector.py)
 PROM_INFO = "trtllm_speculative_config_info"
@@ -159,7 +159,7 @@ class TRTLLMServer(OpenAIServer):
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
-                 transport: httpx.BaseTransport | None = None, poll_interval_s: float = 0.5):
+                 transport: Transport | None = None, poll_interval_s: float = 0.5):
         super().__init__(base_url, api_key, verify, launched, transport)
         self.spec_config = spec_config  # the speculative_config we launched with, when we did
         self.poll_interval_s = poll_interval_s
@@ -254,7 +254,7 @@ class TRTLLMServer(OpenAIServer):
 
     # -- describe ---------------------------------------------------------------------
     def describe(self) -> ServerInfo:
-        models = self._http.models()
+        models = self._models()
         self._model_id = str(models[0]["id"])
         version = self._http.get_json("/version")
         if not isinstance(version, dict) or "version" not in version:
@@ -314,9 +314,9 @@ class TRTLLMServer(OpenAIServer):
         body = {"model": self._model_id, "prompt": "The capital of France is", "max_tokens": 16,
                 "temperature": 0.0}
         try:
-            resp = self._http._client.post("/v1/completions", json=body)
+            resp = self._http.post("/v1/completions", body)
             data = resp.json() if resp.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+        except (ServerUnreachable, ValueError):
             data = None
         if self._from_iter_stats(info):  # the request may have produced iteration stats
             return True

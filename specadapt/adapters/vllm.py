@@ -12,7 +12,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import Field
 
 from specadapt.adapters.base import Backend, Capabilities, LaunchOptions, LaunchPlan, SpecSupport, TokenRequests, Verify
@@ -26,6 +25,7 @@ from specadapt.configs.vllm import F_SPEC, validate_vllm_spec_json, vllm_server_
 from specadapt.errors import NotAServer, UsageError
 from specadapt.records import CounterSnapshot, ServerInfo
 from specadapt.records.watch import LiveSnapshot
+from specadapt.wire.http import Transport
 
 # vLLM V1 metric names (vllm/v1/metrics/loggers.py, vLLM 0.32.0). Counters keep `_total`.
 DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -88,7 +88,7 @@ class VLLMServer(OpenAIServer):
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  spec_config: dict[str, Any] | None = None, launched: bool = False,
-                 transport: httpx.BaseTransport | None = None):
+                 transport: Transport | None = None):
         super().__init__(base_url, api_key, verify, launched, transport)
         self.spec_config = spec_config  # known when we launched it
 
@@ -115,7 +115,7 @@ class VLLMServer(OpenAIServer):
             return LiveSnapshot(at=0.0, counters=CounterSnapshot(source=f"unavailable: {exc}"))
 
     def describe(self) -> ServerInfo:
-        models = self._http.models()
+        models = self._models()
         first = models[0]
         self._model_id = str(first["id"])
         version = self._http.get_json("/version")

@@ -22,14 +22,16 @@ server's log). It is read at the first send (t0), when each SSE event has been f
 of the stream (E2E). A test passes a fake clock that its transport advances as it hands
 out bytes, and gets exact times.
 
-Layers. The parsing is pure and fed bytes: ``SSEParser`` frames events (``data:`` lines,
-multi-line data, comments, CRLF/CR/LF line ends, events split over reads or several in
-one read) and ``StreamState`` turns each event's data into the record (orjson). The
-transport is ``StreamClient`` (aiohttp: the body is read as it arrives, no per-line
-machinery of a general HTTP library), made by ``connect`` (``load.spread.client_for`` for a server); anything with
-its ``post_stream`` method can stand in for it (the unit tests' scripted transport).
-About 0.05 ms of CPU per chunk at 500 streams and more, 10 us of it parsing
-(docs/benchmarks.md), against 0.2-0.4 ms with httpx + httpx-sse.
+Layers. The parsing is pure and fed bytes: ``specadapt.wire.sse.SSEParser`` frames events
+(``data:`` lines, multi-line data, comments, CRLF/CR/LF line ends, events split over reads or
+several in one read) and ``StreamState`` turns each event's data into the record (orjson). The
+transport is the wire's ``specadapt.wire.stream.StreamClient`` (aiohttp: the body is read as it
+arrives, no per-line machinery of a general HTTP library), made by ``specadapt.wire.stream.connect``
+(``load.spread.client_for`` for a server); anything with its ``post_stream`` method
+(``specadapt.wire.stream.Transport``) can stand in for it (the unit tests' scripted transport), and
+``wire.stream.error_kind``/``describe`` turn its faults into the record's. About 0.05 ms of CPU per
+chunk at 500 streams and more, 10 us of it parsing (docs/benchmarks.md), against 0.17-0.18 ms with
+httpx as the transport.
 
 Speculation per request. Where the answer itself states the request's drafted and accepted
 draft tokens (vLLM ``metrics.speculative_decoding`` on the final usage chunk, llama.cpp
@@ -45,14 +47,11 @@ the report keeps such requests apart).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
-import aiohttp
 import orjson
 
 from specadapt.records import (
@@ -62,10 +61,10 @@ from specadapt.records import (
     RequestSettings,
     TokenSource,
 )
+from specadapt.wire.sse import SSEError, SSEParser, is_done
+from specadapt.wire.stream import STREAM_ERRORS, Transport, describe, error_kind
 
 RETRYABLE_STATUS = (429, 500, 502, 503, 504)
-DRAIN_S = 0.05
-"""After [DONE], how long to wait for the end of the body (to keep the connection)."""
 
 Clock = Callable[[], int]
 """A monotonic clock in integer nanoseconds."""
@@ -107,62 +106,6 @@ def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[s
     if settings.logprobs:
         body["logprobs"] = settings.top_logprobs
     return "/v1/completions", body
-
-
-# ------------------------------------------------------------------------------ SSE framing (pure)
-
-class SSEError(ValueError):
-    """The answer is not an event stream."""
-
-
-class SSEParser:
-    """Server-sent events framing, fed raw bytes as they arrive; ``feed`` returns the data
-    of each event the bytes completed (bytes; multi-line data joined with ``\\n``).
-
-    Follows the WHATWG rules that matter here: lines end with CRLF, LF or CR; a blank line
-    ends an event; an event without a ``data`` field is not dispatched; ``:`` starts a
-    comment; one space after ``data:`` is dropped; ``event``/``id``/``retry`` and unknown
-    fields are ignored; a leading UTF-8 BOM is dropped; an unfinished event at the end of
-    the stream is dropped."""
-
-    __slots__ = ("_tail", "_cr", "_data", "_started")
-
-    def __init__(self) -> None:
-        self._tail = b""          # an unfinished line
-        self._cr = False          # the last byte seen was CR (it may be half of a CRLF)
-        self._data: list[bytes] = []
-        self._started = False
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if self._cr:
-            chunk = b"\r" + chunk
-            self._cr = False
-        if not self._started and chunk:
-            self._started = True
-            if chunk.startswith(b"\xef\xbb\xbf"):
-                chunk = chunk[3:]
-        if b"\r" in chunk:
-            if chunk.endswith(b"\r"):
-                chunk, self._cr = chunk[:-1], True
-            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        if b"\n" not in chunk:
-            self._tail += chunk
-            return []
-        lines = (self._tail + chunk).split(b"\n") if self._tail else chunk.split(b"\n")
-        self._tail = lines.pop()
-        events: list[bytes] = []
-        data = self._data
-        for line in lines:
-            if not line:
-                if data:
-                    events.append(data[0] if len(data) == 1 else b"\n".join(data))
-                    data.clear()
-            elif line.startswith(b"data:"):
-                data.append(line[6:] if line[5:6] == b" " else line[5:])
-            elif line == b"data":
-                data.append(b"")
-            # comments (":..."), event:, id:, retry: and unknown fields carry nothing we use
-        return events
 
 
 # ------------------------------------------------------------------------------ events to the record (pure)
@@ -271,7 +214,7 @@ class StreamState:
         """One event's data, arrived at ``now``; True when the stream is over for the client."""
         self.chunks += 1
         rec = self.rec
-        if data == b"[DONE]" or data.strip() == b"[DONE]":
+        if is_done(data):
             self.done = True
             return True
         chunk = _loads(data)  # ValueError: malformed (feed)
@@ -334,110 +277,6 @@ class StreamState:
                 rec.error, rec.error_kind = "stream ended without [DONE]", "no_done"
 
 
-# ------------------------------------------------------------------------------ transport
-
-class WireResponse(Protocol):
-    """What ``stream_request`` reads of one HTTP answer."""
-
-    status: int
-    content_type: str
-
-    async def read(self) -> bytes: ...
-
-    def chunks(self) -> AsyncIterator[bytes]: ...
-
-    async def finish(self) -> None:
-        """After ``[DONE]``: let the body end so that the connection can be reused."""
-
-
-class Transport(Protocol):
-    """What ``stream_request`` sends with: ``StreamClient``, or a test's scripted stand-in.
-    Faults are raised as aiohttp exceptions (``aiohttp.ClientError`` and its subclasses)."""
-
-    def post_stream(self, path: str, body: dict[str, Any]) -> contextlib.AbstractAsyncContextManager[WireResponse]:
-        ...
-
-
-class _AiohttpResponse:
-    __slots__ = ("_resp", "status", "content_type")
-
-    def __init__(self, resp: aiohttp.ClientResponse):
-        self._resp, self.status = resp, resp.status
-        self.content_type = resp.headers.get("content-type", "")
-
-    async def read(self) -> bytes:
-        return await self._resp.read()
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        return self._resp.content.iter_any()
-
-    async def finish(self) -> None:
-        # The body's last bytes (the end of the chunked encoding) usually follow [DONE] at once; a
-        # connection released before them is closed, and the next request pays a new connect.
-        content = self._resp.content
-        if not content.is_eof():
-            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                async with asyncio.timeout(DRAIN_S):
-                    await content.wait_eof()
-
-
-class StreamClient:
-    """An aiohttp session bound to one server: base URL, headers (auth), TLS, a connection
-    per stream. Holds no global state; make one per event loop with ``connect``."""
-
-    def __init__(self, session: aiohttp.ClientSession, base_url: str):
-        self.session, self.base_url = session, base_url.rstrip("/")
-        self.chunks_read = 0  # SSE events read by stream_request through this client (ClientLoad)
-
-    @contextlib.asynccontextmanager
-    async def post_stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[WireResponse]:
-        async with self.session.post(self.base_url + path, data=orjson.dumps(body),
-                                     headers={"Content-Type": "application/json"}) as resp:
-            yield _AiohttpResponse(resp)
-
-    async def get_json(self, path: str) -> Any:
-        """A plain GET of a JSON document (the scripted server's log)."""
-        async with self.session.get(self.base_url + path) as resp:
-            resp.raise_for_status()
-            return orjson.loads(await resp.read())
-
-    async def aclose(self) -> None:
-        await self.session.close()
-
-
-def ssl_for(verify: bool | str | ssl.SSLContext) -> ssl.SSLContext | bool:
-    """aiohttp's ``ssl`` argument for a ``Server.verify`` (httpx's meaning: on with the
-    certifi bundle, a CA bundle path, a context, or off)."""
-    if isinstance(verify, ssl.SSLContext):
-        return verify
-    if verify is False:
-        return False
-    if isinstance(verify, str):
-        return ssl.create_default_context(cafile=verify)
-    try:
-        import certifi
-        return ssl.create_default_context(cafile=certifi.where())
-    except ImportError:  # pragma: no cover - certifi comes with httpx and aiohttp
-        return ssl.create_default_context()
-
-
-@contextlib.asynccontextmanager
-async def connect(base_url: str, *, headers: dict[str, str] | None = None,
-                  verify: bool | str | ssl.SSLContext = True, concurrency: int = 100,
-                  request_timeout_s: float = 300.0, connect_timeout_s: float = 10.0) -> AsyncIterator[StreamClient]:
-    """A ``StreamClient`` for ``base_url``: at most ``concurrency`` connections, no pool wait
-    limit (the caller's semaphore bounds the streams), connect and per-read timeouts."""
-    connector = aiohttp.TCPConnector(limit=max(1, concurrency), ssl=ssl_for(verify), ttl_dns_cache=None)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=request_timeout_s)
-    session = aiohttp.ClientSession(connector=connector, headers=headers or {}, timeout=timeout,
-                                    auto_decompress=False, raise_for_status=False,
-                                    json_serialize=lambda o: orjson.dumps(o).decode())
-    try:
-        yield StreamClient(session, base_url)
-    finally:
-        await session.close()
-
-
 # ------------------------------------------------------------------------------ one request
 
 async def stream_request(client: Transport, prompt: Prompt, model: str, settings: RequestSettings,
@@ -466,9 +305,8 @@ async def _attempt(client: Transport, path: str, body: dict[str, Any], rec: Requ
     try:
         async with asyncio.timeout(timeout_s):
             await _consume(client, path, body, state)
-    except (aiohttp.ClientError, SSEError) as exc:  # before TimeoutError: aiohttp's socket timeouts are both
-        rec.error = f"{type(exc).__name__}: {_first_line(exc)}"[:300]
-        rec.error_kind = _kind_of(exc)
+    except STREAM_ERRORS as exc:  # before TimeoutError: aiohttp's socket timeouts are both
+        rec.error, rec.error_kind = describe(exc), error_kind(exc)
     except TimeoutError:
         if not state.done:  # after [DONE] the request is complete: only the wait for the body's end ran out
             rec.error, rec.error_kind = f"timed out after {timeout_s:g} s", "timeout"
@@ -484,24 +322,6 @@ def _counted(client: Any, chunks: int) -> None:
     """Add to the client's own count of events read (``ClientLoad``), where it keeps one."""
     if hasattr(client, "chunks_read"):
         client.chunks_read += chunks
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text.strip() else "no detail"
-
-
-def _kind_of(exc: BaseException) -> ErrorKind:
-    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
-        return "timeout"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return "connect"
-    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError,
-                        aiohttp.ServerConnectionError)):
-        return "disconnect"
-    if isinstance(exc, SSEError):
-        return "malformed"
-    return "other"
 
 
 def _retryable(rec: RequestRecord) -> bool:
@@ -532,5 +352,4 @@ async def _consume(client: Transport, path: str, body: dict[str, Any], state: St
             await resp.finish()
 
 
-__all__ = ["Clock", "RETRYABLE_STATUS", "SSEError", "SSEParser", "StreamClient", "StreamState", "Transport",
-           "WireResponse", "build_body", "connect", "run", "ssl_for", "stream_request"]
+__all__ = ["Clock", "RETRYABLE_STATUS", "StreamState", "build_body", "run", "stream_request"]

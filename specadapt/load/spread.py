@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specadapt.errors import SpecadaptError
-from specadapt.load.client import StreamClient, connect, stream_request
+from specadapt.load.client import stream_request
+from specadapt.wire.stream import StreamClient, connect
 from specadapt.load.engine import Job, LoadEngine, OnRecord, cycle_jobs
 from specadapt.load.plan import RunResult, Share, planned_turns
 from specadapt.load.progress import Progress

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager
 
-import httpx
-
 from specadapt.adapters.base import LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
 from specadapt.adapters.placement import usable_cpus
@@ -39,6 +37,7 @@ from specadapt.orchestration.compare import run_compare, total_requests
 from specadapt.orchestration.servers import off_and_on_halves
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
+from specadapt.wire.http import Wire
 from specadapt.workloads.prompts import load_builtin
 
 # Input-grounded prompts whose answers copy the input (built-in categories code and rag).
@@ -237,16 +236,12 @@ class HealthWatch:
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        with httpx.Client(timeout=2.0) as client:
+        with Wire("", timeout_s=2.0) as wire:  # whole URLs
             while not self._stop.wait(self.interval_s):
                 with self._lock:
                     pending = dict(self.pending)
                 for name, url in pending.items():
-                    try:
-                        ok = client.get(url).status_code == 200
-                    except httpx.HTTPError:
-                        ok = False
-                    if ok:
+                    if wire.status(url) == 200:
                         with self._lock:
                             self.pending.pop(name, None)
                             self.up[name] = time.monotonic() - self.t0

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.identity import TOP_LOGPROBS, path_verdict, token_id, triage_from_logprobs
 from specadapt.errors import SpecadaptError
 from specadapt.load.client import build_body
-from specadapt.orchestration.sampling import Sample, parse_scores, parse_tokenize, score_body, tokenize_body
+from specadapt.orchestration.sampling import Sample, parse_scores, score_body
 from specadapt.records import Divergence, Prompt, RequestRecord, RequestSettings, Triage
+from specadapt.wire.http import Wire, legacy_post
+from specadapt.wire.openai import detokenize_body, first_choice, parse_detokenize, parse_tokenize, tokenize_body
+
+DETOKENIZE_TIMEOUT_S = 10.0
 
 
 def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float,
-              headers: dict[str, str] | None = None) -> httpx.Response:
-    """One non-streamed POST to ``server`` with its auth and TLS settings (and ``headers`` besides)."""
-    return httpx.post(server.base_url + path, json=body, headers={**server.headers(), **(headers or {})},
-                      timeout=timeout_s, verify=server.verify)
+              headers: dict[str, str] | None = None) -> Any:
+    """Compatibility name for callers not yet on ``specadapt.wire.http.Wire``: one non-streamed POST to
+    ``server`` with its auth and TLS settings (and ``headers`` besides); the httpx answer, whatever its
+    status; faults stay httpx exceptions."""
+    return legacy_post(server.base_url, path, body, headers={**server.headers(), **(headers or {})},
+                       timeout_s=timeout_s, verify=server.verify)
 
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
@@ -40,11 +44,11 @@ def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div
     i = div.token_index
     path, body = _triage_body(prompt, server.model_id, settings, i + 1)
     try:
-        data = post_json(server, path, body, timeout_s).json()
-        choice = data["choices"][0]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+        with Wire.for_server(server, timeout_s=timeout_s) as wire:
+            choice = first_choice(wire.post_json(path, body), "the spec-off server")
+    except SpecadaptError as exc:  # no answer, a refusal or failure, not JSON, no choice
         return Triage(verdict="unknown", source="none", threshold=threshold,
-                      note=f"could not get logprobs from the spec-off server: {type(exc).__name__}")
+                      note=f"could not get logprobs from the spec-off server: {exc}")
     return triage_from_logprobs(choice, prompt.api, div, off_tokens, threshold)
 
 
@@ -62,11 +66,11 @@ def readable_token(server: Server, token: str | None) -> str | None:
     if tid is None:
         return token
     try:
-        resp = post_json(server, "/detokenize", {"model": server.model_id, "tokens": [tid]}, 10)
-        text = resp.json()["prompt"] if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, KeyError):
+        with Wire.for_server(server, timeout_s=DETOKENIZE_TIMEOUT_S) as wire:
+            text = parse_detokenize(wire.post_json("/detokenize", detokenize_body(server.model_id, [tid])))
+    except SpecadaptError:
         text = None
-    return f"{text} (id {tid})" if isinstance(text, str) else token
+    return f"{text} (id {tid})" if text is not None else token
 
 
 
@@ -95,15 +99,16 @@ def path_triage(server: Server, prompt: Prompt, on_rec: RequestRecord, div: Dive
     if why is not None:
         return base.model_copy(update={"note": _joined(base.note, f"rest of the spec-on answer not checked: {why}")})
     try:
-        resp = post_json(server, "/tokenize", tokenize_body(prompt, server.model_id), timeout_s)
-        resp.raise_for_status()
-        sample = Sample(prompt_id=prompt.id, index=0, seed=0, prompt_ids=tuple(parse_tokenize(resp.json())),
-                        tokens=tuple(ids))
-        resp = post_json(server, "/v1/completions", score_body(sample, server.model_id, TOP_LOGPROBS, requests),
-                         timeout_s)
-        resp.raise_for_status()
-        draws = parse_scores(resp.json(), sample, TOP_LOGPROBS)
-    except (httpx.HTTPError, ValueError) as exc:
+        with Wire.for_server(server, timeout_s=timeout_s) as wire:
+            prompt_ids = parse_tokenize(wire.post_json("/tokenize", tokenize_body(prompt, server.model_id)))
+            sample = Sample(prompt_id=prompt.id, index=0, seed=0, prompt_ids=tuple(prompt_ids), tokens=tuple(ids))
+            data = wire.post_json("/v1/completions", score_body(sample, server.model_id, TOP_LOGPROBS, requests))
+    except SpecadaptError as exc:  # no answer, a refusal or failure, not JSON, no token ids from /tokenize
+        return base.model_copy(update={"note": _joined(
+            base.note, f"rest of the spec-on answer not checked: the spec-off server could not score it: {exc}")})
+    try:
+        draws = parse_scores(data, sample, TOP_LOGPROBS)
+    except ValueError as exc:
         return base.model_copy(update={"note": _joined(
             base.note, f"rest of the spec-on answer not checked: the spec-off server could not score it "
                        f"({type(exc).__name__})")})

@@ -18,7 +18,8 @@ from typing import Any
 import psutil
 
 from specadapt.analysis.client_load import client_limited, client_load
-from specadapt.load.client import connect, stream_request
+from specadapt.load.client import stream_request
+from specadapt.wire.stream import connect
 from specadapt.load.meter import measure_client
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script

@@ -19,7 +19,8 @@ import asyncio
 from typing import Any
 
 from specadapt.analysis.latency import itl_values_ns, percentile, tpot_ns
-from specadapt.load.client import connect, stream_request
+from specadapt.load.client import stream_request
+from specadapt.wire.stream import connect
 from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.testing import script
 

@@ -9,10 +9,11 @@ import pytest
 
 from specadapt.adapters.process import free_port
 from specadapt.analysis.probe_report import failed_count
-from specadapt.load.client import connect, stream_request
+from specadapt.load.client import stream_request
 from specadapt.orchestration.probe import run_probe
 from specadapt.records import Prompt, RequestSettings
 from specadapt.testing import script
+from specadapt.wire.stream import connect
 
 FAST = dict(ttft_ms=5.0, itl_ms=2.0, tokens=8)
 

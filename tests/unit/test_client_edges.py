@@ -18,17 +18,11 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from specadapt.load import client as client_mod
-from specadapt.load.client import (
-    SSEParser,
-    StreamClient,
-    StreamState,
-    _AiohttpResponse,
-    run,
-    ssl_for,
-    stream_request,
-)
+from specadapt.load.client import StreamState, run, stream_request
 from specadapt.load.spread import client_for, target_of
 from specadapt.records import Prompt, RequestRecord, RequestSettings
+from specadapt.wire.sse import SSEParser
+from specadapt.wire.stream import StreamClient, _AiohttpResponse, ssl_for
 
 CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
 COMPLETION = Prompt(id="p", category="open", prompt="once upon")

@@ -15,13 +15,13 @@ import asyncio
 import types
 
 import httpx
+import orjson
 import pytest
 
 from specadapt.adapters.base import ServerBase
 from specadapt.load import spread
 from specadapt.load.engine import LoadEngine
 from specadapt.orchestration import compare
-from specadapt.orchestration import triage as equivalence
 from specadapt.orchestration.compare import ABRunner, finish_compare, run_compare, run_one_side, side_settings
 from specadapt.records import (
     ChatMessage,
@@ -259,13 +259,15 @@ def detokenizer(monkeypatch):
     """The spec-off server's POST /detokenize (only it answers): token id N reads "w<N>"."""
     asked: list[tuple[str, list[int]]] = []
 
-    def post_json(server, path, body, timeout_s):
-        if getattr(server, "name", None) != "off" or path != "/detokenize":
+    def handler(request):
+        name = request.url.host.removesuffix(".invalid")
+        if name != "off" or request.url.path != "/detokenize":
             raise httpx.ConnectError("no such server")
-        asked.append((server.name, body["tokens"]))
-        return httpx.Response(200, json={"prompt": f"w{body['tokens'][0]}"})
+        tokens = orjson.loads(request.content)["tokens"]
+        asked.append((name, tokens))
+        return httpx.Response(200, json={"prompt": f"w{tokens[0]}"})
 
-    monkeypatch.setattr(equivalence, "post_json", post_json)
+    monkeypatch.setattr(Side, "transport", httpx.MockTransport(handler), raising=False)  # the wire's seam
     return asked
 
 

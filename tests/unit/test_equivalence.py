@@ -1,12 +1,29 @@
-"""First divergence and triage, on records and a scripted spec-off server (httpx mock)."""
+"""First divergence and triage, on records and a scripted spec-off server (the wire's httpx.MockTransport)."""
 
 
 import httpx
+import orjson
 import pytest
 
 from specadapt.analysis.identity import default_threshold, first_divergence, identity_report, token_id
+from specadapt.orchestration import triage as triage_mod
 from specadapt.orchestration.triage import readable_tokens, server_triage
 from specadapt.records import Prompt, RequestRecord, RequestSettings
+from specadapt.wire.http import Wire
+
+
+def answer_posts(monkeypatch, post):
+    """Every Wire the triage makes answers through an httpx.MockTransport that calls
+    ``post(url, json=, headers=, timeout=, verify=)``: the request's URL, JSON body, Authorization
+    header, read timeout and the Wire's TLS setting."""
+    class Scripted(Wire):
+        def __init__(self, *args, **kw):
+            def handler(req):
+                auth = {"Authorization": req.headers["authorization"]} if "authorization" in req.headers else {}
+                return post(str(req.url), json=orjson.loads(req.content), headers=auth,
+                            timeout=req.extensions["timeout"]["read"], verify=self.verify)
+            super().__init__(*args, **{**kw, "transport": httpx.MockTransport(handler)})
+    monkeypatch.setattr(triage_mod, "Wire", Scripted)
 
 P = Prompt(id="p", category="open", messages=[{"role": "user", "content": "reverse a string"}])
 
@@ -70,7 +87,7 @@ def scripted(monkeypatch, fake):
                    for i, t in enumerate(fake.tokens[:n])]
         return httpx.Response(200, json={"choices": [{"logprobs": {"content": content}}]},
                               request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
 
 
 def test_near_tie_and_suspect_by_margin(monkeypatch):
@@ -219,7 +236,7 @@ def completions_scripted(monkeypatch, fake, token_logprobs=True):
         if token_logprobs:
             lp["token_logprobs"] = [fake.tops[i].get(t) for i, t in enumerate(toks)]
         return httpx.Response(200, json={"choices": [{"logprobs": lp}]}, request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
 
 
 def triage_at(monkeypatch, tops, off_tok="(input", on_tok="(s", threshold=0.5, tokens=None, api="chat"):
@@ -344,10 +361,16 @@ def test_no_token_position_is_unknown_without_asking(monkeypatch):
 
 
 @pytest.mark.parametrize("answer, name", [
-    (httpx.ConnectError("refused"), "ConnectError"),
-    (httpx.Response(200, content=b"not json"), "JSONDecodeError"),
-    (httpx.Response(200, json={"error": "x"}), "KeyError"),
-    (httpx.Response(200, json={"choices": []}), "IndexError"),
+    (httpx.ConnectError("refused"),
+     "cannot connect to http://off.test: refused; is the server running and the URL right?"),
+    (httpx.Response(200, content=b"not json"),
+     "http://off.test answered /v1/chat/completions with something that is not JSON"),
+    (httpx.Response(200, json={"error": "x"}),
+     "the spec-off server answered without a choice (no 'choices[0]' object): not an OpenAI-compatible completion"),
+    (httpx.Response(200, json={"choices": []}),
+     "the spec-off server answered without a choice (no 'choices[0]' object): not an OpenAI-compatible completion"),
+    (httpx.Response(400, json={"error": {"message": "top_logprobs too large"}}),
+     "http://off.test/v1/chat/completions refused the request (HTTP 400: top_logprobs too large)"),
 ])
 def test_a_server_that_cannot_answer_gives_unknown_with_the_reason(monkeypatch, answer, name):
     def post(url, **kw):
@@ -355,7 +378,7 @@ def test_a_server_that_cannot_answer_gives_unknown_with_the_reason(monkeypatch, 
             raise answer
         answer.request = httpx.Request("POST", url)
         return answer
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
     off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
     t = server_triage(FakeOff([], []), P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
     assert (t.verdict, t.source, t.threshold) == ("unknown", "none", 0.5)
@@ -367,7 +390,7 @@ def test_no_logprobs_at_the_position_is_unknown(monkeypatch):
         content = [{"token": "def", "logprob": -0.1, "top_logprobs": []}]
         return httpx.Response(200, json={"choices": [{"logprobs": {"content": content}}]},
                               request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
     off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
     t = server_triage(FakeOff([], []), P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
     assert (t.verdict, t.source, t.top_logprobs) == ("unknown", "none", {})
@@ -407,7 +430,7 @@ def test_token_ids_are_made_readable_through_detokenize(monkeypatch):
         if tid == 9:
             return httpx.Response(200, json={"prompt": None}, request=httpx.Request("POST", url))
         return httpx.Response(200, json={"prompt": f"<{tid}>"}, request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
 
     class Srv(FakeOff):
         verify = False
@@ -429,7 +452,7 @@ def test_token_ids_are_made_readable_through_detokenize(monkeypatch):
 
 
 def test_an_empty_detokenized_text_is_still_text(monkeypatch):
-    monkeypatch.setattr(httpx, "post", lambda url, **kw: httpx.Response(200, json={"prompt": ""},
+    answer_posts(monkeypatch, lambda url, **kw: httpx.Response(200, json={"prompt": ""},
                                                                          request=httpx.Request("POST", url)))
     d = first_divergence(rec("off", ["token_id:3"]), rec("on", ["token_id:4"]))
     readable_tokens(FakeOff([], []), [d])
@@ -574,7 +597,7 @@ def test_the_callers_timeout_reaches_the_request(monkeypatch):
     def post(url, json=None, headers=None, timeout=None, verify=None):
         seen.append(timeout)
         raise httpx.ReadTimeout("slow")
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
     off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
     d = first_divergence(off, on)
     server_triage(FakeOff([], []), P, RequestSettings(), d, off.tokens, threshold=0.5, timeout_s=7.5)
@@ -592,7 +615,7 @@ def test_a_completions_answer_with_fewer_tokens_than_logprobs(monkeypatch):
 
     def post(url, **kw):
         return httpx.Response(200, json={"choices": [choice]}, request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
     off, on = rec("off", ["a"]), rec("on", ["a", "c"])  # the off side ended at 1
     t = server_triage(FakeOff([], []), C, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5)
     assert (t.verdict, t.source, t.top_logprobs) == ("unknown", "server-logprobs", {"c": -0.2})

@@ -6,11 +6,11 @@ known): its /tokenize and its prompt_logprobs in vLLM 0.32's shape."""
 from __future__ import annotations
 
 import httpx
+import orjson
 import pytest
 
 from specadapt.adapters.base import TokenRequests
 from specadapt.analysis.identity import first_divergence, identity_report, path_verdict
-from specadapt.orchestration import triage as triage_mod
 from specadapt.orchestration.triage import path_triage
 from specadapt.records import Prompt, RequestRecord, Triage
 
@@ -68,9 +68,9 @@ def scripted(monkeypatch, prompt_ids, rows, status=200, echo=None):
     logprob, or (logprob, rank) to give the rank; ``echo``: the prompt ids the server says it saw."""
     sent = []
 
-    def post_json(server, path, body, timeout_s, headers=None):
-        sent.append((path, body, timeout_s))
-        req = httpx.Request("POST", server.base_url + path)
+    def handler(req):
+        path, body = req.url.path, orjson.loads(req.content)
+        sent.append((path, body, req.extensions["timeout"]["read"]))
         if path == "/tokenize":
             return httpx.Response(200, json={"tokens": prompt_ids}, request=req)
         if status != 200:
@@ -84,7 +84,7 @@ def scripted(monkeypatch, prompt_ids, rows, status=200, echo=None):
         choice = {"prompt_logprobs": plps, "prompt_token_ids": echo if echo is not None else body["prompt"]}
         return httpx.Response(200, json={"choices": [choice]}, request=req)
 
-    monkeypatch.setattr(triage_mod, "post_json", post_json)
+    monkeypatch.setattr(Off, "transport", httpx.MockTransport(handler), raising=False)  # the wire's seam
     return sent
 
 
@@ -148,7 +148,8 @@ def test_a_server_that_refuses_the_scoring_leaves_the_verdict_and_says_why(monke
     on = on_rec(ids(1, 3))
     t = path_triage(Off(), P, on, first_divergence(off, on), BASE, 0.75, TokenRequests())
     assert t.verdict == "near-tie"
-    assert t.note == "first; rest of the spec-on answer not checked: the spec-off server could not score it (HTTPStatusError)"
+    assert t.note == ("first; rest of the spec-on answer not checked: the spec-off server could not score it: "
+                      "http://off/v1/completions refused the request (HTTP 400: no)")
 
 
 # --- under concurrency ----------------------------------------------------------------------------

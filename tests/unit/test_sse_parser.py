@@ -2,7 +2,7 @@
 
 import pytest
 
-from specadapt.load.client import SSEParser
+from specadapt.wire.sse import SSEParser
 
 
 def frame(*pieces: bytes) -> list[list[bytes]]:

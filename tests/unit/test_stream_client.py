@@ -7,9 +7,10 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from specadapt.load.client import build_body, connect, run, ssl_for, stream_request
+from specadapt.load.client import build_body, run, stream_request
 from specadapt.load.spread import client_for, target_of
 from specadapt.records import Prompt, RequestSettings
+from specadapt.wire.stream import connect, ssl_for
 
 PROMPT = Prompt(id="w", messages=[{"role": "user", "content": "hi"}])
 KEY = "sk-test-do-not-leak-123"
