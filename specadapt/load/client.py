@@ -54,13 +54,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from specadapt.records import (
-    ErrorKind,
-    Prompt,
-    RequestRecord,
-    RequestSettings,
-    TokenSource,
-)
+from specadapt.records import Prompt, RequestRecord, RequestSettings, TokenSource
 from specadapt.wire.sse import SSEError, SSEParser, is_done
 from specadapt.wire.stream import STREAM_ERRORS, Transport, describe, error_kind
 
