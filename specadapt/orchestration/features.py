@@ -18,74 +18,67 @@ refused as "not-exact", with the reason, rather than approximated.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
 from specadapt.analysis.identity import default_threshold
 from specadapt.analysis.lossy import lossy_reasons_of
+from specadapt.analysis.sampling_check import PromptInput, Sample
 from specadapt.analysis.sides import side_notes
-from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
+from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
 from specadapt.orchestration.counters import counter_window
-from specadapt.orchestration.sampling import (
-    PromptInput,
-    ReferenceDistribution,
-    RequestRefused,
-    Sample,
-    async_client,
-    draw_samples,
-    error_message,
-    finished,
-    parse_tokenize,
-    score_on_server,
-)
+from specadapt.orchestration.reference_target import ReferenceTarget
+from specadapt.orchestration.sampling import draw_samples, finished, score_on_server
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import Divergence, Prompt, ServerInfo
 from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
+from specadapt.wire.http import Wire, fault_kind
+from specadapt.wire.openai import (
+    detokenize_body,
+    error_message,
+    first_choice,
+    parse_detokenize,
+    parse_tokenize,
+)
 
 SAMPLE_BINS = 10  # PIT bins of a distribution cell: 50 tokens decide (5 expected per bin)
 
 
-class Refused(Exception):
+def refused(side: str, status: int, message: str) -> RequestRefused:
     """A side answered a cell's request with a 4xx: the feature is not supported there."""
-
-    def __init__(self, side: str, status: int, message: str):
-        super().__init__(f"the {side} server refuses it (HTTP {status}: {message})")
-        self.side = side
+    return RequestRefused(f"the {side} server refuses it (HTTP {status}: {message})", status, message)
 
 
 # --- one request -----------------------------------------------------------------------------------
 @dataclass
 class Endpoint:
-    """One side, with its client for the run."""
+    """One side, with its wire for the run."""
 
     label: str  # "spec-on" / "spec-off"
     server: Server
-    client: httpx.AsyncClient
+    wire: Wire
     requests: TokenRequests
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            resp = await self.client.post(path, json=body)
-        except httpx.TimeoutException as exc:
-            raise ServerUnreachable(f"the {self.label} server did not answer {path} in time: raise "
-                                    "--request-timeout") from exc
-        except httpx.HTTPError as exc:
+            resp = await self.wire.apost(path, body)
+        except ServerUnreachable as exc:
+            if fault_kind(exc) == "timeout":
+                raise ServerUnreachable(f"the {self.label} server did not answer {path} in time: raise "
+                                        "--request-timeout") from exc.__cause__
             raise ServerUnreachable(f"the {self.label} server at {self.server.base_url} cannot be reached "
-                                    f"({type(exc).__name__})") from exc
+                                    f"({type(exc.__cause__).__name__})") from exc.__cause__
         if 400 <= resp.status_code < 500 and resp.status_code not in (401, 403, 404):
-            raise Refused(self.label, resp.status_code, error_message(resp))
+            raise refused(self.label, resp.status_code, error_message(resp.content))
         if resp.status_code != 200:
             raise ServerError(f"the {self.label} server failed on this feature (HTTP {resp.status_code} on {path}: "
-                              f"{error_message(resp)})")
+                              f"{error_message(resp.content)})")
         try:
             return resp.json()
         except ValueError as exc:
@@ -110,10 +103,7 @@ def request_body(prompt: str | list[int] | list[dict], model: str, params: dict[
 
 def parse_answer(data: dict[str, Any]) -> F.Answer:
     """An Answer from a non-streamed completion or chat completion (vLLM's shapes)."""
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise NotAServer("the answer has no choices") from exc
+    choice = first_choice(data, "the answer")
     message = choice.get("message")
     text = (message or {}).get("content") if message is not None else choice.get("text")
     usage = data.get("usage") or {}
@@ -145,18 +135,14 @@ async def stream_chunks(side: Endpoint, prompt: str | list[int], params: dict[st
     path, body = request_body(prompt, side.server.model_id, params, max_tokens, side.requests)
     body["stream"] = True
     chunks: list[list[int]] = []
-    async with side.client.stream("POST", path, json=body) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            raise Refused(side.label, resp.status_code, error_message(resp))
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            data = json.loads(line[5:])
-            for choice in data.get("choices") or []:
+    try:
+        async for event in side.wire.stream_events(path, body):
+            for choice in event.get("choices") or []:
                 ids = choice.get("token_ids")
                 if ids:
                     chunks.append(list(ids))
+    except RequestRefused as exc:
+        raise refused(side.label, exc.status, exc.server_message) from exc
     if not chunks:
         raise NotAServer(f"the {side.label} server streamed no token ids: it must honour "
                          f"{list(side.requests.output_ids or {})} in streamed answers (vLLM does)")
@@ -164,8 +150,7 @@ async def stream_chunks(side: Endpoint, prompt: str | list[int], params: dict[st
 
 
 async def detokenize(side: Endpoint, ids: Sequence[int]) -> str:
-    data = await side.post("/detokenize", {"model": side.server.model_id, "tokens": list(ids)})
-    return str(data.get("prompt", ""))
+    return parse_detokenize(await side.post("/detokenize", detokenize_body(side.server.model_id, list(ids)))) or ""
 
 
 async def tokenize(side: Endpoint, text: str) -> list[int]:
@@ -180,7 +165,7 @@ class Matrix:
     on: Endpoint
     off: Endpoint
     settings: FeatureSettings
-    reference: ReferenceDistribution | None
+    reference: ReferenceTarget | None
     lossy: str | None
     max_model_len: int | None
 
@@ -285,7 +270,7 @@ async def _triage(m: Matrix, feature: F.Feature, prompt, params: dict[str, Any],
                               tok + 1, m.off.requests)
     try:
         answer = parse_answer(await m.off.post(path, body))
-    except (Refused, ServerError, NotAServer) as exc:
+    except (RequestRefused, ServerError, NotAServer) as exc:
         return CellCheck(name="identity", ok=False, detail=f"{text} (not triaged: {exc})"), False
     tops = answer.top_logprobs or ()
     return F.identity_check(off, on, div, tops[tok] if tok < len(tops) else (), m.settings.near_tie_threshold)
@@ -322,7 +307,7 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
                       requests=len(samples), tokens=sum(len(x.tokens) for x in samples))
 
 
-def _reference_draws(reference: ReferenceDistribution, sample: Sample, setting: F.Setting, k: int):
+def _reference_draws(reference: ReferenceTarget, sample: Sample, setting: F.Setting, k: int):
     rows = reference.logprob_rows(sample)
     return [F.draw_from_vocab(rows[j], token, setting, k, j, sample.prompt_id) for j, token in enumerate(sample.tokens)]
 
@@ -369,7 +354,7 @@ async def _cell(m: Matrix, feature: F.Feature, inputs: Sequence[PromptInput]) ->
         return await seed_cell(m, feature, inputs[0].ids)
     except ServerUnreachable:
         raise  # not this cell's verdict: the run stops (check_features)
-    except (Refused, RequestRefused) as exc:
+    except RequestRefused as exc:
         return CellResult(name=feature.name, kind=feature.kind, title=feature.title, params=dict(feature.params),
                           verdict="unsupported", reason=str(exc))
     except (ServerError, NotAServer, UsageError) as exc:
@@ -393,7 +378,7 @@ async def _inputs(m: Matrix, texts: Sequence[str]) -> list[PromptInput]:
     return out
 
 
-def check_features(plan: ServerPlan, settings: FeatureSettings, reference: ReferenceDistribution | None = None,
+def check_features(plan: ServerPlan, settings: FeatureSettings, reference: ReferenceTarget | None = None,
                    bars: ProgressBars = no_bars, messages: Messages = LOGGED) -> FeatureReport:
     """The whole matrix on the servers of ``plan`` (a spec-off and a spec-on side); every server started
     here is stopped when this returns or raises. Ctrl-C keeps the cells finished so far (partial report)."""
@@ -421,12 +406,12 @@ def check_features(plan: ServerPlan, settings: FeatureSettings, reference: Refer
 
 
 async def _run_all(plan: ServerPlan, on: Server, off: Server, settings: FeatureSettings,
-                   reference: ReferenceDistribution | None, report: FeatureReport, features: list[F.Feature],
+                   reference: ReferenceTarget | None, report: FeatureReport, features: list[F.Feature],
                    progress) -> None:
     requests = plan.backend.token_requests
-    async with async_client(on, settings.request_timeout_s, settings.concurrency) as on_client, \
-            async_client(off, settings.request_timeout_s, settings.concurrency) as off_client:
-        m = Matrix(on=Endpoint("spec-on", on, on_client, requests), off=Endpoint("spec-off", off, off_client, requests),
+    async with Wire.for_server(on, timeout_s=settings.request_timeout_s, concurrency=settings.concurrency) as on_wire, \
+            Wire.for_server(off, timeout_s=settings.request_timeout_s, concurrency=settings.concurrency) as off_wire:
+        m = Matrix(on=Endpoint("spec-on", on, on_wire, requests), off=Endpoint("spec-off", off, off_wire, requests),
                    settings=settings, reference=reference, lossy=report.lossy,
                    max_model_len=report.on_server.max_model_len or report.baseline_server.max_model_len)
         inputs = await _inputs(m, F.DISTRIBUTION_PROMPTS) if any(f.kind != "deterministic" for f in features) else []

@@ -2,59 +2,28 @@
 
 The prompt's token ids come from the spec-off server's own ``POST /tokenize`` (so the chat
 template is the one the server applied), the generated prefix from the spec-off tokens
-(ids, via vLLM's ``return_tokens_as_token_ids``). The model is loaded once, in float64 on
-the CPU, with transformers.
+(ids, via vLLM's ``return_tokens_as_token_ids``). The model is the float64 target of
+orchestration/reference_target.py, loaded once on the CPU.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import httpx
-
 from specadapt.adapters.base import Server
 from specadapt.analysis.identity import token_id
-from specadapt.errors import UsageError, require
-from specadapt.orchestration.triage import post_json
+from specadapt.errors import SpecadaptError
+from specadapt.orchestration.reference_target import ReferenceTarget
 from specadapt.records import Divergence, Prompt, RequestRecord, Triage
+from specadapt.wire.http import Wire
+from specadapt.wire.openai import parse_tokenize, tokenize_body
 
 
-class ReferenceScorer:
-    def __init__(self, model_dir: str | Path):
-        self.model_dir = Path(model_dir)
-        if not (self.model_dir / "config.json").is_file():
-            raise UsageError(f"--reference {model_dir} is not a local HF model directory (no config.json)")
-        self._model = None
-
-    def _load(self):
-        if self._model is None:
-            purpose = "--reference (float64 recomputation)"
-            torch = require("torch", "reference", purpose)
-            transformers = require("transformers", "reference", purpose)
-            transformers.utils.logging.disable_progress_bar()
-            self._torch = torch
-            self._model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(self.model_dir), dtype=torch.float64).eval()
-        return self._model
+class ReferenceScorer(ReferenceTarget):
+    """The float64 target (orchestration/reference_target.py) judging a divergence by its true margin."""
 
     def prompt_ids(self, server: Server, prompt: Prompt) -> list[int]:
-        body: dict = {"model": server.model_id}
-        if prompt.api == "chat":
-            body.update(messages=[m.model_dump() for m in prompt.messages or []], add_generation_prompt=True)
-        else:
-            body["prompt"] = prompt.prompt
-        resp = post_json(server, "/tokenize", body, 60)
-        resp.raise_for_status()
-        return [int(t) for t in resp.json()["tokens"]]
-
-    def margin(self, prefix: list[int], off_id: int, on_id: int) -> float:
-        """logp(off) - logp(on) for the next token after ``prefix``, in float64."""
-        model = self._load()
-        torch = self._torch
-        with torch.no_grad():
-            logits = model(torch.tensor([prefix])).logits[0, -1].to(torch.float64)
-        logp = torch.log_softmax(logits, dim=-1)
-        return float(logp[off_id] - logp[on_id])
+        """The prompt's ids by the spec-off server's own /tokenize (its chat template)."""
+        with Wire.for_server(server, timeout_s=60) as wire:
+            return parse_tokenize(wire.post_json("/tokenize", tokenize_body(prompt, server.model_id)))
 
     def triage(self, server: Server, prompt: Prompt, div: Divergence, off: RequestRecord,
                threshold: float, server_triage: Triage | None) -> Triage:
@@ -67,7 +36,7 @@ class ReferenceScorer:
                                            + "reference not used: the server gave no token ids"})
         try:
             prefix = self.prompt_ids(server, prompt) + ids
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
+        except SpecadaptError as exc:
             return base.model_copy(update={"note": (base.note + "; " if base.note else "")
                                            + f"reference not used: /tokenize failed ({type(exc).__name__})"})
         m = self.margin(prefix, off_id, on_id)

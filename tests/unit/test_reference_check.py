@@ -3,6 +3,7 @@ its notes and fallbacks, the /tokenize request, and the margin of a real (tiny) 
 
 from __future__ import annotations
 
+import json
 import sys
 
 import httpx
@@ -103,24 +104,30 @@ def test_a_text_token_after_the_divergence_does_not_matter(tmp_path):
     assert t.source == "reference-float64" and s.calls == [([1, 2, 3, 4], 7, 9)]
 
 
+def served(handler) -> Srv:
+    """The spec-off server answered by ``handler`` (the wire's transport seam)."""
+    srv = Srv()
+    srv.transport = httpx.MockTransport(handler)
+    return srv
+
+
 @pytest.mark.parametrize("answer, name", [
-    (httpx.ConnectError("refused"), "ConnectError"),
-    (httpx.Response(500, json={"error": "x"}), "HTTPStatusError"),
-    (httpx.Response(200, content=b"<html>"), "JSONDecodeError"),
-    (httpx.Response(200, json={"count": 2}), "KeyError"),
-    (httpx.Response(200, json={"tokens": ["a"]}), "ValueError"),
+    (httpx.ConnectError("refused"), "ServerUnreachable"),
+    (httpx.Response(500, json={"error": "x"}), "ServerError"),
+    (httpx.Response(404, json={"detail": "Not Found"}), "RequestRefused"),
+    (httpx.Response(200, content=b"<html>"), "NotAServer"),
+    (httpx.Response(200, json={"count": 2}), "NotAServer"),
+    (httpx.Response(200, json={"tokens": ["a"]}), "NotAServer"),
 ])
-def test_a_tokenize_failure_leaves_the_server_triage_with_the_reason(tmp_path, monkeypatch, answer, name):
-    def post(url, **kw):
+def test_a_tokenize_failure_leaves_the_server_triage_with_the_reason(tmp_path, answer, name):
+    def handler(request):
         if isinstance(answer, Exception):
             raise answer
-        answer.request = httpx.Request("POST", url)
         return answer
-    monkeypatch.setattr(httpx, "post", post)
     s = scorer(tmp_path, margin=0.1, prompt_ids=None)
-    t = s.triage(Srv(), CHAT, div(), off_rec(), 0.5, SERVER)
+    t = s.triage(served(handler), CHAT, div(), off_rec(), 0.5, SERVER)
     assert t == SERVER.model_copy(update={"note": f"server note; reference not used: /tokenize failed ({name})"})
-    t = s.triage(Srv(), CHAT, div(), off_rec(), 0.5, None)
+    t = s.triage(served(handler), CHAT, div(), off_rec(), 0.5, None)
     assert t.note == f"reference not used: /tokenize failed ({name})" and t.verdict == "unknown"
     assert s.calls == []
 
@@ -129,19 +136,19 @@ def test_a_tokenize_failure_leaves_the_server_triage_with_the_reason(tmp_path, m
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}),
     (COMPLETION, {"prompt": "def f("}),
 ])
-def test_tokenize_asks_the_spec_off_server_for_the_prompt_as_it_templates_it(tmp_path, monkeypatch, prompt, fields):
+def test_tokenize_asks_the_spec_off_server_for_the_prompt_as_it_templates_it(tmp_path, prompt, fields):
     seen = []
 
-    def post(url, **kw):
-        seen.append((url, kw))
-        return httpx.Response(200, json={"tokens": [5, "6"], "count": 2}, request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    def handler(request):
+        seen.append(request)
+        return httpx.Response(200, json={"tokens": [5, 6], "count": 2})
     s = scorer(tmp_path, prompt_ids=None)
-    assert s.prompt_ids(Srv(), prompt) == [5, 6]
-    (url, kw), = seen
-    assert url == "http://off.test/tokenize"
-    assert kw == {"json": {"model": "m", **fields}, "headers": {"Authorization": "Bearer k"}, "timeout": 60,
-                  "verify": "/ca.pem"}
+    assert s.prompt_ids(served(handler), prompt) == [5, 6]
+    request, = seen
+    assert (request.method, str(request.url)) == ("POST", "http://off.test/tokenize")
+    assert json.loads(request.content) == {"model": "m", **fields}
+    assert request.headers["Authorization"] == "Bearer k"
+    assert request.extensions["timeout"] == {"connect": 60, "read": 60, "write": 60, "pool": 60}
 
 
 def test_a_directory_without_config_json_is_refused(tmp_path):

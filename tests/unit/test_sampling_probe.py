@@ -17,12 +17,17 @@ import numpy as np
 import pytest
 
 from specadapt.adapters.base import TokenRequests
+from specadapt.analysis import sampling_check as C
 from specadapt.analysis.sampling_stats import TokenDraw
+from specadapt.analysis.sides import side_notes
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
+from specadapt.orchestration import reference_target as T
 from specadapt.orchestration import sampling as S
+from specadapt.orchestration import sampling_requests as R
 from specadapt.records import AcceptanceSummary, ChatMessage, Prompt, ServerInfo
 from specadapt.records.sampling import SamplingStats, SamplingTest
 from specadapt.records.sampling_report import SamplingSettings
+from specadapt.wire import openai as W
 
 CHAT = Prompt(id="chat", messages=[ChatMessage(role="user", content="Copy: a b c")])
 TEXT = Prompt(id="text", prompt="1, 2, 3,", max_tokens=5)
@@ -46,34 +51,34 @@ def entry(logprob: float, rank: int) -> dict:
 
 # --- request bodies ---------------------------------------------------------------------------------
 def test_tokenize_body_applies_the_chat_template_with_the_generation_prompt():
-    assert S.tokenize_body(CHAT, "m") == {"model": "m", "messages": [{"role": "user", "content": "Copy: a b c"}],
+    assert W.tokenize_body(CHAT, "m") == {"model": "m", "messages": [{"role": "user", "content": "Copy: a b c"}],
                                           "add_generation_prompt": True}
-    assert S.tokenize_body(TEXT, "m") == {"model": "m", "prompt": "1, 2, 3,"}
+    assert W.tokenize_body(TEXT, "m") == {"model": "m", "prompt": "1, 2, 3,"}
 
 
 def test_a_sample_is_drawn_from_the_raw_distribution_with_its_own_seed_and_no_stop_at_eos():
-    assert S.sample_body((5, 6, 7), "m", 32, 41) == {
+    assert R.sample_body((5, 6, 7), "m", 32, 41) == {
         "model": "m", "prompt": [5, 6, 7], "max_tokens": 32, "temperature": 1.0, "top_p": 1.0, "seed": 41,
         "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True, "stream": False}
 
 
 def test_scoring_asks_the_prompt_logprobs_of_prompt_plus_sample_for_one_token():
-    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1, 2), tokens=(9, 8))
-    assert S.score_body(sample, "m", 7) == {"model": "m", "prompt": [1, 2, 9, 8], "max_tokens": 1,
+    sample = C.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1, 2), tokens=(9, 8))
+    assert R.score_body(sample, "m", 7) == {"model": "m", "prompt": [1, 2, 9, 8], "max_tokens": 1,
                                             "temperature": 0.0, "prompt_logprobs": 7, "return_token_ids": True,
                                             "stream": False}
 
 
 def test_the_bodies_carry_the_keys_the_backend_declares_instead_of_vllm_s():
     asked = TokenRequests(sampled_ids={"ids_please": 1}, prompt_logprobs={"echo_ids": True, "full_vocab": True})
-    body = S.sample_body((5,), "m", 4, 1, asked)
+    body = R.sample_body((5,), "m", 4, 1, asked)
     assert body["ids_please"] == 1 and "return_tokens_as_token_ids" not in body and body["logprobs"] == 0
-    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
-    body = S.score_body(sample, "m", 3, asked)
+    sample = C.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
+    body = R.score_body(sample, "m", 3, asked)
     assert body["echo_ids"] is True and body["full_vocab"] is True and "return_token_ids" not in body
     assert body["prompt_logprobs"] == 3
     with pytest.raises(NotAServer) as err:
-        S.parse_sample({"choices": [{"logprobs": {"tokens": ["a"]}}]}, asked)
+        R.parse_sample({"choices": [{"logprobs": {"tokens": ["a"]}}]}, asked)
     assert str(err.value) == ("the spec-on server returned token 'a', not 'token_id:N': it must honour 'ids_please' "
                               "(vLLM does)")
 
@@ -90,16 +95,16 @@ def test_the_bodies_carry_the_keys_the_backend_declares_instead_of_vllm_s():
 ])
 def test_a_backend_that_cannot_answer_is_refused_in_one_line(requests, scoring, refusal):
     if refusal is None:
-        S.check_token_requests("b", requests, scoring)
+        R.check_token_requests("b", requests, scoring)
         return
     with pytest.raises(UsageError) as err:
-        S.check_token_requests("b", requests, scoring)
+        R.check_token_requests("b", requests, scoring)
     assert str(err.value) == refusal
 
 
 def test_every_sample_has_its_own_seed_base_plus_index():
-    inputs = S.inputs_for([CHAT, TEXT], [[1], [2, 3]], max_tokens=16)
-    plan = S.plan_samples(inputs, samples=3, seed=100)
+    inputs = C.inputs_for([CHAT, TEXT], [[1], [2, 3]], max_tokens=16)
+    plan = C.plan_samples(inputs, samples=3, seed=100)
     assert [(inp.prompt.id, i, seed) for inp, i, seed in plan] == [
         ("chat", 0, 100), ("chat", 1, 101), ("chat", 2, 102), ("text", 3, 103), ("text", 4, 104), ("text", 5, 105)]
     assert [inp.max_tokens for inp in inputs] == [16, 5]  # a prompt's own max_tokens wins
@@ -108,16 +113,16 @@ def test_every_sample_has_its_own_seed_base_plus_index():
 
 # --- parsing -------------------------------------------------------------------------------------------
 def test_tokenize_answer_must_hold_token_ids():
-    assert S.parse_tokenize({"count": 3, "tokens": [1, 2, 3]}) == [1, 2, 3]
+    assert W.parse_tokenize({"count": 3, "tokens": [1, 2, 3]}) == [1, 2, 3]
     for bad in ({"count": 0}, {"tokens": []}, {"tokens": ["a"]}, [1, 2]):
         with pytest.raises(NotAServer, match="no list of token ids"):
-            S.parse_tokenize(bad)
+            W.parse_tokenize(bad)
 
 
 def test_sampled_ids_come_from_the_token_id_logprobs():
     data = {"choices": [{"text": "ab", "finish_reason": "length",
                          "logprobs": {"tokens": ["token_id:3681", "token_id:30"], "token_logprobs": [-5.9, -2.1]}}]}
-    assert S.parse_sample(data) == ([3681, 30], "length")
+    assert R.parse_sample(data) == ([3681, 30], "length")
 
 
 @pytest.mark.parametrize("data, message", [
@@ -127,23 +132,23 @@ def test_sampled_ids_come_from_the_token_id_logprobs():
 ])
 def test_a_spec_on_answer_without_token_ids_is_refused(data, message):
     with pytest.raises(NotAServer, match=message):
-        S.parse_sample(data)
+        R.parse_sample(data)
 
 
 def test_the_head_is_ranks_1_to_k_and_drops_the_token_vllm_adds_below_it():
     entries = {11: (-0.5, 1), 12: (-1.0, 2), 13: (-2.0, 3), 99: (-9.0, 4)}
-    assert S.top_k_of(entries, 3) == {11: -0.5, 12: -1.0, 13: -2.0}
-    assert S.top_k_of(entries, 4) == {11: -0.5, 12: -1.0, 13: -2.0, 99: -9.0}
+    assert R.top_k_of(entries, 3) == {11: -0.5, 12: -1.0, 13: -2.0}
+    assert R.top_k_of(entries, 4) == {11: -0.5, 12: -1.0, 13: -2.0, 99: -9.0}
 
 
 def test_without_ranks_the_head_is_the_k_most_likely_ties_by_id():
     entries = {5: (-1.0, None), 3: (-1.0, None), 8: (-0.1, None), 1: (-4.0, None)}
-    assert S.top_k_of(entries, 2) == {8: -0.1, 3: -1.0}
-    assert S.top_k_of(entries, 3) == {8: -0.1, 3: -1.0, 5: -1.0}
+    assert R.top_k_of(entries, 2) == {8: -0.1, 3: -1.0}
+    assert R.top_k_of(entries, 3) == {8: -0.1, 3: -1.0, 5: -1.0}
 
 
 def scored(prompt_ids=(1, 2, 3), tokens=(7, 9), echo=None, plps=None):
-    sample = S.Sample(prompt_id="p", index=4, seed=4, prompt_ids=tuple(prompt_ids), tokens=tuple(tokens))
+    sample = C.Sample(prompt_id="p", index=4, seed=4, prompt_ids=tuple(prompt_ids), tokens=tuple(tokens))
     if plps is None:
         plps = [None, {"2": entry(-3.0, 9), "40": entry(-0.2, 1), "41": entry(-2.0, 2)},
                 {"3": entry(-1.0, 1), "40": entry(-1.5, 2)},
@@ -156,7 +161,7 @@ def scored(prompt_ids=(1, 2, 3), tokens=(7, 9), echo=None, plps=None):
 
 def test_one_draw_per_sampled_token_from_the_positions_after_the_prompt():
     data, sample = scored()
-    draws = S.parse_scores(data, sample, k=2)
+    draws = R.parse_scores(data, sample, k=2)
     assert draws == [TokenDraw(top={7: -0.1, 8: -3.0}, token=7, logprob=-0.1, position=0, prompt_id="p"),
                      TokenDraw(top={5: -0.3, 6: -1.9}, token=9, logprob=-6.5, position=1, prompt_id="p")]
 
@@ -164,44 +169,44 @@ def test_one_draw_per_sampled_token_from_the_positions_after_the_prompt():
 def test_the_source_must_have_scored_exactly_the_ids_sent():
     data, sample = scored(echo=[1, 2, 3, 7, 8])
     with pytest.raises(NotAServer, match="first at position 4 of 5"):
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     data, sample = scored(tokens=(7, 4))  # the dict at the second sampled position does not hold 4
     data["choices"][0].pop("prompt_token_ids")
     with pytest.raises(NotAServer, match="do not hold the sampled token 4"):
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
 
 
 def test_prompt_logprobs_of_the_wrong_length_or_shape_are_refused():
     data, sample = scored()
     data["choices"][0]["prompt_logprobs"] = data["choices"][0]["prompt_logprobs"][:-1]
     with pytest.raises(NotAServer, match="returned 4 prompt logprobs for a prompt of 5 tokens"):
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     data, sample = scored()
     data["choices"][0]["prompt_logprobs"][3] = {"7": "high"}
     with pytest.raises(NotAServer, match="are not"):
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
 
 
 def test_a_source_without_prompt_logprobs_is_told_to_use_reference():
     data, sample = scored()
     data["choices"][0].pop("prompt_logprobs")
     with pytest.raises(NotAServer, match=r"returned no 'prompt_logprobs'.*--reference DIR"):
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
 
 
 def test_refused_k_is_recognised_from_vllms_message_only():
-    assert S.refuses_k(REFUSED_K)
-    assert S.refuses_k("Requested sample logprobs of 30, which is greater than max allowed: 20")
-    assert not S.refuses_k("This model's maximum context length is 2048 tokens")
-    assert not S.refuses_k("prompt_logprobs must be a positive value or -1")
+    assert R.refuses_k(REFUSED_K)
+    assert R.refuses_k("Requested sample logprobs of 30, which is greater than max allowed: 20")
+    assert not R.refuses_k("This model's maximum context length is 2048 tokens")
+    assert not R.refuses_k("prompt_logprobs must be a positive value or -1")
 
 
 def test_the_servers_own_error_sentence_is_kept_on_one_line():
     vllm = httpx.Response(400, json={"error": {"message": REFUSED_K, "type": "BadRequestError", "code": 400}})
-    assert S.error_message(vllm) == REFUSED_K
-    assert S.error_message(httpx.Response(400, json={"detail": "Not Found"})) == "Not Found"
-    assert S.error_message(httpx.Response(502, text="bad\n  gateway")) == "bad gateway"
-    assert S.error_message(httpx.Response(500, text="")) == "no detail"
+    assert W.error_message(vllm.content) == REFUSED_K
+    assert W.error_message(httpx.Response(400, json={"detail": "Not Found"}).content) == "Not Found"
+    assert W.error_message(httpx.Response(502, text="bad\n  gateway").content) == "bad gateway"
+    assert W.error_message(httpx.Response(500, text="").content) == "no detail"
 
 
 # --- HTTP, with the requests answered here ----------------------------------------------------------------
@@ -224,7 +229,7 @@ def test_samples_carry_distinct_seeds_and_never_exceed_the_concurrency():
         bodies.append(body)
         return httpx.Response(200, json=sample_answer(body["max_tokens"]))
 
-    inputs = S.inputs_for([CHAT, TEXT], [[1, 2], [3]], max_tokens=4)
+    inputs = C.inputs_for([CHAT, TEXT], [[1, 2], [3]], max_tokens=4)
     samples = asyncio.run(S.draw_samples(FakeServer(), inputs, 5, 7, 3, 10, transport=httpx.MockTransport(handler)))
     assert most[0] == 3
     assert sorted(b["seed"] for b in bodies) == list(range(7, 17))
@@ -235,7 +240,7 @@ def test_samples_carry_distinct_seeds_and_never_exceed_the_concurrency():
 
 
 def score(handler, k=25):
-    sample = S.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
+    sample = C.Sample(prompt_id="p", index=0, seed=0, prompt_ids=(1,), tokens=(2,))
     return asyncio.run(S.score_on_server(FakeServer(), [sample], k, 1, 10, transport=httpx.MockTransport(handler)))
 
 
@@ -278,25 +283,25 @@ def stats(status: str, **kw) -> SamplingStats:
 
 
 def test_the_gate_passes_only_a_consistent_verdict():
-    assert S.sampling_gate(stats("consistent")).passed
-    few = S.sampling_gate(stats("too-few", n_tokens=60))
+    assert C.sampling_gate(stats("consistent")).passed
+    few = C.sampling_gate(stats("too-few", n_tokens=60))
     assert not few.passed and few.reasons == [
         "too few tokens to decide: 60 sampled, 100 needed; raise --samples, --max-tokens or the number of prompts"]
     tests = [SamplingTest(name="pit-ks", statistic=0.1, p_value=0.5, rejected=False),
              SamplingTest(name="rank-chi-square", statistic=40, dof=4, p_value=1.234e-6, rejected=True)]
-    bad = S.sampling_gate(stats("inconsistent", tests=tests, zero_probability_tokens=2))
+    bad = C.sampling_gate(stats("inconsistent", tests=tests, zero_probability_tokens=2))
     assert not bad.passed and bad.reasons == [
         "the samples are not from the target distribution (rank-chi-square p=1.23e-06; 2 sampled token(s) of "
         "probability zero under the source)"]
 
 
 def test_counts_per_prompt_and_tokens_in_the_head():
-    inputs = S.inputs_for([CHAT, TEXT], [[1, 2, 3], [4]], 8)
-    samples = [S.Sample("chat", 0, 0, (1, 2, 3), (5, 6)), S.Sample("text", 1, 1, (4,), (7,)),
-               S.Sample("chat", 2, 2, (1, 2, 3), (8,))]
+    inputs = C.inputs_for([CHAT, TEXT], [[1, 2, 3], [4]], 8)
+    samples = [C.Sample("chat", 0, 0, (1, 2, 3), (5, 6)), C.Sample("text", 1, 1, (4,), (7,)),
+               C.Sample("chat", 2, 2, (1, 2, 3), (8,))]
     draws = [[TokenDraw(top={5: -0.1}, token=5), TokenDraw(top={1: -0.1}, token=6)],
              [TokenDraw(top={7: -0.1}, token=7)], [TokenDraw(top={8: -1.0}, token=8)]]
-    counts = S.prompt_counts(inputs, samples, draws)
+    counts = C.prompt_counts(inputs, samples, draws)
     assert [(c.prompt_id, c.prompt_tokens, c.samples, c.tokens, c.in_top_k) for c in counts] == [
         ("chat", 3, 2, 3, 2), ("text", 1, 1, 1, 1)]
 
@@ -306,26 +311,26 @@ def acceptance(**kw) -> AcceptanceSummary:
 
 
 def test_notes_say_when_speculation_was_not_exercised_or_samples_stopped_early():
-    ok = S.sampling_notes(acceptance(accepted_tokens=3), [S.Sample("p", 0, 0, (1,), (2,), "length")])
+    ok = C.sampling_notes(acceptance(accepted_tokens=3), [C.Sample("p", 0, 0, (1,), (2,), "length")])
     assert len(ok) == 1 and ok[0].startswith("sampled at temperature 1 and top_p 1")
-    none = S.sampling_notes(acceptance(accepted_tokens=0), [])
+    none = C.sampling_notes(acceptance(accepted_tokens=0), [])
     assert "accepted no draft token" in none[1]
     unknown = AcceptanceSummary(known=False, reason="no counters")
-    assert "unknown (no counters)" in S.sampling_notes(unknown, [])[1]
-    assert len(S.sampling_notes(unknown, [], spec_looks_off=True)) == 1
-    stopped = S.sampling_notes(None, [S.Sample("p", 0, 0, (1,), (2,), "stop")] * 2)
+    assert "unknown (no counters)" in C.sampling_notes(unknown, [])[1]
+    assert len(C.sampling_notes(unknown, [], spec_looks_off=True)) == 1
+    stopped = C.sampling_notes(None, [C.Sample("p", 0, 0, (1,), (2,), "stop")] * 2)
     assert stopped[1].startswith("2 sample(s) ended before max_tokens (stop)")
 
 
 def test_side_notes_flag_speculation_on_the_wrong_side_and_other_models():
     on = ServerInfo(backend="vllm", base_url="http://on", model_id="a", spec_enabled=False)
     off = ServerInfo(backend="vllm", base_url="http://off", model_id="b", spec_enabled=True)
-    notes = S.side_notes(on, off)
+    notes = side_notes(off, on)
     assert notes[:3] == ["the spec-off server has spec-decode counters: speculation looks ON there",
                          "the spec-on server has no spec-decode counters: speculation looks OFF there",
                          "the servers serve different model ids (b vs a)"]
     same = ServerInfo(backend="vllm", base_url="http://on", model_id="a", spec_enabled=True)
-    assert S.side_notes(same, None) == []
+    assert side_notes(None, same) == []
 
 
 # --- the whole verdict on simulated samplers ---------------------------------------------------------------
@@ -347,7 +352,7 @@ def simulated(n_samples: int, temperature: float, seed: int = 3):
                                 position=j, prompt_id="p"))
             tokens.append(tok)
             prev = tok
-        samples.append(S.Sample("p", i, i, (0,), tuple(tokens)))
+        samples.append(C.Sample("p", i, i, (0,), tuple(tokens)))
         draws.append(ds)
     return samples, draws
 
@@ -361,10 +366,10 @@ def settings(**kw) -> SamplingSettings:
 @pytest.mark.parametrize("temperature, status", [(1.0, "consistent"), (0.6, "inconsistent")])
 def test_the_report_passes_the_target_and_fails_another_temperature(temperature, status):
     samples, draws = simulated(32, temperature)
-    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    inputs = C.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
     on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
     off = ServerInfo(backend="vllm", base_url="http://off", model_id="m", spec_enabled=False)
-    report = S.sampling_report(settings(), on, off, inputs, samples, draws, acceptance(accepted_tokens=5))
+    report = C.sampling_report(settings(), on, off, inputs, samples, draws, acceptance(accepted_tokens=5))
     assert report.stats.status == status and report.stats.n_tokens == 512
     assert report.gate.passed is (status == "consistent")
     assert report.prompts[0].tokens == 512
@@ -373,12 +378,12 @@ def test_the_report_passes_the_target_and_fails_another_temperature(temperature,
 
 def test_the_reference_source_is_named_in_the_report():
     s = settings(source="reference", reference="/models/t")
-    assert S.source_text(s, None) == "the target recomputed in float64 from /models/t (--reference), top 10"
+    assert C.source_text(s, None) == "the target recomputed in float64 from /models/t (--reference), top 10"
 
 
 def test_reference_needs_a_model_directory(tmp_path):
     with pytest.raises(UsageError, match="is not a local HF model directory"):
-        S.ReferenceDistribution(tmp_path)
+        T.ReferenceTarget(tmp_path)
 
 
 def test_reference_scores_each_sampled_position_with_the_logits_before_it(tmp_path):
@@ -388,11 +393,11 @@ def test_reference_scores_each_sampled_position_with_the_logits_before_it(tmp_pa
                                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
-    ref = S.ReferenceDistribution(tmp_path)
+    ref = T.ReferenceTarget(tmp_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
     # two samples of one prompt (its KV cache reused), one of another, the first prompt again
-    samples = [S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8)), S.Sample("p", 1, 1, (3, 4, 5), (9, 6, 6)),
-               S.Sample("q", 2, 2, (10, 11), (12,)), S.Sample("p", 3, 3, (3, 4, 5), (1, 2))]
+    samples = [C.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8)), C.Sample("p", 1, 1, (3, 4, 5), (9, 6, 6)),
+               C.Sample("q", 2, 2, (10, 11), (12,)), C.Sample("p", 3, 3, (3, 4, 5), (1, 2))]
     for sample, draws in zip(samples, S.score_on_reference(ref, samples, k=4)):
         ids = [*sample.prompt_ids, *sample.tokens]
         with torch.no_grad():
@@ -416,7 +421,7 @@ def report_with(st: SamplingStats):
                           prompts=[PromptTokens(prompt_id="p", category="c", prompt_tokens=3, samples=32, tokens=512,
                                                 in_top_k=500)],
                           acceptance=acceptance(accepted_tokens=10, acceptance_rate=0.25, mean_acceptance_length=2.0),
-                          gate=S.sampling_gate(st))
+                          gate=C.sampling_gate(st))
 
 
 def test_histogram_bar_scales_to_the_fullest_bin():
@@ -465,15 +470,15 @@ def test_junit_fails_rejected_tests_zero_probability_tokens_and_too_few():
 # --- exact messages and the remaining branches (mutation testing) -----------------------------------------
 def test_spec_on_refusals_name_what_is_missing_exactly():
     with pytest.raises(NotAServer) as err:
-        S.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": []}}]})
+        R.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": []}}]})
     assert str(err.value) == ("the spec-on server returned no logprobs tokens: it must honour 'logprobs' and "
                               "'return_tokens_as_token_ids' (vLLM does)")
     with pytest.raises(NotAServer) as err:
-        S.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": ["token_id:1", 7]}}]})
+        R.parse_sample({"choices": [{"text": "", "logprobs": {"tokens": ["token_id:1", 7]}}]})
     assert str(err.value) == ("the spec-on server returned token 7, not 'token_id:N': it must honour "
                               "'return_tokens_as_token_ids' (vLLM does)")
     with pytest.raises(NotAServer) as err:
-        S.parse_sample({})
+        R.parse_sample({})
     assert str(err.value) == "the spec-on server's completion has no choices"
 
 
@@ -481,33 +486,33 @@ def test_score_errors_say_where_exactly():
     data, sample = scored()
     data["choices"][0]["prompt_logprobs"][4] = {}
     with pytest.raises(NotAServer) as err:
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     assert str(err.value) == "the source server gave no prompt logprobs at sampled position 1 of prompt 'p' (sample 4)"
     data, sample = scored()
     data["choices"][0]["prompt_logprobs"][3] = {"7": {"rank": 1}}
     with pytest.raises(NotAServer) as err:
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     assert str(err.value) == ("the source server's prompt logprobs at sampled position 0 of prompt 'p' (sample 4) "
                               "are not {token id: {'logprob': ...}}")
     data, sample = scored(echo=[1, 2, 3, 7])  # echoed fewer ids than were sent, all equal
     with pytest.raises(NotAServer) as err:
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     assert str(err.value) == ("the source server's prompt differs from the ids sent (first at position 4 of 5): it "
                               "must take the prompt as token ids")
     data, sample = scored()
     data["choices"][0]["prompt_logprobs"] = {"0": None}
     with pytest.raises(NotAServer) as err:
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     assert str(err.value) == "the source server returned no list of prompt logprobs for a prompt of 5 tokens"
     data, sample = scored()
     data["choices"][0].pop("prompt_logprobs")
     with pytest.raises(NotAServer) as err:
-        S.parse_scores(data, sample, k=2)
+        R.parse_scores(data, sample, k=2)
     assert str(err.value) == ("the source server returned no 'prompt_logprobs': it cannot be the source of the "
                               "target's distribution (vLLM and `specadapt reference serve` can; or give --reference "
                               "DIR)")
     with pytest.raises(NotAServer) as err:
-        S.parse_scores({"choices": []}, sample, k=2)
+        R.parse_scores({"choices": []}, sample, k=2)
     assert str(err.value) == "the source server's completion has no choices"
 
 
@@ -517,20 +522,20 @@ def test_the_servers_ranks_decide_ties_and_plain_logprobs_are_read_too():
             {"11": entry(-0.5, 1), "30": entry(-1.0, 2), "12": entry(-1.0, 3), "7": entry(-5.0, 9)},
             {"9": -0.2, "5": -0.3, "6": -4.0}]  # a server that gives bare log-probabilities, no ranks
     data, sample = scored(plps=plps)
-    first, second = S.parse_scores(data, sample, k=2)
+    first, second = R.parse_scores(data, sample, k=2)
     assert first.top == {11: -0.5, 30: -1.0} and first.logprob == -5.0
     assert second.top == {9: -0.2, 5: -0.3} and second.logprob == -0.2
 
 
 def test_error_message_forms():
-    assert S.error_message(httpx.Response(400, json={"error": "plain"})) == "plain"
-    assert S.error_message(httpx.Response(400, json={"object": "error", "message": "old form"})) == "old form"
-    assert S.error_message(httpx.Response(400, json={"error": {"message": "x" * 400}})) == "x" * 300
+    assert W.error_message(httpx.Response(400, json={"error": "plain"}).content) == "plain"
+    assert W.error_message(httpx.Response(400, json={"object": "error", "message": "old form"}).content) == "old form"
+    assert W.error_message(httpx.Response(400, json={"error": {"message": "x" * 400}}).content) == "x" * 300
 
 
 def test_refused_k_by_either_vllm_sentence():
-    assert S.refuses_k("Requested sample logprobs of 30, which is greater than 20")
-    assert S.refuses_k("Set max_logprobs (--max-logprobs) to at least 30.")
+    assert R.refuses_k("Requested sample logprobs of 30, which is greater than 20")
+    assert R.refuses_k("Set max_logprobs (--max-logprobs) to at least 30.")
 
 
 def test_only_a_400_is_read_as_a_refused_k_and_the_source_is_named():
@@ -556,52 +561,52 @@ def test_only_a_400_is_read_as_a_refused_k_and_the_source_is_named():
 
 
 def test_counts_need_one_draw_list_per_sample():
-    inputs = S.inputs_for([TEXT], [[4]], 8)
+    inputs = C.inputs_for([TEXT], [[4]], 8)
     with pytest.raises(ValueError):
-        S.prompt_counts(inputs, [S.Sample("text", 0, 0, (4,), (7,))], [])
+        C.prompt_counts(inputs, [C.Sample("text", 0, 0, (4,), (7,))], [])
 
 
 def test_notes_exactly():
     first = ("sampled at temperature 1 and top_p 1, the only setting this checks: prompt logprobs are the target's "
              "raw distribution")
-    assert S.sampling_notes(acceptance(accepted_tokens=0), []) == [
+    assert C.sampling_notes(acceptance(accepted_tokens=0), []) == [
         first, "the spec-on server accepted no draft token during sampling: speculation was not exercised, so the "
                "test says nothing about it"]
-    assert S.sampling_notes(AcceptanceSummary(known=False, reason="r"), []) == [
+    assert C.sampling_notes(AcceptanceSummary(known=False, reason="r"), []) == [
         first, "acceptance of the spec-on server is unknown (r): the run cannot show that speculation was exercised"]
-    two = [S.Sample("p", 0, 0, (1,), (2,), "stop"), S.Sample("p", 1, 1, (1,), (2,), "abort")]
-    assert S.sampling_notes(None, two) == [
+    two = [C.Sample("p", 0, 0, (1,), (2,), "stop"), C.Sample("p", 1, 1, (1,), (2,), "abort")]
+    assert C.sampling_notes(None, two) == [
         first, "2 sample(s) ended before max_tokens (stop): a stop the server applied although ignore_eos was set"]
 
 
 def test_the_report_uses_the_settings_and_both_servers():
     samples, draws = simulated(8, 1.0)
-    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    inputs = C.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
     on = ServerInfo(backend="vllm", base_url="http://on", version="0.32.0", model_id="m", spec_enabled=False)
     off = ServerInfo(backend="vllm", base_url="http://off", version="0.31.0", model_id="n", spec_enabled=False)
     unknown = AcceptanceSummary(known=False, reason="no counters")
-    report = S.sampling_report(settings(alpha=0.05, bins=10, seed=5), on, off, inputs, samples, draws, unknown)
+    report = C.sampling_report(settings(alpha=0.05, bins=10, seed=5), on, off, inputs, samples, draws, unknown)
     assert (report.stats.alpha, report.stats.bins, report.stats.seed) == (0.05, 10, 5)
     assert report.source_server == off and report.on_server == on
     assert "the servers serve different model ids (n vs m)" in report.notes
     assert any(n.startswith("the sides differ in more than speculation: ") for n in report.notes)
     assert not any("acceptance of the spec-on server is unknown" in n for n in report.notes)  # said once already
     on_spec = on.model_copy(update={"spec_enabled": True})
-    report = S.sampling_report(settings(), on_spec, off, inputs, samples, draws, acceptance(accepted_tokens=0))
+    report = C.sampling_report(settings(), on_spec, off, inputs, samples, draws, acceptance(accepted_tokens=0))
     assert any("accepted no draft token" in n for n in report.notes)
-    report = S.sampling_report(settings(), on_spec, off, inputs, samples, draws, unknown)
+    report = C.sampling_report(settings(), on_spec, off, inputs, samples, draws, unknown)
     assert any("acceptance of the spec-on server is unknown" in n for n in report.notes)
-    same = S.sampling_report(settings(), on_spec, on_spec, inputs, samples, draws, None)  # a server against itself
+    same = C.sampling_report(settings(), on_spec, on_spec, inputs, samples, draws, None)  # a server against itself
     assert not any(n.startswith("the sides differ") for n in same.notes)
 
 
 def test_a_server_source_without_its_description_is_unnamed():
-    assert S.source_text(settings(), None) == "the spec-off server's prompt_logprobs at ?, top 10"
+    assert C.source_text(settings(), None) == "the spec-off server's prompt_logprobs at ?, top 10"
 
 
 def test_more_error_message_forms_and_vllms_max_allowed_alone():
-    assert S.error_message(httpx.Response(400, json={"error": 5, "detail": "d"})) == "d"
-    assert S.refuses_k("prompt logprobs: 25 is above the max allowed (20)")
+    assert W.error_message(httpx.Response(400, json={"error": 5, "detail": "d"}).content) == "d"
+    assert R.refuses_k("prompt logprobs: 25 is above the max allowed (20)")
 
 
 def test_timeouts_and_empty_connection_errors_are_one_line():
@@ -622,7 +627,7 @@ def test_timeouts_and_empty_connection_errors_are_one_line():
 
 
 def draw(handler, samples=1):
-    inputs = S.inputs_for([CHAT], [[1, 2]], max_tokens=3)
+    inputs = C.inputs_for([CHAT], [[1, 2]], max_tokens=3)
     return asyncio.run(S.draw_samples(FakeServer(), inputs, samples, 0, 1, 10, transport=httpx.MockTransport(handler)))
 
 
@@ -669,18 +674,18 @@ def test_tokenize_errors_exactly():
         asyncio.run(S.tokenize_on_server(FakeServer(), [CHAT], 10, transport=httpx.MockTransport(dead)))
     assert str(err.value) == "the source server at http://fake:8000 cannot be reached (ConnectError: refused)"
     with pytest.raises(NotAServer) as err:
-        S.parse_tokenize({})
+        W.parse_tokenize({})
     assert str(err.value) == "the server's /tokenize answer has no list of token ids ('tokens')"
 
 
 def test_inputs_need_one_id_list_per_prompt():
     with pytest.raises(ValueError):
-        S.inputs_for([CHAT, TEXT], [[1]], 8)
+        C.inputs_for([CHAT, TEXT], [[1]], 8)
 
 
 def test_the_report_states_power_at_the_settings_power():
     samples, draws = simulated(8, 1.0)
-    inputs = S.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
+    inputs = C.inputs_for([Prompt(id="p", prompt="x")], [[0]], 16)
     on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
-    report = S.sampling_report(settings(power=0.9), on, None, inputs, samples, draws)
+    report = C.sampling_report(settings(power=0.9), on, None, inputs, samples, draws)
     assert report.stats.power == 0.9

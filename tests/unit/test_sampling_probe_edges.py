@@ -23,12 +23,15 @@ import types
 import httpx
 import pytest
 
+from specadapt.analysis import sampling_check as C
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import MissingDependency, UsageError
 from specadapt.models import embedded_model_dir
+from specadapt.orchestration import reference_target as T
 from specadapt.orchestration import sampling as S
 from specadapt.records import AcceptanceSummary, ChatMessage, Prompt, ServerInfo
 from specadapt.records.sampling_report import SamplingSettings
+from specadapt.wire.http import Wire
 
 CHAT = Prompt(id="chat", messages=[ChatMessage(role="user", content="Copy: a b c")])
 TEXT = Prompt(id="text", prompt="1, 2, 3,", max_tokens=5)
@@ -76,15 +79,15 @@ def test_samples_are_posted_to_v1_completions_with_the_request_timeout():
         return httpx.Response(200, json={"choices": [{"text": "", "finish_reason": "length",
                                                       "logprobs": {"tokens": ["token_id:5", "token_id:6"]}}]})
 
-    inputs = S.inputs_for([TEXT], [[33, 28]], max_tokens=2)
+    inputs = C.inputs_for([TEXT], [[33, 28]], max_tokens=2)
     samples = asyncio.run(S.draw_samples(FakeServer(), inputs, 2, 40, 1, 7, transport=httpx.MockTransport(handler)))
     assert seen == [("POST", "/v1/completions", TIMEOUT_7)] * 2
-    assert samples == [S.Sample("text", 0, 40, (33, 28), (5, 6), "length"),
-                       S.Sample("text", 1, 41, (33, 28), (5, 6), "length")]
+    assert samples == [C.Sample("text", 0, 40, (33, 28), (5, 6), "length"),
+                       C.Sample("text", 1, 41, (33, 28), (5, 6), "length")]
 
 
 def test_scoring_on_the_server_gives_one_draw_per_sampled_token():
-    sample = S.Sample(prompt_id="p", index=3, seed=3, prompt_ids=(1,), tokens=(2, 3))
+    sample = C.Sample(prompt_id="p", index=3, seed=3, prompt_ids=(1,), tokens=(2, 3))
     seen, ticks = [], []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -106,10 +109,16 @@ def test_scoring_on_the_server_gives_one_draw_per_sampled_token():
 
 
 def test_the_client_times_out_reads_at_the_request_timeout_and_connects_at_ten_seconds():
-    client = S.async_client(FakeServer(), 7, 2, transport=httpx.MockTransport(lambda r: httpx.Response(200)))
-    assert client.timeout == httpx.Timeout(connect=10.0, read=7, write=30.0, pool=None)
-    assert client.headers["Authorization"] == "Bearer k" and str(client.base_url) == "http://fake:8000"
-    asyncio.run(client.aclose())
+    seen = []
+
+    def handler(request):
+        seen.append(request)
+        return httpx.Response(200, json={"tokens": [1]})
+
+    asyncio.run(S.tokenize_on_server(FakeServer(), [TEXT], 7, transport=httpx.MockTransport(handler)))
+    request, = seen
+    assert request.extensions["timeout"] == {"connect": 10.0, "read": 7, "write": 30.0, "pool": None}
+    assert request.headers["Authorization"] == "Bearer k" and str(request.url) == "http://fake:8000/tokenize"
 
 
 # --- the client's own connections, against a loopback server ----------------------------------------------
@@ -152,7 +161,7 @@ def server_at(url: str, verify=True) -> FakeServer:
 
 async def post_at_once(server: FakeServer, concurrency: int, n: int) -> list[int]:
     """``n`` POSTs started together on one client of ``concurrency`` connections: their statuses."""
-    async with S.async_client(server, 10, concurrency) as client:
+    async with Wire.for_server(server, timeout_s=10, concurrency=concurrency) as client:
         answers = await asyncio.gather(*(S._post(client, "/v1/completions", {}, "source server") for _ in range(n)))
     return [status for status, _, _ in answers]
 
@@ -207,17 +216,17 @@ def settings(**kw) -> SamplingSettings:
 
 
 def test_the_report_keeps_the_acceptance_and_states_the_tokens_needed_for_the_settings_targets():
-    inputs = S.inputs_for([TEXT], [[4]], 2)
-    samples = [S.Sample("text", 0, 0, (4,), (7, 8))]
+    inputs = C.inputs_for([TEXT], [[4]], 2)
+    samples = [C.Sample("text", 0, 0, (4,), (7, 8))]
     draws = [[TokenDraw(top={7: -0.1}, token=7), TokenDraw(top={8: -0.1}, token=8)]]
     on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
     seen = AcceptanceSummary(known=True, drafts=4, draft_tokens=8, accepted_tokens=3)
-    report = S.sampling_report(settings(tv_targets=[0.5, 1.0]), on, None, inputs, samples, draws, seen)
+    report = C.sampling_report(settings(tv_targets=[0.5, 1.0]), on, None, inputs, samples, draws, seen)
     assert report.acceptance == seen
     # lambda* of 19 dof at alpha 0.01 / 3 and power 0.8 is about 30, so TV 0.5 needs ~30 / (4 * 0.25) tokens:
     # the too-few floor of 5 * 20 tokens is what is needed
     assert [(t.tv, t.samples_needed) for t in report.stats.samples_needed] == [(0.5, 100), (1.0, 100)]
-    assert S.sampling_report(settings(), on, None, inputs, samples, draws).acceptance is None
+    assert C.sampling_report(settings(), on, None, inputs, samples, draws).acceptance is None
 
 
 # --- the float64 reference ------------------------------------------------------------------------------------
@@ -227,7 +236,7 @@ def model_dir(tmp_path):
 
 
 def test_a_reference_without_torch_says_which_extra_to_install(tmp_path, monkeypatch):
-    ref = S.ReferenceDistribution(model_dir(tmp_path))
+    ref = T.ReferenceTarget(model_dir(tmp_path))
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(MissingDependency) as err:
         ref.tokenize(TEXT)
@@ -258,7 +267,7 @@ def test_the_reference_tokenizes_chat_with_the_template_and_the_generation_promp
     # assistant's opening (add_generation_prompt); its tokenizer adds no special tokens to plain text
     rendered = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
                 "<|im_start|>user\nCopy: a b c<|im_end|>\n<|im_start|>assistant\n")
-    ref = S.ReferenceDistribution(SMOL)
+    ref = T.ReferenceTarget(SMOL)
     assert ref.tokenize(CHAT) == smol_tokenizer.encode(rendered).ids
     assert ref.tokenize(TEXT) == smol_tokenizer.encode("1, 2, 3,").ids
     assert ref.tokenize(CHAT)[-4:] == smol_tokenizer.encode("<|im_start|>assistant\n").ids
@@ -267,7 +276,7 @@ def test_the_reference_tokenizes_chat_with_the_template_and_the_generation_promp
 def test_a_reference_without_a_chat_template_takes_completion_prompts_only(smol_tokenizer, tmp_path):
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # no chat_template.jinja
         shutil.copy(SMOL / name, tmp_path / name)
-    ref = S.ReferenceDistribution(tmp_path)
+    ref = T.ReferenceTarget(tmp_path)
     with pytest.raises(UsageError) as err:
         ref.tokenize(CHAT)
     assert str(err.value) == (f"--reference {tmp_path} has no chat template: give completion prompts ('prompt') or "
@@ -289,7 +298,7 @@ class ListTokenizer:
 
 
 def test_a_chat_template_answer_as_a_plain_list_is_read_too(tmp_path):
-    ref = S.ReferenceDistribution(model_dir(tmp_path))
+    ref = T.ReferenceTarget(model_dir(tmp_path))
     ref._tokenizer = tok = ListTokenizer()  # a loaded tokenizer is used as it is
     assert ref.tokenize(CHAT) == [5, 6, 7]
     assert tok.calls == [([{"role": "user", "content": "Copy: a b c"}], True, True)]
@@ -322,9 +331,9 @@ def test_the_reference_scores_in_float64_and_runs_each_prompt_once(tmp_path, mon
         return model
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", from_pretrained)
-    ref = S.ReferenceDistribution(model_dir(tmp_path))
-    samples = [S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8)), S.Sample("p", 1, 1, (3, 4, 5), (9, 6)),
-               S.Sample("q", 2, 2, (10, 11), (1,))]
+    ref = T.ReferenceTarget(model_dir(tmp_path))
+    samples = [C.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8)), C.Sample("p", 1, 1, (3, 4, 5), (9, 6)),
+               C.Sample("q", 2, 2, (10, 11), (1,))]
     scored = S.score_on_reference(ref, samples, k=3)
     assert loads == [(str(tmp_path), torch.float64)]
     # prompt p once, its first sample's 2 tokens before the last, the second's 1; prompt q once
@@ -348,8 +357,8 @@ def test_the_reference_keeps_the_prompts_cache_even_when_the_config_turns_cachin
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float64)
-    sample = S.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8))
-    draws = S.ReferenceDistribution(tmp_path).score(sample, k=4)
+    sample = C.Sample("p", 0, 0, (3, 4, 5), (6, 7, 8))
+    draws = T.ReferenceTarget(tmp_path).score(sample, k=4)
     with torch.no_grad():
         logp = torch.log_softmax(model(torch.tensor([[3, 4, 5, 6, 7, 8]])).logits[0], -1)
     assert [d.logprob for d in draws] == pytest.approx([float(logp[2 + j, t]) for j, t in enumerate((6, 7, 8))],
