@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
 from junitparser import JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.markup import escape
@@ -22,7 +21,7 @@ from specadapt.records.reports import atomic_write_text
 from specadapt.report import compare_render
 from specadapt.report.compare_render import ci, junit_text, level_verdict
 from specadapt.report.hardware import hardware_text
-from specadapt.report.html import STYLE, compare_body_html
+from specadapt.report.html import STYLE, compare_body_html, environment
 
 MACHINE_NOTE = ("These figures belong to this machine: its CPU model, instruction set and the dtype decide what "
                 "a verify pass costs against a plain decode step (bfloat16 without AVX512-BF16 or AMX is "
@@ -114,11 +113,10 @@ def to_markdown(report: DemoReport) -> str:
 
 
 # --- HTML ----------------------------------------------------------------------------------------
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>specadapt demo: {{ d.model }}</title>
-""" + STYLE + """</head><body>
-<h1>specadapt demo: speculative decoding on this machine</h1>
+PAGE = """{% extends "base.html" %}
+{% block title %}specadapt demo: {{ d.model }}{% endblock %}
+{% block style %}""" + STYLE + """{% endblock %}
+{% block body %}<h1>specadapt demo: speculative decoding on this machine</h1>
 <p>{{ machine }}. Model {{ d.model }}; prompts {{ d.prompts|join(", ") }}; created {{ d.created_at }} by specadapt
 {{ d.specadapt_version }}.</p>
 <h2>What the runs show</h2>
@@ -132,17 +130,17 @@ PAGE = """<!doctype html>
 {{ bodies[loop.index0] }}
 {% endfor %}
 {% if d.notes %}<h2>Notes</h2><ul>{% for n in d.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
-<p>{{ timing }}.</p>
-</body></html>
+<p>{{ timing }}.</p>{% endblock %}
 """
+"""The demo's page (report/page.py's base): the closing block first, then each run's compare body."""
 
 
 def to_html(report: DemoReport) -> str:
-    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    env = environment(**{"demo.html": PAGE})
     env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text)
     bodies = [compare_body_html(run.compare, top=3) for run in report.runs]
-    return env.from_string(PAGE).render(d=report, bodies=bodies, machine=machine_line(report),
-                                        machine_note=MACHINE_NOTE, timing=timing_line(report))
+    return env.get_template("demo.html").render(d=report, bodies=bodies, machine=machine_line(report),
+                                                machine_note=MACHINE_NOTE, timing=timing_line(report))
 
 
 # --- JUnit ---------------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import html
-
 from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.table import Table
@@ -11,6 +9,7 @@ from rich.text import Text
 
 from specadapt.records.features import GATE_EFFECT, CellResult, FeatureReport
 from specadapt.records.server import ServerInfo
+from specadapt.report import page
 
 STYLE = {"pass": "green", "near-tie": "green", "fail": "bold red", "error": "bold red", "inactive": "yellow",
          "unsupported": "yellow", "not-exact": "yellow", "lossy": "magenta"}
@@ -100,23 +99,30 @@ def to_markdown(report: FeatureReport) -> str:
     return "\n".join(out) + "\n"
 
 
+PAGE = """{% extends "base.html" %}
+{% block title %}specadapt request features{% endblock %}
+{% block style %}td, th { vertical-align: top; } .fail td, .error td { background: #fdd; }
+.pass td, .near-tie td { background: #efe; } .inactive td, .unsupported td, .not-exact td { background: #ffd; }
+.lossy td { background: #fef; }
+{% endblock %}
+{% block body %}<h1>Request features, speculative decoding on vs off</h1>
+<p><b>Gate: {{ gate }}</b></p><ul>{% for line in head %}<li>{{ line }}</li>{% endfor %}</ul>
+<table><tr><th>feature</th><th>kind</th><th>verdict</th><th>speculation</th><th>why</th></tr>
+{% for c in r.cells %}<tr class='{{ c.verdict }}'><td><code>{{ c.name }}</code></td><td>{{ c.kind }}</td><td>{{ verdict_text(c) }}</td>
+<td>{{ activity_text(c) }}</td><td>{{ c.reason }}</td></tr>
+{% endfor %}</table>
+<ul>{% for c in r.cells %}{% for n in c.notes %}<li>{{ c.name }}: {{ n }}</li>{% endfor %}{% endfor %}
+{% for n in r.notes %}<li>note: {{ n }}</li>{% endfor %}</ul>
+<p>cells: {{ counts(r) }}</p>{% endblock %}
+"""
+"""The feature matrix's page (report/page.py's base)."""
+
+
 def to_html(report: FeatureReport) -> str:
-    e = html.escape
-    rows = "".join(
-        f"<tr class='{e(c.verdict)}'><td><code>{e(c.name)}</code></td><td>{e(c.kind)}</td><td>{e(verdict_text(c))}"
-        f"</td><td>{e(activity_text(c))}</td><td>{e(c.reason)}</td></tr>" for c in report.cells)
-    head = "".join(f"<li>{e(line)}</li>" for line in header_lines(report))
-    notes = "".join(f"<li>{e(c.name)}: {e(n)}</li>" for c in report.cells for n in c.notes)
-    notes += "".join(f"<li>note: {e(n)}</li>" for n in report.notes)
+    env = page.environment({"features.html": PAGE}, verdict_text=verdict_text, activity_text=activity_text,
+                           counts=counts)
     gate = "PASS" if report.gate.passed else "FAIL: " + "; ".join(report.gate.reasons)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>specadapt request features</title><style>"
-            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:4px 8px;vertical-align:top}.fail td,.error td{background:#fdd}.pass td,.near-tie td"
-            "{background:#efe}.inactive td,.unsupported td,.not-exact td{background:#ffd}.lossy td{background:#fef}"
-            "</style></head><body><h1>Request features, speculative decoding on vs off</h1>"
-            f"<p><b>Gate: {e(gate)}</b></p><ul>{head}</ul><table><tr><th>feature</th><th>kind</th><th>verdict</th>"
-            f"<th>speculation</th><th>why</th></tr>{rows}</table><ul>{notes}</ul>"
-            f"<p>cells: {e(counts(report))}</p></body></html>\n")
+    return env.get_template("features.html").render(r=report, gate=gate, head=header_lines(report))
 
 
 def to_junit(report: FeatureReport) -> str:

@@ -1,10 +1,11 @@
-"""Self-contained HTML report of a compare run: inline SVG plots (matplotlib), no external assets."""
+"""Self-contained HTML report of a compare run: inline SVG plots (matplotlib), no external assets;
+the page extends the one base template (report/page.py)."""
 
 from __future__ import annotations
 
 import io
 
-from jinja2 import Environment, select_autoescape
+from jinja2 import Environment
 from markupsafe import Markup
 
 from specadapt.analysis.latency import tpot_ns
@@ -24,18 +25,14 @@ from specadapt.report.compare_render import (
     level_verdict,
     load_text,
 )
+from specadapt.report import page
 from specadapt.report.sections import sections_html
 
-STYLE = """<style>
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: .3em .6em; }
-th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.pass { color: #096; font-weight: bold; } .fail { color: #c00; font-weight: bold; }
+STYLE = """.pass { color: #096; font-weight: bold; } .fail { color: #c00; font-weight: bold; }
 .identical { color: #096; } .near-tie { color: #b80; } .suspect, .unknown { color: #c00; font-weight: bold; }
-pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; } .plots svg { max-width: 100%; height: auto; }
-.plots { display: flex; flex-wrap: wrap; gap: 1em; }
-</style>"""
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: #f7f7f7; padding: .5em; white-space: pre-wrap; } .plots svg { max-width: 100%; height: auto; }"""
+"""CSS of a page that shows compare reports, added to the shared style of page.BASE."""
 
 # The body of one compare report; its headings start at h{{ top }} (1 on a page of its own).
 BODY = """<h{{ top }}>Speculative decoding on vs off: {{ r.on_server.model_id }}</h{{ top }}>
@@ -93,12 +90,12 @@ on:  …{{ p.divergence.on_context }}</pre>{% if p.divergence.triage and p.diver
 {% if r.notes %}<h{{ top + 1 }}>Notes</h{{ top + 1 }}><ul>{% for n in r.notes %}<li>{{ n }}</li>{% endfor %}</ul>{% endif %}
 """
 
-TEMPLATE = ("""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>specadapt compare: {{ r.on_server.model_id }}</title>
+PAGE = """{% extends "base.html" %}
+{% block title %}specadapt compare: {{ r.on_server.model_id }}{% endblock %}
+{% block style %}""" + STYLE + """{% endblock %}
+{% block body %}{% include "compare_body.html" %}{% endblock %}
 """
-            + STYLE + "</head><body>\n" + BODY + """</body></html>
-""")
+"""One compare report on a page of its own."""
 
 
 def _svg(fig) -> Markup:
@@ -170,14 +167,16 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
     return plots
 
 
-def environment() -> Environment:
-    """The jinja environment of the HTML reports (autoescaped; the renderers' helpers as globals)."""
-    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
-    env.globals.update(ci=ci, identity_line=identity_line, activity_lines=activity_lines, concurrency_text=concurrency_text, level_verdict=level_verdict, interval_note=INTERVAL_NOTE,
-                       level_name=level_name, lag_text=lag_text, goodput_rows=goodput_rows, slo_text=slo_text,
-                       pct=pct, load_text=load_text,
-                       num=lambda v: "-" if v is None else f"{v:.2f}")
-    return env
+def environment(**templates: str) -> Environment:
+    """The jinja environment of the HTML reports that show compare reports: page.BASE, the compare
+    body (``compare_body.html``) and page (``compare.html``), ``templates``; autoescaped, the
+    renderers' helpers as globals."""
+    return page.environment({"compare_body.html": BODY, "compare.html": PAGE, **templates},
+                            ci=ci, identity_line=identity_line, activity_lines=activity_lines,
+                            concurrency_text=concurrency_text, level_verdict=level_verdict,
+                            interval_note=INTERVAL_NOTE, level_name=level_name, lag_text=lag_text,
+                            goodput_rows=goodput_rows, slo_text=slo_text, pct=pct, load_text=load_text,
+                            num=lambda v: "-" if v is None else f"{v:.2f}")
 
 
 def _context(report: CompareReport, top: int) -> dict:
@@ -188,9 +187,9 @@ def _context(report: CompareReport, top: int) -> dict:
 def compare_body_html(report: CompareReport, top: int = 2) -> Markup:
     """One compare report as a part of a larger page: its tables, plots and identity, headings
     from h``top`` down (the page supplies the document, the style and the title)."""
-    return Markup(environment().from_string(BODY).render(**_context(report, top)))
+    return Markup(environment().get_template("compare_body.html").render(**_context(report, top)))
 
 
 def to_html(report: CompareReport) -> str:
     """One compare report as a self-contained HTML document."""
-    return environment().from_string(TEMPLATE).render(**_context(report, 1))
+    return environment().get_template("compare.html").render(**_context(report, 1))

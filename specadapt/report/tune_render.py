@@ -13,7 +13,6 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jinja2 import Environment, select_autoescape
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -23,6 +22,7 @@ from specadapt.analysis.tune_model import objective_ratio, ranges_text
 from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
+from specadapt.report import page
 from specadapt.report.compare_render import INTERVAL_NOTE, ci
 from specadapt.report.diagnosis_render import COLUMNS, COST_NOTE, machine_line, row
 from specadapt.report.hardware import hardware_source_text, hardware_text
@@ -332,17 +332,13 @@ def render_markdown(report: TuneReport) -> str:
 
 # ---------------------------------------------------------------------------------- HTML
 
-TEMPLATE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>specadapt tune: {{ title }}</title>
-<style>
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 80em; color: #222; }
-h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 1em 0; } td, th { border: 1px solid #ccc; padding: .3em .6em; }
-th { background: #f3f3f3; } caption { text-align: left; font-style: italic; }
-p.strong { font-weight: bold; } td.short { white-space: nowrap; } .plots { display: flex; flex-wrap: wrap; gap: 1em; }
-.plots img { max-width: 100%; height: auto; }
-</style></head><body>
+TEMPLATE = """{% extends "base.html" %}
+{% block title %}specadapt tune: {{ title }}{% endblock %}
+{% block width %}80em{% endblock %}
+{% block style %}caption { text-align: left; font-style: italic; }
+p.strong { font-weight: bold; } td.short { white-space: nowrap; } .plots img { max-width: 100%; height: auto; }
+{% endblock %}
+{% block body %}
 {% for sec in sections %}{% if loop.first %}<h1>{{ sec.heading }}: {{ title }}</h1>{% else %}<h2>{{ sec.heading }}</h2>{% endif %}
 {% for part in sec.parts %}{% if part.headers is defined %}<table><caption>{{ part.title }}</caption>
 <tr>{% for h in part.headers %}<th>{{ h }}</th>{% endfor %}</tr>
@@ -355,8 +351,9 @@ p.strong { font-weight: bold; } td.short { white-space: nowrap; } .plots { displ
 {% set shown = sec.plots|select("in", plots)|list %}{% if shown %}<div class="plots">
 {% for name in shown %}<img src="{{ plots[name].src }}" alt="{{ plots[name].alt }}">{% endfor %}</div>
 {% endif %}{% endfor %}
-</body></html>
+{% endblock %}
 """
+"""The tune report's page (report/page.py's base): the sections in reading order, plots after theirs."""
 
 
 @dataclass
@@ -519,10 +516,10 @@ def plots(report: TuneReport) -> dict[str, Plot]:
 
 
 def render_html(report: TuneReport) -> str:
-    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
     off = report.off_server
     title = (off.model_id if off and off.model_id else report.settings.backend)
-    return env.from_string(TEMPLATE).render(sections=sections(report), plots=plots(report), title=title)
+    env = page.environment({"tune.html": TEMPLATE})
+    return env.get_template("tune.html").render(sections=sections(report), plots=plots(report), title=title)
 
 
 # ---------------------------------------------------------------------------------- files

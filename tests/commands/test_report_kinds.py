@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from specadapt.analysis.gate import apply_gate
 from specadapt.analysis.probe_report import build_probe_report
 from specadapt.cli import cli
-from specadapt.orchestration import sampling as S
 from specadapt.records import (
     CounterSnapshot,
     ProbeSettings,
@@ -26,9 +25,11 @@ from specadapt.records import (
     write_report,
 )
 from specadapt.records.reports import atomic_write_text
+from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings
 from specadapt.records.tune import Candidate, TuneReport, TuneSettings, Verification
 from specadapt.records.watch import WatchEvent, WatchReport, WatchServerSummary
-from specadapt.report import kinds
+from specadapt.report import demo_render, features_render, html, kinds, page, tune_render
 from specadapt.report.demo_render import write_demo_outputs
 from specadapt.report.outputs import write_feature_outputs, write_outputs, write_sampling_outputs
 from specadapt.report.tune_render import write_tune_outputs
@@ -36,7 +37,6 @@ from tests.unit.test_compare_outputs import make_report as make_compare
 from tests.unit.test_demo_outputs import demo_report
 from tests.unit.test_feature_report import cell
 from tests.unit.test_feature_report import report as feature_report
-from tests.unit.test_sampling_probe import report_with, stats
 
 
 def probe(path: Path) -> None:
@@ -62,7 +62,16 @@ def features(path: Path) -> None:
 
 
 def sampling(path: Path) -> None:
-    report = report_with(stats("consistent", n_tokens=512))
+    settings = SamplingSettings(samples=32, max_tokens=16, alpha=0.01, top_logprobs=10, concurrency=4, seed=0,
+                                request_timeout_s=60, source="server", tokenizer="the spec-off server's /tokenize")
+    st = SamplingStats(status="consistent", passed=True, n_tokens=512, min_tokens=100, alpha=0.01,
+                       per_test_alpha=0.01 / 3, power=0.8, bins=20, seed=0, pit_histogram=[0] * 20,
+                       pit_expected_per_bin=25.6, rank_categories=[], summary="s")
+    on = ServerInfo(backend="vllm", base_url="http://on", version="0.32.0", model_id="m", spec_enabled=True,
+                    num_speculative_tokens=4)
+    report = SamplingReport(settings=settings, on_server=on, source="src", stats=st, gate=SamplingGate(passed=True),
+                            prompts=[PromptTokens(prompt_id="p", category="c", prompt_tokens=3, samples=32,
+                                                  tokens=512, in_top_k=500)])
     write_sampling_outputs(report, json_path=path)  # specadapt equiv --sampling --json
 
 
@@ -121,6 +130,18 @@ def test_every_kind_the_tool_writes_is_in_the_table_and_has_a_case():
         assert set(CASES[kind.name][2]) == set(kind.formats()), kind.name
 
 
+BASE_HEAD = '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n<title>'
+SHARED_STYLE = "th { background: #f3f3f3; } .plots { display: flex; flex-wrap: wrap; gap: 1em; }"
+
+
+def test_every_html_page_extends_the_one_base_template():
+    assert page.BASE.startswith(BASE_HEAD) and SHARED_STYLE in page.BASE
+    pages = [html.PAGE, demo_render.PAGE, tune_render.TEMPLATE, features_render.PAGE]
+    assert all(p.startswith('{% extends "base.html" %}') for p in pages)
+    assert {k.html for k in kinds.KINDS if k.html} == {html.to_html, demo_render.to_html, tune_render.render_html,
+                                                       features_render.to_html}
+
+
 def undated(text: str) -> str:
     """Without the plots' SVG (matplotlib stamps each with the time and random ids)."""
     return re.sub(r"<svg.*?</svg>", "<svg/>", text, flags=re.S)
@@ -153,8 +174,9 @@ def test_show_and_export_round_trip_each_kind(tmp_path, name):
             assert text in out.stdout, (name, fmt, text)
         if fmt == "junit":
             ET.fromstring(out.stdout)  # well-formed XML
-        if fmt == "html":
-            assert out.stdout.lstrip().lower().startswith("<!doctype html>") and "</html>" in out.stdout
+        if fmt == "html":  # the one base page: its head and shared style, once
+            assert out.stdout.startswith(BASE_HEAD) and out.stdout.count("<!doctype html>") == 1
+            assert SHARED_STYLE in out.stdout and out.stdout.rstrip().endswith("</body></html>")
         written = tmp_path / f"{name}.{fmt}"
         again = runner.invoke(cli, ["report", "export", str(path), "--format", fmt, "-o", str(written)])
         assert again.exit_code == 0 and undated(written.read_text()) == undated(out.stdout)
