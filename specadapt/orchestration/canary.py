@@ -17,16 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-import httpx
-
 from specadapt.adapters.base import Server
-from specadapt.adapters.http import describe_http_error
 from specadapt.analysis.canary import canary_max_tokens, canary_round, golden_mismatch, judge, spec_on_refusal
 from specadapt.analysis.identity import TOP_LOGPROBS, choice_logprobs, default_threshold
-from specadapt.errors import ServerError, UsageError
+from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import build_body
 from specadapt.orchestration.compare import side_settings
-from specadapt.orchestration.triage import post_json
 from specadapt.records import (
     CanaryResult,
     CanaryRound,
@@ -37,6 +33,8 @@ from specadapt.records import (
     RequestSettings,
     ServerInfo,
 )
+from specadapt.wire.http import Wire, fault_kind
+from specadapt.wire.openai import first_choice
 
 CANARY_HEADER = "X-Specadapt-Canary"
 CANARY_USER = "specadapt-canary"
@@ -64,19 +62,19 @@ def ask(server: Server, prompt: Prompt, settings: RequestSettings, max_tokens: i
     path, body = canary_request(prompt, server.model_id, settings, max_tokens)
     t0 = time.perf_counter_ns()
     try:
-        resp = post_json(server, path, body, timeout_s, headers={CANARY_HEADER: "1"})
-    except httpx.HTTPError as exc:
-        kind = "timeout" if isinstance(exc, httpx.TimeoutException) else "connect"
-        return rec.model_copy(update={"error": describe_http_error(server.base_url, exc), "error_kind": kind})
+        with Wire.for_server(server, timeout_s=timeout_s) as wire:
+            resp = wire.post(path, body, headers={CANARY_HEADER: "1"})
+    except ServerUnreachable as exc:
+        return rec.model_copy(update={"error": str(exc), "error_kind": fault_kind(exc)})
     rec.e2e_ns, rec.status_code = time.perf_counter_ns() - t0, resp.status_code
     if resp.status_code != 200:
         rec.error, rec.error_kind = f"HTTP {resp.status_code}: {resp.text.strip()[:200]}", "http_status"
         return rec
     try:
-        choice = resp.json()["choices"][0]
+        choice = first_choice(resp.json())
         tokens, tops = choice_logprobs(choice, prompt.api)
         text = (choice["message"]["content"] if prompt.api == "chat" else choice["text"]) or ""
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, NotAServer) as exc:
         rec.error, rec.error_kind = f"the answer is not an OpenAI completion ({type(exc).__name__}: {exc})", "malformed"
         return rec
     return rec.model_copy(update={"ok": True, "text": text, "tokens": tokens, "top_logprobs": tops,

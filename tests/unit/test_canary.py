@@ -307,17 +307,11 @@ class Scripted:
 
 
 @pytest.fixture
-def scripted(monkeypatch):
+def scripted():
+    """The scripted server behind the wire's transport seam (``handle`` looked up per request)."""
     server = Scripted()
-    real_post = httpx.post
-
-    def post(url, **kw):
-        with httpx.Client(transport=httpx.MockTransport(server.handle)) as client:
-            return client.post(url, json=kw["json"], headers=kw["headers"], timeout=kw["timeout"])
-
-    monkeypatch.setattr(httpx, "post", post)
-    yield server
-    assert httpx.post is not real_post
+    server.transport = httpx.MockTransport(lambda request: server.handle(request))
+    return server
 
 
 def test_record_golden_asks_greedy_labelled_requests_and_keeps_the_logprobs(scripted):
@@ -331,6 +325,7 @@ def test_record_golden_asks_greedy_labelled_requests_and_keeps_the_logprobs(scri
     for req in scripted.requests:
         body = json.loads(req.content)
         assert req.headers["X-Specadapt-Canary"] == "1" and req.headers["Authorization"] == "Bearer k"
+        assert req.extensions["timeout"] == dict.fromkeys(("connect", "read", "write", "pool"), 120.0)
         assert (body["user"], body["temperature"], body["stream"], body["max_tokens"]) == (
             "specadapt-canary", 0.0, False, 2)
         assert body["return_tokens_as_token_ids"] is True and "stream_options" not in body
