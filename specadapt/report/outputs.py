@@ -1,58 +1,51 @@
-"""Write a compare report in every format asked for: JSON, JUnit XML, Markdown, HTML."""
+"""Write a saved report in every format asked for: JSON, then JUnit XML, Markdown and HTML, each
+by its kind's renderer (report/kinds.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from specadapt.records import CompareReport
 from specadapt.records.features import FeatureReport
 from specadapt.records.reports import atomic_write_text
 from specadapt.records.sampling_report import SamplingReport
-from specadapt.report import features_render, sampling_render
-from specadapt.report.compare_render import to_junit, to_markdown
-from specadapt.report.html import to_html
+from specadapt.report import kinds
 
 
-def write_outputs(report: CompareReport, json_path: Path | None = None, junit_path: Path | None = None,
-                  markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+def write_forms(report: BaseModel, json_path: Path | None = None, junit_path: Path | None = None,
+                markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+    """Write each form whose path is given, atomically, JSON first (a rendering error loses no
+    measurement); the paths written, in order. ValueError for a form the report's kind has not."""
+    kind = kinds.BY_NAME[report.kind]
+    asked = [(fmt, path) for fmt, path in (("junit", junit_path), ("markdown", markdown_path), ("html", html_path))
+             if path]
+    lacking = [kinds.FORMAT_NAMES[fmt] for fmt, _ in asked if fmt not in kind.formats()]
+    if lacking:
+        raise ValueError(f"a {kind.name} report has no {' or '.join(lacking)} form")
     written = []
     if json_path:
         atomic_write_text(json_path, report.model_dump_json(indent=2))
         written.append(json_path)
-    if junit_path:
-        atomic_write_text(junit_path, to_junit(report))
-        written.append(junit_path)
-    if markdown_path:
-        atomic_write_text(markdown_path, to_markdown(report))
-        written.append(markdown_path)
-    if html_path:
-        atomic_write_text(html_path, to_html(report))
-        written.append(html_path)
+    for fmt, path in asked:
+        atomic_write_text(path, kind.renderer(fmt)(report))
+        written.append(path)
     return written
+
+def write_outputs(report: CompareReport, json_path: Path | None = None, junit_path: Path | None = None,
+                  markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
+    """A compare report (compare, equiv) as JSON, JUnit XML, Markdown and HTML."""
+    return write_forms(report, json_path, junit_path, markdown_path, html_path)
 
 
 def write_sampling_outputs(report: SamplingReport, json_path: Path | None = None, junit_path: Path | None = None,
                            markdown_path: Path | None = None) -> list[Path]:
     """The sampling report (equiv --sampling) as JSON, JUnit XML and Markdown."""
-    return _write_each(((json_path, lambda: report.model_dump_json(indent=2)),
-                        (junit_path, lambda: sampling_render.to_junit(report)),
-                        (markdown_path, lambda: sampling_render.to_markdown(report))))
+    return write_forms(report, json_path, junit_path, markdown_path)
 
 
 def write_feature_outputs(report: FeatureReport, json_path: Path | None = None, junit_path: Path | None = None,
                           markdown_path: Path | None = None, html_path: Path | None = None) -> list[Path]:
     """The feature matrix (equiv --features) as JSON, JUnit XML, Markdown and HTML."""
-    return _write_each(((json_path, lambda: report.model_dump_json(indent=2)),
-                        (junit_path, lambda: features_render.to_junit(report)),
-                        (markdown_path, lambda: features_render.to_markdown(report)),
-                        (html_path, lambda: features_render.to_html(report))))
-
-
-def _write_each(outputs) -> list[Path]:
-    """Write each (path, render) whose path is given; the paths written, in order."""
-    written = []
-    for path, render in outputs:
-        if path:
-            atomic_write_text(path, render())
-            written.append(path)
-    return written
+    return write_forms(report, json_path, junit_path, markdown_path, html_path)

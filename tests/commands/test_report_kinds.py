@@ -240,3 +240,16 @@ def test_export_needs_a_form_and_output_needs_format(tmp_path):
     assert none.exit_code == 2 and "give at least one of --junit, --markdown, --html, --format" in none.output
     alone = CliRunner().invoke(cli, ["report", "export", str(path), "-o", str(tmp_path / "x")])
     assert alone.exit_code == 2 and "--output goes with --format" in alone.output
+
+
+def test_writing_a_form_the_kind_has_not_is_refused_before_anything_is_written(tmp_path):
+    from specadapt.report.outputs import write_forms
+
+    saved = tmp_path / "tune.json"
+    tune(saved)
+    report = kinds.kind_of(saved).read(saved)
+    with pytest.raises(ValueError, match="a tune report has no JUnit form"):
+        write_forms(report, json_path=tmp_path / "again.json", junit_path=tmp_path / "j.xml")
+    assert not (tmp_path / "again.json").exists() and not (tmp_path / "j.xml").exists()
+    assert write_forms(report, json_path=tmp_path / "again.json") == [tmp_path / "again.json"]
+    assert (tmp_path / "again.json").read_text() == saved.read_text()
