@@ -9,7 +9,7 @@ from specadapt.adapters.base import ServerBase, Verify
 from specadapt.adapters.hardware import server_hardware
 from specadapt.errors import NotAServer
 from specadapt.records import ServerInfo
-from specadapt.wire.http import Transport, Wire, check_url, describe_http_error
+from specadapt.wire.http import Transport, Wire, check_url
 
 GET_TIMEOUT_S = 10.0
 
@@ -75,4 +75,4 @@ class OpenAIServer(ServerBase):
         self._http.close()
 
 
-__all__ = ["OpenAIServer", "check_url", "describe_http_error", "served_models"]
+__all__ = ["OpenAIServer", "served_models"]

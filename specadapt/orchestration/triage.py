@@ -4,27 +4,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.identity import TOP_LOGPROBS, path_verdict, token_id, triage_from_logprobs
 from specadapt.errors import SpecadaptError
 from specadapt.load.client import build_body
 from specadapt.orchestration.sampling import Sample, parse_scores, score_body
 from specadapt.records import Divergence, Prompt, RequestRecord, RequestSettings, Triage
-from specadapt.wire.http import Wire, legacy_post
+from specadapt.wire.http import Wire
 from specadapt.wire.openai import detokenize_body, first_choice, parse_detokenize, parse_tokenize, tokenize_body
 
 DETOKENIZE_TIMEOUT_S = 10.0
-
-
-def post_json(server: Server, path: str, body: dict[str, Any], timeout_s: float,
-              headers: dict[str, str] | None = None) -> Any:
-    """Compatibility name for callers not yet on ``specadapt.wire.http.Wire``: one non-streamed POST to
-    ``server`` with its auth and TLS settings (and ``headers`` besides); the httpx answer, whatever its
-    status; faults stay httpx exceptions."""
-    return legacy_post(server.base_url, path, body, headers={**server.headers(), **(headers or {})},
-                       timeout_s=timeout_s, verify=server.verify)
 
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:

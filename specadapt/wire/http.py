@@ -292,12 +292,4 @@ def _event(url: str, path: str, data: bytes) -> dict[str, Any]:
     return event
 
 
-def legacy_post(base_url: str, path: str, body: dict[str, Any], *, headers: dict[str, str], timeout_s: float,
-                verify: Verify) -> httpx.Response:
-    """One POST whose faults stay httpx exceptions (``httpx.HTTPError``): only for the
-    ``orchestration.triage.post_json`` compatibility name, until its last callers use ``Wire``."""
-    return httpx.post(base_url + path, json=body, headers=headers, timeout=timeout_s, verify=verify)
-
-
-__all__ = ["ServerLike", "Transport", "Wire", "answer_json", "check_url", "describe_http_error", "fault_kind",
-           "legacy_post"]
+__all__ = ["ServerLike", "Transport", "Wire", "answer_json", "check_url", "describe_http_error", "fault_kind"]

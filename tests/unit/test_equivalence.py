@@ -459,15 +459,13 @@ def test_an_empty_detokenized_text_is_still_text(monkeypatch):
     assert (d.off_token, d.on_token) == (" (id 3)", " (id 4)")
 
 
-def test_post_json_sends_auth_tls_and_timeout(monkeypatch):
-    from specadapt.orchestration.triage import post_json
-
+def test_the_triage_request_carries_the_servers_auth_tls_and_the_callers_timeout(monkeypatch):
     seen = {}
 
     def post(url, **kw):
         seen.update(kw, url=url)
         return httpx.Response(200, json={}, request=httpx.Request("POST", url))
-    monkeypatch.setattr(httpx, "post", post)
+    answer_posts(monkeypatch, post)
 
     class Srv(FakeOff):
         verify = "/ca.pem"
@@ -475,8 +473,12 @@ def test_post_json_sends_auth_tls_and_timeout(monkeypatch):
         def headers(self):
             return {"Authorization": "Bearer k"}
 
-    post_json(Srv([], []), "/tokenize", {"a": 1}, 12.5)
-    assert seen == {"url": "http://off.test/tokenize", "json": {"a": 1}, "headers": {"Authorization": "Bearer k"},
+    off, on = rec("off", ["def", "(input"]), rec("on", ["def", "(s"])
+    server_triage(Srv([], []), P, RequestSettings(), first_divergence(off, on), off.tokens, threshold=0.5,
+                  timeout_s=12.5)
+    body = seen.pop("json")
+    assert (body["max_tokens"], body["stream"], body["top_logprobs"]) == (2, False, 5)
+    assert seen == {"url": "http://off.test/v1/chat/completions", "headers": {"Authorization": "Bearer k"},
                     "timeout": 12.5, "verify": "/ca.pem"}
 
 
