@@ -54,10 +54,8 @@ def export(path: Path, junit_out: Path | None, md_out: Path | None, html_out: Pa
     if not asked and fmt is None:
         raise UsageError("give at least one of --junit, --markdown, --html, --format")
     kind, saved = kinds.read(path)
-    for f, _ in asked + ([(fmt, None)] if fmt is not None and out is None else []):
-        if getattr(kind, f) is None:
-            raise UsageError(f"{path} is a {kind.name} report, which has no {kinds.FORMAT_NAMES[f]} form: "
-                             f"{kind.formats_text()}")
+    for f in [f for f, _ in asked] + ([fmt] if fmt is not None else []):
+        kind.renderer(f, path)  # every form asked is checked before any is written
     for f, target in asked:
         atomic_write_text(target, kind.renderer(f)(saved))
         stderr.print(f"wrote {target}")

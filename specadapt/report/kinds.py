@@ -78,11 +78,13 @@ class ReportKind:
         """The forms of `report export` this kind has ("markdown", "html", "junit")."""
         return tuple(f for f in FORMATS if getattr(self, f) is not None)
 
-    def renderer(self, fmt: str) -> Callable[[Any], str]:
-        """The renderer of form ``fmt``; UsageError naming the forms the kind has when it lacks it."""
+    def renderer(self, fmt: str, path: Path | None = None) -> Callable[[Any], str]:
+        """The renderer of form ``fmt``; UsageError in one line naming the forms the kind has when it
+        lacks it (``path``: the saved report, named in the line)."""
         render = getattr(self, fmt, None) if fmt in FORMATS else None
         if render is None:
-            raise UsageError(f"a {self.name} report has no {FORMAT_NAMES.get(fmt, fmt)} form: {self.formats_text()}")
+            what = f"{path} is a {self.name} report, which" if path is not None else f"a {self.name} report"
+            raise UsageError(f"{what} has no {FORMAT_NAMES.get(fmt, fmt)} form: {self.formats_text()}")
         return render
 
     def formats_text(self) -> str:
