@@ -517,6 +517,11 @@ class Setting:
         return cls(float(values.get("temperature", 1.0)), int(values.get("top_k", 0)), float(values.get("top_p", 1.0)),
                    float(values.get("min_p", 0.0)))
 
+    @property
+    def raw(self) -> bool:
+        """Temperature 1 and nothing cut: the model's own distribution, the one prompt logprobs give."""
+        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0 and self.min_p == 0.0
+
     def body(self) -> dict[str, float]:
         out: dict[str, float] = {"temperature": self.temperature, "top_p": self.top_p}
         if self.top_k > 0:
@@ -559,10 +564,12 @@ def _logsumexp(x: np.ndarray) -> np.ndarray:
 
 def exactness_problem(s: Setting, k: int, source: str) -> str | None:
     """Why a distribution cell cannot be scored exactly from a source's top K (None: it can).
-    The whole vocabulary (``source`` "reference") is always exact; a server's top K is exact only
-    when top_k <= K restricts the support to it (the tempered normaliser and the min_p/top_p cut
-    then need no token outside it)."""
-    if source == "reference":
+    The whole vocabulary (``source`` "reference") is always exact; so is a server's top K for the
+    raw setting (``Setting.raw``: its prompt logprobs are that distribution, the rest lumped, as
+    `equiv --sampling` scores it); otherwise a server's top K is exact only when top_k <= K
+    restricts the support to it (the tempered normaliser and the min_p/top_p cut then need no
+    token outside it)."""
+    if source == "reference" or s.raw:  # the raw distribution is the server's prompt logprobs: top K, rest lumped
         return None
     if 0 < s.top_k <= k:
         return None

@@ -27,14 +27,14 @@ from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
 from specadapt.analysis.identity import default_threshold
 from specadapt.analysis.lossy import lossy_reasons_of
-from specadapt.analysis.sampling_check import PromptInput, Sample
+from specadapt.analysis.sampling_check import PromptInput
 from specadapt.analysis.sides import side_notes
 from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
 from specadapt.orchestration.counters import counter_window
 from specadapt.orchestration.reference_target import ReferenceTarget
-from specadapt.orchestration.sampling import draw_samples, finished, score_on_server
+from specadapt.orchestration.sampling import draw_samples, finished, score_samples
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import Divergence, Prompt, ServerInfo
 from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
@@ -288,12 +288,9 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
     with counter_window(m.on.server) as window:
         samples = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
                                      requests=m.on.requests, sampling=setting.body())
-    if m.reference is not None:
-        draws = [d for sample in samples for d in _reference_draws(m.reference, sample, setting, s.top_logprobs)]
-    else:
-        scored = await score_on_server(m.off.server, samples, s.top_logprobs, s.concurrency, s.request_timeout_s,
-                                       requests=m.off.requests)
-        draws = [F.draw_from_top(d.top, d.token, setting, d.position, d.prompt_id) for ds in scored for d in ds]
+    scored = await score_samples(m.reference or m.off.server, samples, setting, s.top_logprobs, s.concurrency,
+                           s.request_timeout_s, requests=m.off.requests)
+    draws = [d for ds in scored for d in ds]
     stats = sampling_verdict(draws, alpha=s.alpha, bins=SAMPLE_BINS, seed=s.seed)
     ok = stats.status == "consistent"
     detail = stats.summary if stats.status != "too-few" else (
@@ -305,11 +302,6 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
     verdict, reason = F.cell_verdict(checks, activity, lossy=m.lossy)
     return CellResult(**base, verdict=verdict, reason=reason, checks=checks, activity=activity, stats=stats,
                       requests=len(samples), tokens=sum(len(x.tokens) for x in samples))
-
-
-def _reference_draws(reference: ReferenceTarget, sample: Sample, setting: F.Setting, k: int):
-    rows = reference.logprob_rows(sample)
-    return [F.draw_from_vocab(rows[j], token, setting, k, j, sample.prompt_id) for j, token in enumerate(sample.tokens)]
 
 
 async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) -> CellResult:

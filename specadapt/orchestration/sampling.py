@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specadapt.adapters.base import Server, TokenRequests
+from specadapt.analysis.features import Setting, draw_from_top, draw_from_vocab
 from specadapt.analysis.sampling_check import PromptInput, Sample, inputs_for, plan_samples, sampling_report
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
@@ -59,6 +60,7 @@ from specadapt.wire.http import Transport, Wire, fault_kind
 from specadapt.wire.openai import error_message, parse_tokenize, tokenize_body
 
 ReferenceDistribution = ReferenceTarget  # the name `--reference DIR` is built by in the commands
+RAW = Setting()  # temperature 1, top_p 1: what `equiv --sampling` samples and checks
 
 
 # --- HTTP --------------------------------------------------------------------------------------
@@ -173,6 +175,30 @@ def score_on_reference(reference: ReferenceTarget, samples: Sequence[Sample], k:
     return out
 
 
+async def score_samples(source: Server | ReferenceTarget, samples: Sequence[Sample], setting: Setting, k: int,
+                  concurrency: int, timeout_s: float, progress: Progress | None = None,
+                  requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
+    """Every sampled token under the distribution of ``setting``, per sample: at the raw setting
+    (temperature 1, nothing cut: `equiv --sampling`) the source's own top K at each position, the
+    rest lumped; at any other (the distribution cells of `equiv --features`) the exact distribution
+    of the setting (analysis/features.py ``draw_from_vocab`` on the float64 reference's whole
+    vocabulary, ``draw_from_top`` on a server's top K where it holds the support). ``source``: the
+    float64 reference, or the spec-off server's prompt logprobs."""
+    if isinstance(source, ReferenceTarget):
+        if setting.raw:
+            return score_on_reference(source, samples, k, progress)
+        return [_reference_draws(source, s, setting, k) for s in samples]
+    scored = await score_on_server(source, samples, k, concurrency, timeout_s, progress, requests=requests)
+    if setting.raw:
+        return scored
+    return [[draw_from_top(d.top, d.token, setting, d.position, d.prompt_id) for d in ds] for ds in scored]
+
+
+def _reference_draws(reference: ReferenceTarget, sample: Sample, setting: Setting, k: int) -> list[TokenDraw]:
+    rows = reference.logprob_rows(sample)
+    return [draw_from_vocab(rows[j], token, setting, k, j, sample.prompt_id) for j, token in enumerate(sample.tokens)]
+
+
 # --- the whole check ------------------------------------------------------------------------------
 def sampling_sides(off_url: str | None, on_url: str | None, reference: str | Path | None) -> list[Side]:
     """The servers the check needs: spec on always; spec off unless ``reference`` gives p (and no
@@ -249,7 +275,7 @@ def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSetti
     with counter_window(on) as window:
         samples = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
                                         settings.request_timeout_s, bars("sampling", len(inputs) * settings.samples),
-                                        requests=requests))
+                                        requests=requests, sampling=RAW.body()))
     return samples, window.acceptance
 
 
@@ -257,8 +283,5 @@ def score(source: Server | ReferenceTarget, samples: Sequence[Sample], settings:
           bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
     """The target's top K at every sampled position (one bar, 'scoring'): from the source server's
     prompt logprobs, or the float64 reference."""
-    progress = bars("scoring", len(samples))
-    if isinstance(source, ReferenceTarget):
-        return score_on_reference(source, samples, settings.top_logprobs, progress)
-    return run_loop(score_on_server(source, samples, settings.top_logprobs, settings.concurrency,
-                                    settings.request_timeout_s, progress, requests=requests))
+    return run_loop(score_samples(source, samples, RAW, settings.top_logprobs, settings.concurrency,
+                                  settings.request_timeout_s, bars("scoring", len(samples)), requests))

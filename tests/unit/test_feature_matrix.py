@@ -292,6 +292,12 @@ def test_exactness():
     assert F.exactness_problem(F.Setting(temperature=0.7), 20, "server") is not None
     assert "--reference" in F.exactness_problem(F.Setting(min_p=0.05), 20, "server")
     assert F.exactness_problem(F.Setting(temperature=0.7), 20, "reference") is None
+    # the raw setting is what a server's prompt logprobs are (`equiv --sampling`): exact from its top K
+    assert F.Setting().raw and F.Setting.of({"temperature": 1.0, "top_p": 1.0}).raw
+    assert not any(F.Setting(**kw).raw for kw in ({"temperature": 0.7}, {"top_k": 20}, {"top_p": 0.9},
+                                                  {"min_p": 0.05}))
+    assert F.exactness_problem(F.Setting(), 20, "server") is None
+    assert all(not F.Setting.of(f.sampling).raw for f in F.FEATURES if f.kind == "distribution")
 
 
 def test_draw_from_vocab():
@@ -391,10 +397,7 @@ def derive(name, ask):
 
 
 def test_every_planted_feature_fault_is_caught_by_a_cell():
-    try:  # where the reference engine keeps its planted faults
-        from specadapt.native_reference.faults import FEATURE_FAULTS
-    except ImportError:
-        from specadapt.native_reference.engine import FEATURE_FAULTS
+    from specadapt.native_reference.faults import FEATURE_FAULTS
 
     assert {fault for f in F.FEATURES for fault in f.catches} == set(FEATURE_FAULTS)
     assert [f.name for f in F.FEATURES if "stop-in-chunk" in f.catches] == ["stop-string", "stop-string-kept"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specadapt.adapters.base import TokenRequests
+from specadapt.analysis import features as F
 from specadapt.analysis import sampling_check as C
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.analysis.sides import side_notes
@@ -689,3 +690,23 @@ def test_the_report_states_power_at_the_settings_power():
     on = ServerInfo(backend="vllm", base_url="http://on", model_id="m", spec_enabled=True)
     report = C.sampling_report(settings(power=0.9), on, None, inputs, samples, draws)
     assert report.stats.power == 0.9
+
+
+def test_scoring_at_the_raw_setting_is_the_sources_top_k_and_at_any_other_its_exact_distribution():
+    data, sample = scored()
+
+    def handler(request):
+        return httpx.Response(200, json=data)
+
+    async def _score(setting):
+        server = FakeServer()
+        server.transport = httpx.MockTransport(handler)
+        return await S.score_samples(server, [sample], setting, 2, 1, 10)
+
+    raw = asyncio.run(_score(S.RAW))
+    assert raw == [R.parse_scores(data, sample, k=2)]  # `equiv --sampling`: the top K as the source gave it
+    (first, second), = asyncio.run(_score(F.Setting(top_k=2)))
+    # top_k 2 within the source's top 2: the exact distribution, renormalised over the support
+    assert first.full_vocab and set(first.top) == {7, 8}
+    assert math.isclose(sum(math.exp(v) for v in first.top.values()), 1.0)
+    assert second.token == 9 and second.logprob == -math.inf  # outside the setting's support
