@@ -1,18 +1,20 @@
 """`equiv --features`: the request-feature matrix run against a spec-on server and its spec-off
-baseline (analysis/features.py says what each cell sends and how it is judged; this module sends).
+baseline. Each cell is one definition in analysis/features.py (its request, its derivation, how
+often it is sent, its invariant); this module runs any cell as it is defined, and sends.
 
 Cells run one after the other, so that the spec-on server's counters, read before and after each
-cell's own requests, tell whether speculation ran for that feature. Before a cell whose parameters
-depend on where speculation puts its chunk boundaries (a stop string, a stop token or max_tokens
-inside an accepted chunk; a token to ban), the spec-on server's greedy answer is streamed once
-with its token ids, and the streamed chunks (one per engine step, several tokens when drafts were
-accepted) say where the chunks are.
+cell's own requests (orchestration/counters.py), tell whether speculation ran for that feature.
+A cell's derivation asks the servers through the ``Matrix`` (analysis/features.py ``Ask``): the
+spec-on server's greedy answer streamed with its token ids, whose chunks (one per engine step,
+several tokens when drafts were accepted) say where a stop or a limit falls inside an accepted
+chunk; the spec-off server's own answer; its tokenizer.
 
 Distribution cells sample the spec-on server with the cell's setting (seed per sample, EOS
-ignored) and score every sampled token against the exact distribution of that setting: from the
-target recomputed in float64 (``--reference DIR``: the whole vocabulary), or from the spec-off
-server's prompt logprobs where its top K holds the whole support (top_k <= K). Any other cell is
-refused as "not-exact", with the reason, rather than approximated.
+ignored) and score every sampled token against the exact distribution of that setting
+(orchestration/sampling.py ``score_samples``, as `equiv --sampling` does at temperature 1): from
+the target recomputed in float64 (``--reference DIR``: the whole vocabulary), or from the
+spec-off server's prompt logprobs where its top K holds the whole support (top_k <= K). Any other
+cell is refused as "not-exact", with the reason, rather than approximated.
 """
 
 from __future__ import annotations
