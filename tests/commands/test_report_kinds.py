@@ -107,8 +107,8 @@ def watch(path: Path) -> None:
 CASES: dict[str, tuple[Callable[[Path], None], list[str], dict[str, list[str]]]] = {
     "probe": (probe, ["probe-model", "http://probe:8000", "output tokens 3"], {}),
     "compare": (compare, ["identity: 2 identical, 1 near-tie, 1 suspect"],
-                {"markdown": ["## specadapt: speculative decoding on vs off", "BUG"], "html": ["<h1>Speculative decoding on vs off: m</h1>"],
-                 "junit": ["p3"]}),
+                {"markdown": ["## specadapt: speculative decoding on vs off", "BUG"],
+                 "html": ["<h1>Speculative decoding on vs off: m</h1>"], "junit": ["p3"]}),
     "features": (features, ["logit-bias-cell: fail: tokens differ at 3", "gate: FAIL"],
                  {"markdown": ["request features", "`logit-bias-cell`"], "html": ["<code>logit-bias-cell</code>"],
                   "junit": ["logit-bias-cell", "tokens differ at 3"]}),
