@@ -47,6 +47,7 @@ from specadapt.wire.openai import (
     first_choice,
     parse_detokenize,
     parse_tokenize,
+    tokenize_body,
 )
 
 SAMPLE_BINS = 10  # PIT bins of a distribution cell: 50 tokens decide (5 expected per bin)
@@ -156,7 +157,8 @@ async def detokenize(side: Endpoint, ids: Sequence[int]) -> str:
 
 
 async def tokenize(side: Endpoint, text: str) -> list[int]:
-    return parse_tokenize(await side.post("/tokenize", {"model": side.server.model_id, "prompt": text}))
+    prompt = Prompt(id="features", category="features", prompt=text)
+    return parse_tokenize(await side.post("/tokenize", tokenize_body(prompt, side.server.model_id)))
 
 
 # --- the matrix ------------------------------------------------------------------------------------

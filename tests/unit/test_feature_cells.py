@@ -57,6 +57,8 @@ class Scripted:
         self.bodies.append(body)
         if request.url.path == "/detokenize":
             return httpx.Response(200, json={"prompt": text_of(body["tokens"])})
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [7, 8, 9], "count": 3})
         if self.refuse:
             return httpx.Response(self.refuse, json={"error": {"message": "not with speculation"}})
         if self.spec:
@@ -206,3 +208,12 @@ def test_a_distribution_cell_the_servers_top_k_cannot_score_is_not_exact_before_
     on = Scripted("on")
     c = cell("temperature-0.7", on, Scripted("off", spec=False))
     assert c.verdict == "not-exact" and "--reference DIR" in c.reason and on.bodies == []
+
+
+def test_a_long_prompt_is_sized_by_the_spec_off_tokenizer():
+    on, off = Scripted("on"), Scripted("off", spec=False)
+    c = cell("model-length", on, off, max_model_len=40)
+    assert off.bodies[0] == {"model": "m", "prompt": F.LONG_TEXT}
+    assert on.bodies[0]["prompt"] == off.bodies[1]["prompt"] == [7, 8, 9] * 10 + [7, 8]
+    assert on.bodies[0]["max_tokens"] == 8 and on.bodies[0]["ignore_eos"] is True
+    assert (c.verdict, c.notes) == ("pass", ["prompt of 32 tokens, max_model_len 40"])
