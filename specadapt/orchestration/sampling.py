@@ -45,7 +45,7 @@ from specadapt.load.progress import Progress, ProgressBars, no_bars
 from specadapt.orchestration.counters import counter_window
 from specadapt.orchestration.reference_target import ReferenceTarget
 from specadapt.orchestration.sampling_requests import (
-    _ASKED,
+    ASKED,
     check_token_requests,
     parse_sample,
     parse_scores,
@@ -119,7 +119,7 @@ def finished(prompt_id: str, category: str, output_tokens: int, finish_reason: s
 async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
                        timeout_s: float, progress: Progress | None = None,
                        transport: Transport | None = None,
-                       requests: TokenRequests = _ASKED, sampling: dict[str, Any] | None = None) -> list[Sample]:
+                       requests: TokenRequests = ASKED, sampling: dict[str, Any] | None = None) -> list[Sample]:
     """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight;
     ``requests``: how the server's backend is asked for the sampled ids; ``sampling``: settings
     other than temperature 1, top_p 1 (``equiv --features``)."""
@@ -144,7 +144,7 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
 async def score_on_server(server: Server, samples: Sequence[Sample], k: int, concurrency: int, timeout_s: float,
                           progress: Progress | None = None,
                           transport: Transport | None = None,
-                          requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
+                          requests: TokenRequests = ASKED) -> list[list[TokenDraw]]:
     """The source server's top-K prompt logprobs at every sampled position (one request per sample);
     ``requests``: how the server's backend is asked for them."""
     async with Wire.for_server(server, timeout_s=timeout_s, concurrency=concurrency, transport=transport) as client:
@@ -177,7 +177,7 @@ def score_on_reference(reference: ReferenceTarget, samples: Sequence[Sample], k:
 
 async def score_samples(source: Server | ReferenceTarget, samples: Sequence[Sample], setting: Setting, k: int,
                   concurrency: int, timeout_s: float, progress: Progress | None = None,
-                  requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
+                  requests: TokenRequests = ASKED) -> list[list[TokenDraw]]:
     """Every sampled token under the distribution of ``setting``, per sample: at the raw setting
     (temperature 1, nothing cut: `equiv --sampling`) the source's own top K at each position, the
     rest lumped; at any other (the distribution cells of `equiv --features`) the exact distribution
@@ -270,7 +270,7 @@ def prompt_inputs(tokenizer: Server | ReferenceTarget, prompts: Sequence[Prompt]
 
 
 def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSettings,
-              bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> tuple[list[Sample], AcceptanceSummary]:
+              bars: ProgressBars = no_bars, requests: TokenRequests = ASKED) -> tuple[list[Sample], AcceptanceSummary]:
     """The samples from the spec-on server (one bar, 'sampling'), with its acceptance over them."""
     with counter_window(on) as window:
         samples = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
@@ -280,7 +280,7 @@ def sample_on(on: Server, inputs: Sequence[PromptInput], settings: SamplingSetti
 
 
 def score(source: Server | ReferenceTarget, samples: Sequence[Sample], settings: SamplingSettings,
-          bars: ProgressBars = no_bars, requests: TokenRequests = _ASKED) -> list[list[TokenDraw]]:
+          bars: ProgressBars = no_bars, requests: TokenRequests = ASKED) -> list[list[TokenDraw]]:
     """The target's top K at every sampled position (one bar, 'scoring'): from the source server's
     prompt logprobs, or the float64 reference."""
     return run_loop(score_samples(source, samples, RAW, settings.top_logprobs, settings.concurrency,

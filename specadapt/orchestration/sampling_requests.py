@@ -18,11 +18,12 @@ from specadapt.adapters.base import TokenRequests
 from specadapt.analysis.sampling_check import Sample
 from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.errors import NotAServer, UsageError
+from specadapt.wire.openai import first_choice
 
 TEMPERATURE = 1.0
 TOP_P = 1.0
 _TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
-_ASKED = TokenRequests()  # what the request builders add when the caller names no backend's declaration
+ASKED = TokenRequests()  # what the request builders add when the caller names no backend's declaration
 
 
 def check_token_requests(backend: str, requests: TokenRequests, scoring: bool) -> None:
@@ -38,7 +39,7 @@ def check_token_requests(backend: str, requests: TokenRequests, scoring: bool) -
 
 
 def sample_body(ids: Sequence[int], model: str, max_tokens: int, seed: int,
-                requests: TokenRequests = _ASKED, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+                requests: TokenRequests = ASKED, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """One sample from the spec-on server: the raw distribution (or the ``sampling`` settings given),
     a seed of its own, no stop at EOS, the sampled ids in the logprobs (the keys
     ``requests.sampled_ids`` declares)."""
@@ -51,12 +52,9 @@ def _keys(extras: dict[str, Any] | None) -> str:
     return " and ".join(f"'{k}'" for k in extras or {}) or "its declared keys"
 
 
-def parse_sample(data: Any, requests: TokenRequests = _ASKED) -> tuple[list[int], str | None]:
+def parse_sample(data: Any, requests: TokenRequests = ASKED) -> tuple[list[int], str | None]:
     """(sampled token ids, finish reason) of a non-streamed completion with token-id logprobs."""
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise NotAServer("the spec-on server's completion has no choices") from exc
+    choice = first_choice(data, "the spec-on server")
     tokens = (choice.get("logprobs") or {}).get("tokens")
     if not isinstance(tokens, list) or not tokens:
         raise NotAServer("the spec-on server returned no logprobs tokens: it must honour 'logprobs' and "
@@ -71,7 +69,7 @@ def parse_sample(data: Any, requests: TokenRequests = _ASKED) -> tuple[list[int]
     return ids, choice.get("finish_reason")
 
 
-def score_body(sample: Sample, model: str, k: int, requests: TokenRequests = _ASKED) -> dict[str, Any]:
+def score_body(sample: Sample, model: str, k: int, requests: TokenRequests = ASKED) -> dict[str, Any]:
     """The source's log-probabilities at every sampled position: prompt logprobs of prompt + sample
     (with the keys ``requests.prompt_logprobs`` declares)."""
     return {"model": model, "prompt": [*sample.prompt_ids, *sample.tokens], "max_tokens": 1, "temperature": 0.0,
@@ -108,10 +106,7 @@ def top_k_of(entries: dict[int, tuple[float, int | None]], k: int) -> dict[int, 
 def parse_scores(data: Any, sample: Sample, k: int) -> list[TokenDraw]:
     """One TokenDraw per sampled token from the source's prompt logprobs; checks that the
     source saw exactly the ids that were sent (its echo and the token at each position)."""
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError) as exc:
-        raise NotAServer("the source server's completion has no choices") from exc
+    choice = first_choice(data, "the source server")
     sent = [*sample.prompt_ids, *sample.tokens]
     echoed = choice.get("prompt_token_ids")
     if echoed is not None and list(echoed) != sent:

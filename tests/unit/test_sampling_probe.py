@@ -127,7 +127,7 @@ def test_sampled_ids_come_from_the_token_id_logprobs():
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"choices": []}, "has no choices"),
+    ({"choices": []}, "answered without a choice"),
     ({"choices": [{"text": "a", "logprobs": None}]}, "returned no logprobs tokens"),
     ({"choices": [{"text": "a", "logprobs": {"tokens": ["He"]}}]}, "returned token 'He', not 'token_id:N'"),
 ])
@@ -480,7 +480,8 @@ def test_spec_on_refusals_name_what_is_missing_exactly():
                               "'return_tokens_as_token_ids' (vLLM does)")
     with pytest.raises(NotAServer) as err:
         R.parse_sample({})
-    assert str(err.value) == "the spec-on server's completion has no choices"
+    assert str(err.value) == ("the spec-on server answered without a choice (no 'choices[0]' object): not an "
+                              "OpenAI-compatible completion")
 
 
 def test_score_errors_say_where_exactly():
@@ -514,7 +515,8 @@ def test_score_errors_say_where_exactly():
                               "DIR)")
     with pytest.raises(NotAServer) as err:
         R.parse_scores({"choices": []}, sample, k=2)
-    assert str(err.value) == "the source server's completion has no choices"
+    assert str(err.value) == ("the source server answered without a choice (no 'choices[0]' object): not an "
+                              "OpenAI-compatible completion")
 
 
 def test_the_servers_ranks_decide_ties_and_plain_logprobs_are_read_too():
