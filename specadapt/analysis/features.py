@@ -1,11 +1,14 @@
 """The request-feature matrix of `equiv --features`: which features there are, what each cell sends,
-the invariants that hold whatever the text, and the verdict of a cell (pure: no I/O).
+the invariants that hold whatever the text, and the verdict of a cell (pure: no I/O; the
+derivations ask the servers only through the ``Ask`` they are given).
 
-A cell is one request feature (stop strings, penalties, logprobs, structured output, top-p, seeds,
+Each cell is one ``Feature`` in ``FEATURES``, whole: its request, the function that derives its
+parameters from the servers' own answers, how often it is sent, its invariant and the planted
+faults it catches. A cell is one request feature (stop strings, penalties, logprobs, structured output, top-p, seeds,
 ...) sent alike to the spec-on server and its baseline. Three kinds:
 
-- deterministic: greedy; the two sides' texts must be identical (a divergence is triaged as in
-  ``equiv``), and each answer must keep the feature's own invariant (a stop string absent from the
+- deterministic: greedy; the two sides' texts must be identical (the first divergence and its
+  near-tie triage are analysis/identity.py's, as in ``equiv``), and each answer must keep the feature's own invariant (a stop string absent from the
   text, length limits kept, JSON valid against its schema, ...);
 - distribution: sampled with the feature's settings; every sampled token is scored against the
   *exact* distribution of that setting (temperature, min_p, top_k, top_p applied in vLLM's order
