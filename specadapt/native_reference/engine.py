@@ -1,17 +1,33 @@
 """The speculative decoding loop over a batch: propose -> verify in one target pass -> accept.
 
-Sequences join the batch (each prefilled alone, which gives its first token) and leave it
-between steps; every step verifies every row's proposal in one target pass, each row with
-its own sampling parameters, random generator and number of accepted tokens (see
-docs/reference.md, "Batching"). The number of draft tokens may depend on the batch size
-(a schedule in vLLM's ``num_speculative_tokens_per_batch_size`` form). With no proposer
-(or k = 0) the same loop is plain target-only decoding, one token per pass per row, which
-is what speculative outputs are compared against.
+One ``SpecEngine.step`` is the algorithm, one rung per line:
+
+1. draft: the proposer drafts up to k tokens per row (``_draft``);
+2. verify: one target pass scores every row's last token and drafts (``_target_pass``);
+3. accept: per row, greedy keeps the longest prefix of the drafts equal to the target's
+   argmax, sampling runs modified rejection sampling against the draft's q
+   (``_verify``: ``_process`` -> ``greedy_verify`` | ``_probs`` -> ``_rejection_sample``);
+4. emit: the accepted drafts plus the target's own next token (the replacement after a
+   rejection, or the bonus after a full acceptance), cut at the length limit, a stop
+   token and a stop string (``_emit``: ``_chunk`` -> ``_cut_at_length`` -> ``_cut_at_stop``),
+   with their raw target logprobs when asked (``_logprobs``).
+
+Sequences join the batch (each prefilled alone, which gives its first token through the
+same accept and emit rungs) and leave it between steps; every step verifies every row's
+proposal in one target pass, each row with its own sampling parameters, random generator
+and number of accepted tokens (see docs/reference.md, "Batching"). The number of draft
+tokens may depend on the batch size (a schedule in vLLM's
+``num_speculative_tokens_per_batch_size`` form). With no proposer (or k = 0) the same
+loop is plain target-only decoding, one token per pass per row, which is what
+speculative outputs are compared against.
+
+Planted bugs for testing the tools that judge servers live in
+``specadapt.native_reference.faults``: each is a subclass that overrides the rung it
+breaks; this module holds the healthy algorithm only.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -20,9 +36,8 @@ import torch
 
 from specadapt.errors import UsageError
 from specadapt.native_reference.models import SlotCache
-from specadapt.native_reference.proposers import DraftModelProposer, Proposal, Proposer
+from specadapt.native_reference.proposers import Proposal, Proposer
 from specadapt.native_reference.sampling import (
-    SAMPLER_FAULTS,
     SamplingParams,
     greedy_verify,
     probs,
@@ -31,61 +46,6 @@ from specadapt.native_reference.sampling import (
 )
 from specadapt.native_reference.stops import StopStrings
 from specadapt.records.schedule import k_for_batch, schedule_problems
-
-# faults of request features under speculation: each shows only where a verify pass emits
-# several tokens (accepted drafts); target-only decoding (k = 0) never shows them
-FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
-                  "seed-ignored", "logprobs-shifted")
-# faults of batching: each shows only where two or more requests share a verify pass;
-# a request served alone (concurrency 1) never shows them
-BATCH_FAULTS = ("batch-drop",)
-# engine faults, then the faults inside the rejection sampler (passed to rejection_verify)
-FAULTS = (("accept-always", "drop-bonus", "perturb-logits", "draft-temperature") + SAMPLER_FAULTS + FEATURE_FAULTS
-          + BATCH_FAULTS)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """A deliberate bug, for testing the tools that judge servers. Never on by default.
-
-    ``eps``: the noise size of perturb-logits; ``factor``: the draft-temperature T (the
-    draft samples at the request's temperature times T)."""
-
-    kind: str
-    eps: float = 0.0
-    factor: float = 1.0
-
-    @classmethod
-    def parse(cls, text: str) -> Fault:
-        kind, _, value = text.partition("=")
-        if kind not in FAULTS:
-            raise UsageError(f"unknown fault {text!r}: use one of {', '.join(FAULTS)} "
-                             "(perturb-logits=EPS, draft-temperature=T)")
-        if kind == "perturb-logits":
-            try:
-                eps = float(value)
-            except ValueError:
-                raise UsageError("perturb-logits needs a size: perturb-logits=EPS (e.g. 0.5)") from None
-            return cls(kind, eps)
-        if kind == "draft-temperature":
-            return cls(kind, factor=_draft_temperature_factor(value))
-        if value:
-            raise UsageError(f"fault {kind} takes no value")
-        return cls(kind)
-
-
-def _draft_temperature_factor(value: str) -> float:
-    """T of draft-temperature=T: finite, > 0 and not 1 (T = 1 is the healthy sampler)."""
-    try:
-        factor = float(value)
-    except ValueError:
-        raise UsageError("draft-temperature needs a factor: draft-temperature=T (e.g. 0.5: the draft "
-                         "samples at half the request's temperature)") from None
-    if not math.isfinite(factor) or factor <= 0:
-        raise UsageError(f"draft-temperature={value}: T must be a finite number > 0 (e.g. 0.5)")
-    if factor == 1:
-        raise UsageError("draft-temperature=1 is the healthy sampler: pick T != 1 (e.g. 0.5 or 2)")
-    return factor
 
 
 @dataclass
@@ -183,7 +143,7 @@ class Row:
     logprobs: bool
     top_logprobs: int
     generator: torch.Generator
-    noise: torch.Generator  # the perturb-logits fault's own draws, per row
+    seed: int  # the seed of ``generator``
     stats: SpecStats
     tag: object = None  # the caller's handle (the server's request)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
@@ -226,8 +186,7 @@ def parse_schedule(schedule: Iterable[Sequence[int]] | None, k: int) -> list[tup
 class SpecEngine:
     """Speculative decoding of a batch of sequences with a target and a proposer."""
 
-    def __init__(self, target, proposer: Proposer | None = None, k: int = 4,
-                 fault: Fault | None = None, seed: int = 0,
+    def __init__(self, target, proposer: Proposer | None = None, k: int = 4, seed: int = 0,
                  schedule: Iterable[Sequence[int]] | None = None, max_model_len: int | None = None):
         if proposer is None:
             k = 0
@@ -238,13 +197,6 @@ class SpecEngine:
         self.proposer = proposer
         self.k = k
         self.schedule = parse_schedule(schedule, k)
-        self.fault = fault
-        if fault is not None and fault.kind == "draft-temperature":
-            if not isinstance(proposer, DraftModelProposer) or k == 0:
-                raise UsageError("the draft-temperature fault needs a draft model (--draft DIR, k >= 1): "
-                                 "n-gram proposals are not sampled (q is one-hot), so there is no draft "
-                                 "temperature to get wrong")
-            proposer.sample_temperature_factor = fault.factor
         cfg_len = getattr(target.config, "max_position_embeddings", None)
         self.max_model_len = int(max_model_len or cfg_len or 2 ** 31)
         self.device = self.target.device
@@ -324,9 +276,8 @@ class SpecEngine:
         if seed is None:
             seed = int(torch.randint(2 ** 62, (1,), generator=self.generator))
         gen = torch.Generator(device=self.device).manual_seed(int(seed))
-        noise = torch.Generator(device=self.device).manual_seed(int(seed) + 1)
         row = Row(list(prompt), max_new_tokens, params, tuple(stop_ids), logprobs or top_logprobs > 0,
-                  top_logprobs, gen, noise, stats if stats is not None else SpecStats(k=self.k), tag, list(prompt),
+                  top_logprobs, gen, int(seed), stats if stats is not None else SpecStats(k=self.k), tag, list(prompt),
                   stop_token_ids=tuple(stop_token_ids), stops=stops)
         t0 = time.perf_counter()
         if prompt_logprobs is None:
@@ -367,42 +318,22 @@ class SpecEngine:
             self.proposer.keep_rows(keep)
 
     def step(self) -> list[tuple[Row, Step]]:
-        """One target pass over every row: propose, verify, accept. Finished rows leave."""
+        """One target pass over every row: draft, verify, accept, emit. Finished rows leave."""
         if not self.rows:
             return []
         rows = self.rows
         t0 = time.perf_counter()
-        k = self.k_for(len(rows))
-        # never draft past the model length (positions >= max_model_len do not exist)
-        ks = [max(0, min(k, self.max_model_len - len(r.tokens))) for r in rows]
-        proposals = [Proposal() for _ in rows]
-        draft_forwards = 0
-        if self.proposer is not None and any(ks):
-            before = self.proposer.forwards
-            process = [_draft_process(r) for r in rows]
-            extra = {"process": process} if any(process) else {}  # proposers without it serve plain requests
-            proposals = self.proposer.propose([r.tokens for r in rows], ks, [r.params for r in rows],
-                                              [r.generator for r in rows], **extra)
-            draft_forwards = self.proposer.forwards - before
+        proposals, draft_forwards = self._draft(rows)  # up to k draft tokens per row
         t1 = time.perf_counter()
-        # the cache holds every position but the last of each row
-        logits = self.target.forward([r.tokens[-1:] + p.tokens for r, p in zip(rows, proposals)])  # [B, N, V]
+        logits = self._target_pass(rows, proposals)  # [B, N, V]: every row's drafts in one pass
         t2 = time.perf_counter()
         out: list[tuple[Row, Step]] = []
         for b, (row, prop) in enumerate(zip(rows, proposals)):
             lg = logits[b, :len(prop.tokens) + 1]  # [len(draft)+1, V]
-            if prop.tokens and self.fault and self.fault.kind == "perturb-logits":
-                noise = torch.randn(lg.shape, generator=row.noise, dtype=torch.float32, device=lg.device)
-                lg = lg + (self.fault.eps * noise).to(lg.dtype)
-            generator = row.generator
-            if prop.tokens and self._fault("seed-ignored"):
-                generator = self.generator  # the bug: the verify pass ignores the request's seeded generator
-            m, nxt = self._verify(row, lg, prop, generator)
-            # the batch-drop fault fires on every row of a shared pass but the first
-            step = self._emit(row, prop, lg, m, nxt, drop=b > 0 and self._fault("batch-drop"))
+            m, nxt = self._verify(row, lg, prop, row.generator)  # accepted prefix, the target's next token
+            out.append((row, self._emit(row, prop, lg, m, nxt)))  # drafts[:m] + [nxt]
             # keep the cache entries of every emitted token but the last (fed next step)
             self.target.truncate(b, len(row.tokens) - 1)
-            out.append((row, step))
         t3 = time.perf_counter()
         for st in [r.stats for r in rows] + [self.totals]:
             st.target_forwards += 1
@@ -414,27 +345,55 @@ class SpecEngine:
         self.target.trim()
         return out
 
-    def _fault(self, kind: str) -> bool:
-        return self.fault is not None and self.fault.kind == kind
+    def _draft(self, rows: list[Row]) -> tuple[list[Proposal], int]:
+        """Each row's proposal (at most k tokens, never past the model length: positions >=
+        max_model_len do not exist) and the number of draft forward passes it took."""
+        k = self.k_for(len(rows))
+        ks = [max(0, min(k, self.max_model_len - len(r.tokens))) for r in rows]
+        if self.proposer is None or not any(ks):
+            return [Proposal() for _ in rows], 0
+        before = self.proposer.forwards
+        process = [_draft_process(r) for r in rows]
+        extra = {"process": process} if any(process) else {}  # proposers without it serve plain requests
+        proposals = self.proposer.propose([r.tokens for r in rows], ks, [r.params for r in rows],
+                                          [r.generator for r in rows], **extra)
+        return proposals, self.proposer.forwards - before
 
-    def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int, drop: bool = False) -> Step:
+    def _target_pass(self, rows: list[Row], proposals: list[Proposal]) -> torch.Tensor:
+        """The target's logits ``[B, N, V]`` over each row's last token and its drafts, in
+        one forward pass (the cache holds every position but the last of each row)."""
+        return self.target.forward([r.tokens[-1:] + p.tokens for r, p in zip(rows, proposals)])
+
+    def _verify(self, row: Row, logits: torch.Tensor, proposal: Proposal,
+                generator: torch.Generator) -> tuple[int, int]:
+        """Accepted drafts and the next token, from the row's processed logits (every
+        position processed with the output as it stands before it): the agreeing prefix
+        under greedy, modified rejection sampling otherwise."""
+        x = self._process(row, logits, proposal.tokens)  # [len(draft)+1, V] float64
+        if row.params.greedy:
+            return greedy_verify(x, proposal.tokens)
+        return self._rejection_sample(self._probs(row, x), proposal, generator)
+
+    def _process(self, row: Row, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
+        """min_tokens, logit_bias and penalties at every verified position (Row.process)."""
+        return row.process(logits, draft)
+
+    def _probs(self, row: Row, x: torch.Tensor) -> torch.Tensor:
+        """The target's distributions p: temperature, then min-p, top-k and top-p."""
+        return probs(x, row.params)
+
+    def _rejection_sample(self, p: torch.Tensor, proposal: Proposal,
+                          generator: torch.Generator) -> tuple[int, int]:
+        """Modified rejection sampling of the drafts against p (q one-hot where None)."""
+        return rejection_verify(p, proposal.q, proposal.tokens, generator)
+
+    def _emit(self, row: Row, prop: Proposal, logits: torch.Tensor, m: int, nxt: int) -> Step:
         """Append what the row emits this pass: the accepted drafts and the next token, cut
         at the length limit, at a stop token and at a stop string, in that order (vLLM's
-        scheduler cuts the first two, its output processor the last).
-
-        ``drop`` (the batch-drop fault, a row after the first of a shared pass): the last
-        accepted draft is lost, so the token the target chose after it takes its place."""
+        scheduler cuts the first two, its output processor the last)."""
         draft = prop.tokens
-        emitted = draft[:m] + [nxt]
-        if self._fault("drop-bonus") and draft and m == len(draft):
-            emitted = list(draft)  # the target's extra token is thrown away
-        if drop and m > 0:
-            # the bug: accepted token m-1 is dropped; the cache entries kept (all but the
-            # last emitted token) are still those of the row's tokens, so the row goes on
-            # from the corrupted sequence as if it were its own
-            emitted = draft[:m - 1] + [nxt]
-        if not self._fault("overrun-max-tokens"):  # the bug: a chunk is kept whole past max_tokens
-            emitted = emitted[:row.max_new_tokens - row.generated]
+        emitted = self._chunk(row, prop, m, nxt)
+        emitted = self._cut_at_length(row, emitted)
         emitted, stop_reason = self._cut_at_stop(row, emitted)
         position = len(row.tokens)
         row.tokens.extend(emitted)
@@ -449,6 +408,14 @@ class SpecEngine:
         return Step(position, list(draft), m, emitted, lp, tops, row.finish_reason, row.stop_reason,
                     None if row.stops is None else row.stops.text)
 
+    def _chunk(self, row: Row, prop: Proposal, m: int, nxt: int) -> list[int]:
+        """The accepted drafts, then the target's own next token."""
+        return prop.tokens[:m] + [nxt]
+
+    def _cut_at_length(self, row: Row, emitted: list[int]) -> list[int]:
+        """``emitted`` cut at the row's max_tokens."""
+        return emitted[:row.max_new_tokens - row.generated]
+
     def _cut_at_stop(self, row: Row, emitted: list[int]) -> tuple[list[int], int | str | None]:
         """``emitted`` cut after its first stop token and then at a stop string; the stop
         reason (the stop token id, or the stop string) or None (no stop, or EOS)."""
@@ -460,11 +427,16 @@ class SpecEngine:
                 stop_reason = t if t in row.stop_token_ids and t not in row.stop_ids else None
                 break
         if row.stops is not None and emitted:
-            terminated = emitted[-1] in ends
-            kept, matched = row.stops.update(emitted, terminated, keep_chunk=self._fault("stop-in-chunk"))
+            kept, matched = self._match_stop_string(row.stops, emitted, emitted[-1] in ends)
             if matched is not None:
                 return emitted[:kept], matched
         return emitted, stop_reason
+
+    def _match_stop_string(self, stops: StopStrings, emitted: list[int], terminated: bool
+                           ) -> tuple[int, str | None]:
+        """How many of ``emitted`` to keep, and the stop string they end at, if any
+        (``terminated``: the last one is a stop token; see StopStrings.update)."""
+        return stops.update(emitted, terminated)
 
     def _logprobs(self, row: Row, logits: torch.Tensor, emitted: list[int]
                   ) -> tuple[list[float], list[list[tuple[int, float]]]]:
@@ -472,9 +444,7 @@ class SpecEngine:
         vLLM's default) and the top ones; empty when not asked."""
         if not row.logprobs or not emitted:
             return [], []
-        logp = torch.log_softmax(logits[:len(emitted)].to(torch.float64), dim=-1)  # [n, V]
-        if self._fault("logprobs-shifted") and len(emitted) > 1:
-            logp = logp[[0] + list(range(len(emitted) - 1))]  # the bug: token j read at position j-1
+        logp = self._emitted_logp(logits, len(emitted))  # [n, V]
         lp = logp.gather(-1, torch.tensor(emitted, device=logp.device)[:, None])[:, 0].tolist()
         tops: list[list[tuple[int, float]]] = []
         if row.top_logprobs > 0:
@@ -482,25 +452,9 @@ class SpecEngine:
             tops = [list(zip(i.tolist(), v.tolist())) for i, v in zip(ids, vals)]
         return lp, tops
 
-    def _verify(self, row: Row, logits: torch.Tensor, proposal: Proposal,
-                generator: torch.Generator) -> tuple[int, int]:
-        """Accepted drafts and the next token, from the row's processed logits (every
-        position processed with the output as it stands before it)."""
-        params = row.params
-        draft = proposal.tokens
-        rows = 1 if self._fault("draft-penalties-skipped") else None  # the bug: drafted positions raw
-        x = row.process(logits, draft, rows)  # [len(draft)+1, V] float64
-        if self._fault("accept-always"):
-            # the bug: no comparison with the target at all; next token from the last row
-            last = x[len(draft):]  # [1, V]
-            if params.greedy:
-                return len(draft), int(last.argmax(-1).item())
-            return len(draft), rejection_verify(probs(last, params), None, [], generator)[1]
-        if params.greedy:
-            return greedy_verify(x, draft)
-        kind = self.fault.kind if self.fault and self.fault.kind in SAMPLER_FAULTS else None
-        filtered = 1 if self._fault("draft-filters-skipped") else None  # the bug: drafted positions unfiltered
-        return rejection_verify(probs(x, params, filtered), proposal.q, draft, generator, fault=kind)
+    def _emitted_logp(self, logits: torch.Tensor, n: int) -> torch.Tensor:
+        """``[n, V]``: row j the target's raw log-probabilities at emitted token j's position."""
+        return torch.log_softmax(logits[:n].to(torch.float64), dim=-1)
 
 
 def _draft_process(row: Row):

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import build_engine
 from specadapt.native_reference.models import (
     check_draft_compatible,
     load_causal_lm,
@@ -102,8 +103,8 @@ def open_reference(target: Path, draft: Path | None = None, ngram: bool = False,
         proposer, method = NgramProposer(ngram_min, ngram_max), "ngram"
     if schedule and proposer is None:
         raise UsageError("a draft-length schedule needs a proposer: add --ngram or --draft DIR")
-    engine = SpecEngine(target_model, proposer, k, Fault.parse(fault) if fault else None, seed,
-                        schedule=schedule, max_model_len=max_model_len)
+    engine = build_engine(target_model, proposer, k, fault or None, seed, schedule=schedule,
+                          max_model_len=max_model_len)
     return Reference(engine, load_tokenizer(target), Path(target), Path(draft) if draft else None,
                      method, dt, dev)
 

@@ -223,7 +223,7 @@ def feature_reference_servers(embedded_model):
     the long-prompt cells stay cheap): spec off, healthy n-gram k=4, and n-gram k=4 with each planted fault
     of a request feature."""
     from specadapt.adapters.reference import ReferenceBackend, ReferenceLaunch
-    from specadapt.native_reference.engine import FEATURE_FAULTS
+    from specadapt.native_reference.faults import FEATURE_FAULTS
 
     short = ["--max-model-len=1024"]
     opts = {"off": ReferenceLaunch(model=embedded_model, extra_args=short),

@@ -37,7 +37,7 @@ STRUCTURED = {"json-schema", "regex", "choice"}
 
 
 def test_every_planted_feature_fault_has_its_cells():
-    from specadapt.native_reference.engine import FEATURE_FAULTS
+    from specadapt.native_reference.faults import FEATURE_FAULTS
 
     assert set(CAUGHT_BY) == set(FEATURE_FAULTS)
     assert all(name in F.BY_NAME for names in CAUGHT_BY.values() for name in names)

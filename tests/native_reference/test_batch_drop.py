@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import BATCH_FAULTS, FAULTS, FEATURE_FAULTS, Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import BATCH_FAULTS, FAULTS, FEATURE_FAULTS, Fault, build_engine
 from specadapt.native_reference.proposers import NgramProposer
 from specadapt.native_reference.runtime import open_reference
 
@@ -57,7 +58,7 @@ def alone(smol):
 def test_alone_the_fault_changes_nothing(smol, alone):
     model, prompts = smol
     for ids, good in zip(prompts, alone):
-        faulty = SpecEngine(model, NgramProposer(1, 4), K, FAULT).generate(ids, N)
+        faulty = build_engine(model, NgramProposer(1, 4), K, FAULT).generate(ids, N)
         assert faulty.tokens == good.tokens
         assert [s.tokens for s in faulty.steps] == [s.tokens for s in good.steps]
     # drafts were accepted alone, so a fault that fired on any pass would have shown
@@ -68,7 +69,7 @@ def test_in_a_batch_rows_after_the_first_lose_an_accepted_token(smol, alone):
     model, prompts = smol
     healthy = SpecEngine(model, NgramProposer(1, 4), K).generate_batch(prompts, N)
     assert [g.tokens for g in healthy] == [g.tokens for g in alone]  # the control: batching alone is exact
-    faulty = SpecEngine(model, NgramProposer(1, 4), K, FAULT).generate_batch(prompts, N)
+    faulty = build_engine(model, NgramProposer(1, 4), K, FAULT).generate_batch(prompts, N)
     assert faulty[0].tokens == alone[0].tokens  # the first row of every pass is never hit
     differ = [i for i in range(1, len(prompts)) if faulty[i].tokens != alone[i].tokens]
     assert differ, "batch-drop changed no row of the batch"

@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import Fault, build_engine
 from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 from specadapt.native_reference.sampling import SamplingParams, probs
@@ -73,7 +74,7 @@ def sample_first_three(engine: SpecEngine, prompt: list[int], n: int, params: Sa
 
 
 def p_value(target, proposer, k, prompt, seed, fault=None, params=HOT, batched=True) -> float:
-    engine = SpecEngine(target, proposer, k, Fault.parse(fault) if fault else None, seed=seed)
+    engine = build_engine(target, proposer, k, Fault.parse(fault) if fault else None, seed=seed)
     counts = sample_first_three(engine, prompt, N, params, batched)
     return chi_square_p(counts, exact_first_three(target, prompt, params), N)
 
@@ -161,7 +162,7 @@ def test_draft_temperature_fault_draws_at_the_other_temperature(pair):
     asserted), and q equals a from-scratch recomputation at temperature 1."""
     target, draft = pair
     prop = DraftModelProposer(draft)
-    engine = SpecEngine(target, prop, 3, Fault.parse("draft-temperature=1e-4"), seed=4)
+    engine = build_engine(target, prop, 3, Fault.parse("draft-temperature=1e-4"), seed=4)
     inner = prop.propose
     seen = []
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import Fault, build_engine
 from specadapt.native_reference.models import CachedLM, check_draft_compatible
 from specadapt.native_reference.proposers import (
     DraftModelProposer,
@@ -111,14 +112,14 @@ def test_draft_with_other_vocab_is_refused(tiny_target):
 
 
 def test_fault_accept_always_changes_output(tiny_target, tiny_draft, baseline):
-    gen = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("accept-always")).generate(PROMPT, N)
+    gen = build_engine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("accept-always")).generate(PROMPT, N)
     assert gen.stats.accepted_tokens == gen.stats.draft_tokens
     assert gen.tokens != baseline[:N]
 
 
 def test_fault_drop_bonus_loses_throughput_not_identity(tiny_target, baseline):
     prop = DraftModelProposer(tiny_target)  # accepts everything: a bonus every step
-    gen = SpecEngine(tiny_target, prop, 4, Fault.parse("drop-bonus")).generate(PROMPT, N)
+    gen = build_engine(tiny_target, prop, 4, Fault.parse("drop-bonus")).generate(PROMPT, N)
     assert gen.tokens == baseline[:N]
     assert max(len(s.tokens) for s in gen.steps) == 4
     good = SpecEngine(tiny_target, DraftModelProposer(tiny_target), 4).generate(PROMPT, N)
@@ -126,9 +127,10 @@ def test_fault_drop_bonus_loses_throughput_not_identity(tiny_target, baseline):
 
 
 def test_fault_perturb_logits_only_on_verify(tiny_target, tiny_draft, baseline):
-    gen = SpecEngine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("perturb-logits=5")).generate(PROMPT, N)
+    engine = build_engine(tiny_target, DraftModelProposer(tiny_draft), 3, Fault.parse("perturb-logits=5"))
+    gen = engine.generate(PROMPT, N)
     assert gen.tokens != baseline[:N]
-    alone = SpecEngine(tiny_target, None, 0, Fault.parse("perturb-logits=5")).generate(PROMPT, N)
+    alone = build_engine(tiny_target, None, 0, Fault.parse("perturb-logits=5")).generate(PROMPT, N)
     assert alone.tokens == baseline[:N]  # no verify pass, no noise
 
 
@@ -165,16 +167,16 @@ def test_draft_temperature_needs_a_sampling_draft(tiny_target, tiny_draft, kind,
     is refused; so are the target alone and a draft model with k = 0 (never asked)."""
     prop = None if kind == "none" else proposer(kind, tiny_draft)
     with pytest.raises(UsageError, match="draft-temperature fault needs a draft model"):
-        SpecEngine(tiny_target, prop, k, Fault.parse("draft-temperature=0.5"))
+        build_engine(tiny_target, prop, k, Fault.parse("draft-temperature=0.5"))
 
 
 def test_draft_temperature_sets_the_factor_of_the_draw_only(tiny_target, tiny_draft):
     prop = DraftModelProposer(tiny_draft)
     assert prop.sample_temperature_factor == 1.0
-    SpecEngine(tiny_target, prop, 3, Fault.parse("draft-temperature=0.25"))
+    build_engine(tiny_target, prop, 3, Fault.parse("draft-temperature=0.25"))
     assert prop.sample_temperature_factor == 0.25
     healthy = DraftModelProposer(tiny_draft)
-    SpecEngine(tiny_target, healthy, 3, Fault.parse("perturb-logits=1"))
+    build_engine(tiny_target, healthy, 3, Fault.parse("perturb-logits=1"))
     assert healthy.sample_temperature_factor == 1.0
 
 

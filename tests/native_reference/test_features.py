@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import FEATURE_FAULTS, Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import FEATURE_FAULTS, Fault, build_engine
 from specadapt.native_reference.proposers import NgramProposer
 from specadapt.native_reference.sampling import SamplingParams, probs, process_logits
 from specadapt.native_reference.stops import StopStrings
@@ -95,7 +96,7 @@ def smol(embedded_dir):
 def engines(ref, fault: str | None = None) -> tuple[SpecEngine, SpecEngine]:
     """(target alone, n-gram k = 4), both with ``fault``."""
     f = Fault.parse(fault) if fault else None
-    return SpecEngine(ref.engine.model, fault=f), SpecEngine(ref.engine.model, NgramProposer(), 4, fault=f)
+    return build_engine(ref.engine.model, fault=f), build_engine(ref.engine.model, NgramProposer(), 4, fault=f)
 
 
 def token(ref, text: str) -> int:

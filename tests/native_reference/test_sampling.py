@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import Fault, SpecEngine
+from specadapt.native_reference.engine import SpecEngine
+from specadapt.native_reference.faults import Fault, build_engine
 from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 from specadapt.native_reference.sampling import (
@@ -219,7 +220,7 @@ def test_ngram_sampling_matches_target_exactly(small_vocab_pair):
 def test_always_accept_sampler_fails_the_same_test(small_vocab_pair):
     target, draft = small_vocab_pair
     exact = exact_first_two(target, PROMPT)
-    wrong = SpecEngine(target, DraftModelProposer(draft), 2, Fault.parse("accept-always"), seed=123)
+    wrong = build_engine(target, DraftModelProposer(draft), 2, Fault.parse("accept-always"), seed=123)
     n = N // 5  # the effect is large; fewer samples keep the suite fast
     counts = sample_first_two(wrong, PROMPT, n)
     assert chi_square_p(counts, exact, n) < 1e-6
