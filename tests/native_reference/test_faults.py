@@ -133,3 +133,27 @@ def test_build_engine_plants_the_fault_it_is_given(tiny_target, tiny_draft):
 def test_each_fault_class_says_what_it_breaks():
     for cls in FAULTS.values():
         assert inspect.getdoc(cls) and inspect.getdoc(cls) != inspect.getdoc(FaultyEngine)
+
+
+def test_perturb_logits_noise_is_each_rows_own_stream(tiny_target, tiny_draft):
+    """A row's noise is drawn from its own stream (seeded with its seed + 1), so a row
+    emits the same tokens alone as in a batch that rows leave and join mid-way."""
+    prompts = [[3, 17, 5, 9, 3, 17, 22], [1, 2, 3, 1, 2, 3, 1, 2], [7, 7, 8, 9, 10, 7, 7, 8]]
+    sizes, seeds = [6, 14, 10], [1, 2, 3]
+
+    def engine():
+        return build_engine(tiny_target, DraftModelProposer(tiny_draft), 3, "perturb-logits=3")
+
+    alone = [engine().generate(p, n, seed=s).tokens for p, n, s in zip(prompts, sizes, seeds)]
+    healthy = [build_engine(tiny_target, DraftModelProposer(tiny_draft), 3).generate(p, n, seed=s).tokens
+               for p, n, s in zip(prompts, sizes, seeds)]
+    assert alone != healthy  # the noise changes what is emitted
+    batch = engine()
+    rows = [batch.add(prompts[0], sizes[0], seed=seeds[0], tag=0)[0],
+            batch.add(prompts[1], sizes[1], seed=seeds[1], tag=1)[0]]
+    while any(r.tag == 0 for r in batch.rows):  # row 0 leaves first
+        batch.step()
+    rows.append(batch.add(prompts[2], sizes[2], seed=seeds[2], tag=2)[0])  # joins after it left
+    while batch.rows:
+        batch.step()
+    assert [r.output for r in rows] == alone
