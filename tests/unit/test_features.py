@@ -78,6 +78,11 @@ def test_logprob_rules_allow_rounding_at_zero_and_ties_in_the_top():
     assert F.invariant_problems(A(token_ids=(1,), logprobs=(2e-6,)), params) == ["logprob above 0 at token 0"]
     tied = A(token_ids=(1,), logprobs=(-1.0,), top_logprobs=((("a", -1.0), ("b", -1.0), ("c", -2.0)),))
     assert F.invariant_problems(tied, params) == []
+    # an inversion of at most 1e-9 nats is rounding too; more is an order broken
+    swapped = A(token_ids=(1,), logprobs=(-1.0,), top_logprobs=((("a", -1.0), ("b", -1.0 + 1e-9)),))
+    assert F.invariant_problems(swapped, params) == []
+    swapped = A(token_ids=(1,), logprobs=(-1.0,), top_logprobs=((("a", -1.0), ("b", -1.0 + 2e-9)),))
+    assert F.invariant_problems(swapped, params) == ["top logprobs not in descending order at token 0"]
 
 
 # --- identity records and texts ------------------------------------------------------------------
