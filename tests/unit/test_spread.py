@@ -4,6 +4,7 @@ by their TLS setting, and a run whose server died just as its last request finis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 
 import certifi  # httpx's CA bundle (a dependency of httpx)
@@ -84,3 +85,22 @@ def test_a_server_that_died_as_the_run_ended_makes_the_run_partial_with_every_re
     assert [r.prompt_id for r in result.records] == ["a", "b"] and seen == result.records
     whole = asyncio.run(Finishing([finished("a")]).run([share], [Target("http://unused", "m")], watch=lambda: None))
     assert whole.partial_reason is None and [r.prompt_id for r in whole.records] == ["a"]
+
+
+def test_a_share_without_a_cache_closes_the_clients_it_opened(monkeypatch):
+    """``execute_share`` without a cache opens its own clients and closes them when the share ends
+    (with one, they stay open for the next run: test_share_inprocess.py)."""
+    opened: list = []
+    real = spread.client_for
+
+    @contextlib.asynccontextmanager
+    async def client_for(target, settings, concurrency):
+        async with real(target, settings, concurrency) as client:
+            opened.append(client)
+            yield client
+
+    monkeypatch.setattr(spread, "client_for", client_for)
+    share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=Prompt(id="a", prompt="x")),))
+    ((_, rec),) = asyncio.run(spread.execute_share(share, [Target("http://127.0.0.1:9", "m")], 0))
+    assert (rec.ok, rec.error_kind) == (False, "connect")  # nothing listens there: no server needed
+    assert len(opened) == 1 and opened[0].session.closed
