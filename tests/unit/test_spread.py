@@ -101,6 +101,11 @@ def test_a_share_without_a_cache_closes_the_clients_it_opened(monkeypatch):
 
     monkeypatch.setattr(spread, "client_for", client_for)
     share = Share(worker=0, settings=SETTINGS, concurrency=1, jobs=(Job(prompt=Prompt(id="a", prompt="x")),))
-    ((_, rec),) = asyncio.run(spread.execute_share(share, [Target("http://127.0.0.1:9", "m")], 0))
+
+    async def go():  # looked at before the event loop ends (asyncio.run closes what is left open)
+        ((_, rec),) = await spread.execute_share(share, [Target("http://127.0.0.1:9", "m")], 0)
+        return rec, [c.session.closed for c in opened]
+
+    rec, closed = asyncio.run(go())
     assert (rec.ok, rec.error_kind) == (False, "connect")  # nothing listens there: no server needed
-    assert len(opened) == 1 and opened[0].session.closed
+    assert closed == [True]
