@@ -161,10 +161,10 @@ class Row:
         """EOS ids and stop token ids: what min_tokens masks and what ends the row."""
         return set(self.stop_ids) | set(self.stop_token_ids)
 
-    def process(self, logits: torch.Tensor, drafts: Sequence[int] = (), rows: int | None = None) -> torch.Tensor:
+    def process(self, logits: torch.Tensor, drafts: Sequence[int] = ()) -> torch.Tensor:
         """The row's logits ``[S, V]`` after min_tokens, logit_bias and penalties, row i
         after ``drafts[:i]`` (see sampling.process_logits); raw (float64) if none apply."""
-        return process_logits(logits, self.params, self.prompt, self.output, drafts, self.all_stop_ids, rows)
+        return process_logits(logits, self.params, self.prompt, self.output, drafts, self.all_stop_ids)
 
     @property
     def generated(self) -> int:

@@ -8,8 +8,9 @@ builds a healthy or a faulty engine from a name such as ``perturb-logits=0.5``.
 
 - engine faults: ``accept-always``, ``drop-bonus``, ``perturb-logits=EPS``,
   ``draft-temperature=T`` (a draft model only);
-- faults of the rejection sampler (``SAMPLER_FAULTS``, planted in
-  ``sampling.rejection_verify``): ``residual-p``, ``bonus-previous``, ``accept-later``;
+- faults of the rejection sampler (``SAMPLER_FAULTS``, each a variant of
+  ``sampling.rejection_verify``: ``faulty_rejection_verify``): ``residual-p``,
+  ``bonus-previous``, ``accept-later``;
 - faults of request features (``FEATURE_FAULTS``): each shows only where a verify pass
   emits several tokens (accepted drafts); target-only decoding (k = 0) never shows them;
 - faults of batching (``BATCH_FAULTS``): each shows only where two or more requests share
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -28,9 +29,10 @@ import torch
 from specadapt.errors import UsageError
 from specadapt.native_reference.engine import Row, SpecEngine
 from specadapt.native_reference.proposers import DraftModelProposer, Proposal, Proposer
-from specadapt.native_reference.sampling import probs, rejection_verify
+from specadapt.native_reference.sampling import draft_q, probs, rejection_verify, residual, sample
 from specadapt.native_reference.stops import StopStrings
 
+SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
 FEATURE_FAULTS = ("stop-in-chunk", "overrun-max-tokens", "draft-penalties-skipped", "draft-filters-skipped",
                   "seed-ignored", "logprobs-shifted")
 BATCH_FAULTS = ("batch-drop",)
@@ -158,14 +160,46 @@ class DraftTemperature(FaultyEngine):
         proposer.sample_temperature_factor = fault.factor
 
 
+def faulty_rejection_verify(p: torch.Tensor, q: torch.Tensor | None, draft: list[int],
+                            generator: torch.Generator | None, fault: str) -> tuple[int, int]:
+    """``sampling.rejection_verify`` with one of three realistic sampler bugs planted
+    (``fault``, one of ``SAMPLER_FAULTS``), each of which breaks exactness:
+
+    - ``residual-p``: the replacement after a rejection is drawn from p itself instead
+      of norm(max(p - q, 0));
+    - ``bonus-previous``: when all k drafts are accepted the bonus is drawn from the
+      previous row p[k-1] instead of p[k] (an off-by-one);
+    - ``accept-later``: only draft position 0 is checked; positions >= 1 are always
+      accepted.
+
+    Everything else (the random draws and their order included) is the healthy sampler's.
+    """
+    if fault not in SAMPLER_FAULTS:
+        raise ValueError(f"unknown sampler fault {fault!r}: use one of {', '.join(SAMPLER_FAULTS)}")
+    u = torch.rand(len(draft), generator=generator, dtype=torch.float64, device=p.device)
+    for i, x in enumerate(draft):
+        if fault == "accept-later" and i >= 1:
+            continue  # the bug: later positions are never compared with the target
+        q_i = draft_q(p, q, i, x)
+        if u[i] * q_i[x] < p[i, x]:
+            continue
+        if fault == "residual-p":
+            return i, sample(p[i], generator)  # the bug: the rejected mass is not removed
+        return i, sample(residual(p[i], q_i), generator)
+    row = len(draft)
+    if fault == "bonus-previous" and draft:
+        row -= 1  # the bug: the row of the last draft position, not the one after it
+    return len(draft), sample(p[row], generator)
+
+
 class _SamplerFault(FaultyEngine):
-    """A bug inside the rejection sampler, planted through ``rejection_verify``'s fault."""
+    """A bug inside the rejection sampler: ``faulty_rejection_verify`` with the fault's name."""
 
     breaks = ("_rejection_sample",)
 
     def _rejection_sample(self, p: torch.Tensor, proposal: Proposal,
                           generator: torch.Generator) -> tuple[int, int]:
-        return rejection_verify(p, proposal.q, proposal.tokens, generator, fault=self.name)
+        return faulty_rejection_verify(p, proposal.q, proposal.tokens, generator, self.name)
 
 
 class ResidualP(_SamplerFault):
@@ -194,7 +228,18 @@ class StopInChunk(FaultyEngine):
 
     def _match_stop_string(self, stops: StopStrings, emitted: list[int], terminated: bool
                            ) -> tuple[int, str | None]:
-        return stops.update(emitted, terminated, keep_chunk=True)
+        if not emitted:
+            return 0, None
+        before = stops.tokens
+        found = stops.first_stop(before, stops.append(emitted, terminated))
+        if found is None:
+            return len(emitted), None
+        stop, start, kept = found
+        if kept < len(emitted):
+            stops.matched = stop
+            return len(emitted), stop  # the bug: the chunk is kept whole, stop string and all
+        stops.cut(stop, start, before + kept)
+        return kept, stop
 
 
 class OverrunMaxTokens(FaultyEngine):
@@ -213,7 +258,7 @@ class DraftPenaltiesSkipped(FaultyEngine):
     name, breaks = "draft-penalties-skipped", ("_process",)
 
     def _process(self, row: Row, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
-        return row.process(logits, draft, 1)
+        return torch.cat([row.process(logits[:1]), logits[1:].to(torch.float64)])
 
 
 class DraftFiltersSkipped(FaultyEngine):
@@ -223,7 +268,9 @@ class DraftFiltersSkipped(FaultyEngine):
     name, breaks = "draft-filters-skipped", ("_probs",)
 
     def _probs(self, row: Row, x: torch.Tensor) -> torch.Tensor:
-        return probs(x, row.params, 1)
+        first = probs(x, row.params)[:1]  # every row checked, as the healthy step checks them
+        unfiltered = replace(row.params, min_p=0.0, top_k=0, top_p=1.0)  # the same temperature
+        return torch.cat([first, probs(x[1:], unfiltered)])
 
 
 class SeedIgnored(FaultyEngine):

@@ -19,10 +19,6 @@ import torch
 
 from specadapt.errors import UsageError
 
-# Deliberate bugs inside the rejection sampler (test aids, never on by default); see
-# rejection_verify.
-SAMPLER_FAULTS = ("residual-p", "bonus-previous", "accept-later")
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -115,8 +111,8 @@ class SamplingParams:
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int],
-                   output: Sequence[int], drafts: Sequence[int] = (), stop_ids: Iterable[int] = (),
-                   rows: int | None = None) -> torch.Tensor:
+                   output: Sequence[int], drafts: Sequence[int] = (), stop_ids: Iterable[int] = ()
+                   ) -> torch.Tensor:
     """The logits ``[S, V]`` after min_tokens, logit_bias and the penalties (float64), in
     vLLM's order; what greedy takes the argmax of and temperature divides.
 
@@ -124,7 +120,6 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt: Sequenc
     the output as it would be after the chunk's earlier tokens: a verify pass then gives
     the same distributions as decoding one token at a time. ``stop_ids`` (EOS and stop
     token ids) are masked in a row whose output is shorter than ``params.min_tokens``.
-    ``rows``: process only the first ``rows`` rows (a fault: the others stay raw).
     """
     x = logits.to(torch.float64).clone()  # [S, V]
     if not params.processed:
@@ -133,7 +128,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt: Sequenc
     stops = torch.tensor(sorted(set(stop_ids)), dtype=torch.long, device=x.device)
     counts = _counts(output, vocab, x.device)  # [V]
     in_prompt = _counts(prompt, vocab, x.device) > 0  # [V]
-    for i in range(x.shape[0] if rows is None else min(rows, x.shape[0])):
+    for i in range(x.shape[0]):
         if i > 0:
             counts[drafts[i - 1]] += 1
         if len(output) + i < params.min_tokens and stops.numel():
@@ -163,19 +158,14 @@ def _penalize(x: torch.Tensor, counts: torch.Tensor, in_prompt: torch.Tensor, pa
     return x - params.frequency_penalty * counts - params.presence_penalty * seen.to(x.dtype)
 
 
-def probs(logits: torch.Tensor, params: SamplingParams, filtered_rows: int | None = None) -> torch.Tensor:
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Processed distributions ``[S, V]`` (float64): temperature, then min-p, top-k and
     top-p (vLLM's order); ``logits`` already hold bias and penalties (process_logits).
 
-    ``filtered_rows``: apply min-p, top-k and top-p to the first rows only (a fault: the
-    others keep the tempered, untruncated distribution).
     Raises ValueError instead of returning NaN when a row has no token left to sample
     (NaN or +inf logits, or every token masked).
     """
-    x = logits.to(torch.float64) / params.temperature  # [S, V]
-    n = x.shape[0] if filtered_rows is None else min(filtered_rows, x.shape[0])
-    if n:
-        x = torch.cat([_filter(x[:n], params), x[n:]])
+    x = _filter(logits.to(torch.float64) / params.temperature, params)  # [S, V]
     # softmax is NaN on a row with a NaN or +inf, or with every entry -inf (nothing left)
     bad = (x.isnan() | (x == float("inf"))).any(-1) | (x == float("-inf")).all(-1)  # [S]
     if bool(bad.any()):
@@ -222,41 +212,35 @@ def greedy_verify(target_logits: torch.Tensor, draft: list[int]) -> tuple[int, i
     return m, best[m]
 
 
+def draft_q(p: torch.Tensor, q: torch.Tensor | None, i: int, x: int) -> torch.Tensor:
+    """The draft's distribution ``[V]`` at draft position i, where it drew token x:
+    ``q[i]``, or one-hot at x for a deterministic proposal (``q`` None)."""
+    if q is not None:
+        return q[i]
+    return torch.nn.functional.one_hot(torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
+
+
+def residual(p_i: torch.Tensor, q_i: torch.Tensor) -> torch.Tensor:
+    """What the replacement after a rejection is drawn from ``[V]``: norm(max(p_i - q_i, 0)),
+    or p_i itself where that is all zero (q_i above p_i everywhere by rounding only)."""
+    mass = torch.clamp(p_i - q_i, min=0.0)
+    total = mass.sum()
+    return mass / total if total > 0 else p_i
+
+
 def rejection_verify(p: torch.Tensor, q: torch.Tensor | None, draft: list[int],
-                     generator: torch.Generator | None, fault: str | None = None) -> tuple[int, int]:
+                     generator: torch.Generator | None) -> tuple[int, int]:
     """Modified rejection sampling over ``draft``.
 
     ``p`` ``[k+1, V]``: target distributions; ``q`` ``[k, V]``: draft distributions the
     tokens were drawn from, or None for deterministic proposals (q one-hot).
     Returns (accepted count m, next token: the replacement or the bonus).
-
-    ``fault`` (a test aid, None by default) plants one of three realistic sampler bugs,
-    each of which breaks exactness:
-
-    - ``residual-p``: the replacement after a rejection is drawn from p itself instead
-      of norm(max(p - q, 0));
-    - ``bonus-previous``: when all k drafts are accepted the bonus is drawn from the
-      previous row p[k-1] instead of p[k] (an off-by-one);
-    - ``accept-later``: only draft position 0 is checked; positions >= 1 are always
-      accepted.
     """
-    if fault is not None and fault not in SAMPLER_FAULTS:
-        raise ValueError(f"unknown sampler fault {fault!r}: use one of {', '.join(SAMPLER_FAULTS)}")
     u = torch.rand(len(draft), generator=generator, dtype=torch.float64, device=p.device)
     for i, x in enumerate(draft):
-        if fault == "accept-later" and i >= 1:
-            continue  # the bug: later positions are never compared with the target
-        q_i = q[i] if q is not None else torch.nn.functional.one_hot(
-            torch.tensor(x, device=p.device), p.shape[-1]).to(p.dtype)
+        q_i = draft_q(p, q, i, x)
         # accept with probability min(1, p/q)
         if u[i] * q_i[x] < p[i, x]:
             continue
-        if fault == "residual-p":
-            return i, sample(p[i], generator)  # the bug: the rejected mass is not removed
-        residual = torch.clamp(p[i] - q_i, min=0.0)  # norm(max(p - q, 0))
-        total = residual.sum()
-        return i, sample(residual / total if total > 0 else p[i], generator)
-    row = len(draft)
-    if fault == "bonus-previous" and draft:
-        row -= 1  # the bug: the row of the last draft position, not the one after it
-    return len(draft), sample(p[row], generator)  # bonus token from p
+        return i, sample(residual(p[i], q_i), generator)  # the replacement
+    return len(draft), sample(p[len(draft)], generator)  # every draft accepted: the bonus token from p

@@ -43,15 +43,25 @@ class StopStrings:
             return 0
         return max(len(s) for s in self.stop) - 1
 
-    def update(self, new: Sequence[int], stop_terminated: bool = False,
-               keep_chunk: bool = False) -> tuple[int, str | None]:
+    def update(self, new: Sequence[int], stop_terminated: bool = False) -> tuple[int, str | None]:
         """Add one step's tokens; returns (how many of them to keep, the stop string matched
         or None). ``stop_terminated``: the last token is a stop token (its text is left
-        out unless include_stop_str_in_output). ``keep_chunk`` (the stop-in-chunk fault):
-        a stop string completed before the chunk's last token neither cuts the text nor
-        drops the tokens after it."""
+        out unless include_stop_str_in_output)."""
         if not new:
             return 0, None
+        before = self.tokens
+        offsets = self.append(new, stop_terminated)
+        found = self.first_stop(before, offsets)
+        if found is None:
+            return len(new), None
+        stop, start, kept = found
+        self.cut(stop, start, before + kept)
+        return kept, stop
+
+    def append(self, new: Sequence[int], stop_terminated: bool = False) -> list[int]:
+        """Append the text of ``new`` (not empty) and count its tokens; returns the text's
+        length before each of them and after the last (the end of a skipped stop token's
+        text is the end of the text)."""
         texted = list(new[:-1]) if stop_terminated and not self.include else list(new)
         offsets = [len(self.text)]
         for tid in texted:
@@ -59,22 +69,28 @@ class StopStrings:
             offsets.append(len(self.text))
         if len(texted) < len(new):
             offsets.append(len(self.text))
-        before = self.tokens
         self.tokens += len(new)
+        return offsets
+
+    def first_stop(self, before: int, offsets: list[int]) -> tuple[str, int, int] | None:
+        """After ``append`` (``before``: the tokens counted before it, ``offsets``: what it
+        returned): the stop string that ends earliest in the new text, its start, and how
+        many of the appended tokens it takes to complete it; None if none is found (or the
+        text is still within min_tokens)."""
         if not self.stop or self.tokens <= self.min_tokens:
-            return len(new), None
+            return None
         match = self._search(offsets[max(self.min_tokens - before, 0)])
         if match is None:
-            return len(new), None
+            return None
         stop, start = match
-        end = start + len(stop)
-        kept = bisect.bisect_left(offsets, end, lo=1)
+        return stop, start, bisect.bisect_left(offsets, start + len(stop), lo=1)
+
+    def cut(self, stop: str, start: int, tokens: int) -> None:
+        """End the output at the stop string found at ``start``: the text cut before it
+        (after it with include_stop_str_in_output), ``tokens`` output tokens counted."""
         self.matched = stop
-        if keep_chunk and kept < len(new):
-            return len(new), stop  # the bug: the chunk is kept whole, stop string and all
-        self.text = self.text[:end] if self.include else self.text[:start]
-        self.tokens = before + kept
-        return kept, stop
+        self.text = self.text[:start + len(stop)] if self.include else self.text[:start]
+        self.tokens = tokens
 
     def _search(self, checked: int) -> tuple[str, int] | None:
         """The stop string that ends earliest in the text after ``checked`` (a character

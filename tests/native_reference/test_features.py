@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specadapt.errors import UsageError
-from specadapt.native_reference.engine import SpecEngine
-from specadapt.native_reference.faults import FEATURE_FAULTS, Fault, build_engine
+from specadapt.native_reference.engine import Row, SpecEngine, SpecStats
+from specadapt.native_reference.faults import FAULTS, FEATURE_FAULTS, Fault, build_engine
 from specadapt.native_reference.proposers import NgramProposer
 from specadapt.native_reference.sampling import SamplingParams, probs, process_logits
 from specadapt.native_reference.stops import StopStrings
@@ -42,8 +42,20 @@ def test_each_row_sees_the_drafts_before_it():
     logits = torch.zeros(3, 4)
     x = process_logits(logits, SamplingParams(frequency_penalty=1.0), [3], [0], drafts=[1, 1])
     assert x.tolist() == [[-1, 0, 0, 0], [-1, -1, 0, 0], [-1, -2, 0, 0]]
-    only_first = process_logits(logits, SamplingParams(frequency_penalty=1.0), [3], [0], [1, 1], rows=1)
-    assert only_first[1:].tolist() == [[0] * 4] * 2
+    # the draft-penalties-skipped fault's form: only the first row processed
+    row = _row(SamplingParams(frequency_penalty=1.0))
+    only_first = _faulty("draft-penalties-skipped")._process(row, logits, [1, 1])
+    assert only_first.tolist() == [[-1, 0, 0, 0], [0] * 4, [0] * 4] and only_first.dtype == torch.float64
+
+
+def _row(params: SamplingParams) -> Row:
+    """A row with prompt [3] and output [0]."""
+    return Row([3], 8, params, (), False, 0, torch.Generator(), 0, SpecStats(), tokens=[3, 0])
+
+
+def _faulty(name: str):
+    """An instance of the fault's class for calling its steps alone (no model behind it)."""
+    return object.__new__(FAULTS[name])
 
 
 def test_min_tokens_masks_stop_ids_until_reached():
@@ -63,8 +75,8 @@ def test_temperature_then_min_p_then_top_k_then_top_p():
     sq = torch.tensor([0.16, 0.09, 0.04, 0.0036, 0.0016])
     assert hot.tolist() == pytest.approx([0.16 / 0.25, 0.09 / 0.25, 0, 0, 0])
     assert sq[2] < 0.3 * sq[0]
-    # the fault's form: only the first row filtered
-    two = probs(logits.repeat(2, 1), SamplingParams(1.0, top_k=1), filtered_rows=1)
+    # the draft-filters-skipped fault's form: only the first row filtered
+    two = _faulty("draft-filters-skipped")._probs(_row(SamplingParams(1.0, top_k=1)), logits.repeat(2, 1))
     assert two[0].tolist() == [1, 0, 0, 0, 0] and two[1].tolist() == pytest.approx([0.4, 0.3, 0.2, 0.06, 0.04])
 
 

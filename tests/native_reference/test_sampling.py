@@ -116,37 +116,19 @@ def test_probs_refuses_rows_without_a_distribution():
     assert probs(torch.tensor([[-math.inf, 0.0, 0.0]]), ok).tolist() == [[0.0, 0.5, 0.5]]
 
 
-def test_unknown_sampler_fault_refused():
-    p = torch.full((2, 3), 1 / 3, dtype=torch.float64)
-    with pytest.raises(ValueError, match="unknown sampler fault 'accept-always'"):
-        rejection_verify(p, None, [0], None, fault="accept-always")  # an engine fault, not a sampler one
-    with pytest.raises(ValueError, match="unknown sampler fault"):
-        rejection_verify(p, None, [], None, fault="bogus")  # refused even with nothing to verify
-
-
-def test_fault_residual_p_draws_the_replacement_from_p():
-    """p = (1/2, 1/2), draft token 0 one-hot: after a rejection only token 1 is right."""
+def test_replacement_bonus_and_later_positions_on_certain_rows():
+    """p = (1/2, 1/2), draft token 0 one-hot: after a rejection only token 1 can come. With
+    p one-hot per row (the identity): the bonus comes from the row after the last draft, and
+    a later position is checked as the first one is."""
     gen = torch.Generator().manual_seed(0)
     p = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64)
-    good = {rejection_verify(p, None, [0], gen) for _ in range(200)}
-    bad = {rejection_verify(p, None, [0], gen, fault="residual-p") for _ in range(200)}
-    assert good == {(1, 0), (1, 1), (0, 1)}
-    assert bad == {(1, 0), (1, 1), (0, 1), (0, 0)}
-
-
-def test_fault_bonus_previous_takes_the_last_draft_row():
-    p = torch.eye(3, dtype=torch.float64)  # row i: token i surely
-    assert rejection_verify(p, None, [0, 1], None) == (2, 2)
-    assert rejection_verify(p, None, [0, 1], None, fault="bonus-previous") == (2, 1)
-    assert rejection_verify(p, None, [], None, fault="bonus-previous") == (0, 0)  # no previous row
-    assert rejection_verify(p, None, [2], None, fault="bonus-previous") == (0, 0)  # rejection: unaffected
-
-
-def test_fault_accept_later_checks_position_zero_only():
-    p = torch.eye(3, dtype=torch.float64)
-    assert rejection_verify(p, None, [0, 2], None) == (1, 1)
-    assert rejection_verify(p, None, [0, 2], None, fault="accept-later") == (2, 2)
-    assert rejection_verify(p, None, [1, 2], None, fault="accept-later") == (0, 0)  # position 0 still checked
+    assert {rejection_verify(p, None, [0], gen) for _ in range(200)} == {(1, 0), (1, 1), (0, 1)}
+    eye = torch.eye(3, dtype=torch.float64)  # row i: token i surely
+    assert rejection_verify(eye, None, [0, 1], None) == (2, 2)
+    assert rejection_verify(eye, None, [2], None) == (0, 0)
+    assert rejection_verify(eye, None, [0, 2], None) == (1, 1)
+    assert rejection_verify(eye, None, [1, 2], None) == (0, 0)
+    assert rejection_verify(torch.eye(4, dtype=torch.float64), None, [0, 1, 2], None) == (3, 3)
 
 
 @pytest.mark.parametrize("one_hot", [False, True])
@@ -344,30 +326,16 @@ def test_one_hot_proposals_use_the_vocabulary_size():
     assert rejection_verify(p, None, [2], None) == (1, 0)
 
 
-def test_bonus_previous_fault_takes_the_row_before_the_bonus_row():
-    p = torch.eye(4, dtype=torch.float64)
-    assert rejection_verify(p, None, [0, 1, 2], None) == (3, 3)
-    assert rejection_verify(p, None, [0, 1, 2], None, fault="bonus-previous") == (3, 2)
-
-
-def test_unknown_sampler_fault_lists_the_known_ones():
-    p = torch.full((1, 3), 1 / 3, dtype=torch.float64)
-    with pytest.raises(ValueError) as err:
-        rejection_verify(p, None, [], None, fault="bogus")
-    assert str(err.value) == "unknown sampler fault 'bogus': use one of residual-p, bonus-previous, accept-later"
-
-
-@pytest.mark.parametrize("fault", [None, "residual-p"])
-def test_every_draw_comes_from_the_requests_generator(fault):
+def test_every_draw_comes_from_the_requests_generator():
     """Same seed, same tokens, whatever the global RNG did meanwhile: acceptance draws,
-    replacements (from the residual, or from p under residual-p) and bonus tokens."""
+    replacements from the residual and bonus tokens."""
     p = torch.tensor([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
     q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
 
     def run(global_seed):
         torch.manual_seed(global_seed)
         gen = torch.Generator().manual_seed(5)
-        out = [rejection_verify(p, q, [3, 0], gen, fault=fault) for _ in range(60)]
+        out = [rejection_verify(p, q, [3, 0], gen) for _ in range(60)]
         out += [rejection_verify(p, None, [], gen) for _ in range(20)]  # bonus only
         return out
 
