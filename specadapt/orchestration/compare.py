@@ -111,7 +111,6 @@ class ABRunner:
         self.rate_counters: dict[str, dict[str, CounterPair]] = {"off": {}, "on": {}}
         self.executor = executor or InProcess()
         self.targets = {"off": [target_of(off)], "on": [target_of(on)]}
-        self.partial_reason: str | None = None
         self.interference_check: InterferenceFinding | None = None
 
     def _request(self, side: str) -> RequestSettings:
