@@ -17,9 +17,11 @@ from specadapt.native_reference.models import CachedLM
 from specadapt.native_reference.proposers import DraftModelProposer, NgramProposer
 from specadapt.native_reference.sampling import (
     SamplingParams,
+    draft_q,
     greedy_verify,
     probs,
     rejection_verify,
+    residual,
 )
 
 from .conftest import tiny_llama
@@ -260,6 +262,23 @@ def test_an_empty_residual_falls_back_to_p(monkeypatch):
     q = torch.tensor([[0.0, 1.0000000000000002]], dtype=torch.float64)
     fixed_uniforms(monkeypatch, [0.9999999999999999])  # the largest double below 1
     assert rejection_verify(p, q, [1], None) == (0, 1)
+
+
+def test_draft_q_is_the_drafts_row_or_one_hot_over_the_vocabulary():
+    p = torch.full((3, 4), 0.25, dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]], dtype=torch.float64)
+    assert draft_q(p, q, 1, 3).tolist() == [0.4, 0.3, 0.2, 0.1]  # q's row i, whatever token was drawn
+    one_hot = draft_q(p, None, 1, 2)
+    assert one_hot.tolist() == [0.0, 0.0, 1.0, 0.0] and one_hot.dtype == torch.float64
+
+
+def test_residual_is_the_normalised_excess_of_p_over_q():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.6, 0.2], dtype=torch.float64)
+    assert residual(p, q).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    q = torch.tensor([0.1, 0.2, 0.7], dtype=torch.float64)
+    assert residual(p, q).tolist() == pytest.approx([0.4 / 0.5, 0.1 / 0.5, 0.0])
+    assert residual(p, p).tolist() == p.tolist()  # nothing in excess: p itself, not 0/0
 
 
 def test_temperature_divides_the_logits():
