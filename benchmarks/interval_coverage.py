@@ -1,6 +1,6 @@
 """Benchmark: coverage of compare's 95% t interval by simulation, per number of units.
 
-Not a test (tests/unit/test_stats.py holds the same claims as assertions). For each noise
+Not a test (tests/unit/analysis/test_stats.py holds the same claims as assertions). For each noise
 shape and n, draws 40,000 data sets of n unit log ratios with a known mean and prints the
 share whose interval (specadapt.analysis.stats.t_bounds) holds the mean; binomial sd 0.001.
 

@@ -1,7 +1,7 @@
 """Run chosen tests against mutants that a mutation run left alive, one mutant at a time.
 
     .venv/bin/mutmut results | python scripts/mutants_with_tests.py 'specadapt.analysis.stats.*' \\
-        -- tests/unit/test_stats.py -m slow
+        -- tests/unit/analysis/test_stats.py -m slow
 
 ``make mutate`` runs the fast selection of tests only (no ``slow`` tests: the false-alarm
 and power simulations take minutes each). Where those are the only tests that can kill a

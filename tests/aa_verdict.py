@@ -2,7 +2,7 @@
 
 Shared by the live A/A (tests/integration/test_aa_live.py, one spec-ON server given as both
 sides, so speculation is present and a speed verdict is computed) and by the unit test that
-proves the check fails when the interval code is broken (tests/unit/test_aa.py), so both run
+proves the check fails when the interval code is broken (tests/unit/analysis/test_speed_aa.py), so both run
 the very same assertions over the JSON report that ``specadapt compare --json`` writes.
 
 Chance. Each interval that is given misses 1.0x in 5% of A/A runs by design. The check looks

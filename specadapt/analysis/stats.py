@@ -18,7 +18,7 @@ Below MIN_UNITS units only the point is given: with 2 to 4 units the t interval'
 collapses when the units' noise has two states (a unit lands in a quiet or a busy moment
 of the machine) -- 0.64 to 0.88 in simulation for states +-1 plus noise of sd 0.1 to 0.2 --
 and is about 0.93 or more from 5 units (benchmarks/interval_coverage.py, docs/compare.md,
-tests/unit/test_stats.py).
+tests/unit/analysis/test_stats.py).
 
 Verdict of a ratio: faster when the interval's low end is above 1, slower when its high
 end is below 1, otherwise (also without an interval) no clear difference.

@@ -33,10 +33,10 @@ from specadapt.report import demo_render, features_render, html, kinds, page, tu
 from specadapt.report.demo_render import write_demo_outputs
 from specadapt.report.outputs import write_feature_outputs, write_outputs, write_sampling_outputs
 from specadapt.report.tune_render import write_tune_outputs
-from tests.unit.test_compare_outputs import make_report as make_compare
-from tests.unit.test_demo_outputs import demo_report
-from tests.unit.test_feature_report import cell
-from tests.unit.test_feature_report import report as feature_report
+from tests.unit.report.test_compare_render import make_report as make_compare
+from tests.unit.report.test_demo_render import demo_report
+from tests.unit.report.test_features_render import cell
+from tests.unit.report.test_features_render import report as feature_report
 
 
 def probe(path: Path) -> None:

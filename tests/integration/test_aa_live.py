@@ -6,7 +6,7 @@ identical. The server speculates, so compare computes a speed verdict at every l
 spec-off server on both sides it would withhold it as "no-speculation", and the check could not
 fail). Concurrency 1 (pairs) and 2 (blocks) with --repeat 5: 15 pairs at 1, 5 blocks at 2,
 each prompt's intervals over 5 units. The check itself, with its chance of a false alarm, is
-tests/aa_verdict.py; tests/unit/test_aa.py shows that it fails when the intervals are too narrow.
+tests/aa_verdict.py; tests/unit/analysis/test_speed_aa.py shows that it fails when the intervals are too narrow.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Timing truth over real sockets: the probe's TTFT, ITL, TPOT and E2E against the scripted server's log.
 
-What this test is for: the arithmetic is tested exactly in tests/unit/test_client.py (an
+What this test is for: the arithmetic is tested exactly in tests/unit/load/test_client.py (an
 injected clock, equality to the nanosecond). Here, over real loopback HTTP with a
 separate server process, we check what a fake clock cannot: that the client reads the
 same monotonic clock as the server, stamps a chunk when it arrives (not when a buffer
