@@ -24,6 +24,7 @@ from specadapt.orchestration import servers
 from specadapt.orchestration.servers import Messages, ServerOptions, Side
 from specadapt.records import GpuInfo, HardwareInfo, ServerInfo
 from specadapt.report.hardware import hardware_source_text, hardware_text
+from builders import server
 
 COMMON = ("fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ht "
           "syscall nx mmxext lm constant_tsc rep_good nopl pni pclmulqdq ssse3 cx16 sse4_1 sse4_2 movbe popcnt aes "
@@ -241,7 +242,7 @@ def test_server_device_in_both_forms():
 
 # --- the two sides ------------------------------------------------------------------------------------
 def info(hw: HardwareInfo | None) -> ServerInfo:
-    return ServerInfo(backend="vllm", base_url="http://127.0.0.1:1", hardware=hw)
+    return server(hardware=hw, model_id=None)
 
 
 def test_the_same_machine_seen_two_ways_is_no_difference():

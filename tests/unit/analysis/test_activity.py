@@ -8,15 +8,16 @@ import pytest
 from specadapt.analysis.activity import chunk_accepted, chunks_hold, compared_on, counter_totals, spec_activity
 from specadapt.records import CompareReport, CompareSettings, CounterSnapshot, RequestRecord, ServerInfo
 from specadapt.records.reports import CounterPair
+from builders import request
 
 OFF = ServerInfo(backend="vllm", base_url="http://off")
 
 
 def rec(side, pid="a", chunks=(1, 1, 1), concurrency=1, repeat=0, ok=True, warmup=False, drafted=None, accepted=None,
         source="usage", rate=None, category="c"):
-    return RequestRecord(prompt_id=pid, category=category, api="chat", side=side, concurrency=concurrency,
-                         repeat=repeat, ok=ok, warmup=warmup, chunk_tokens=list(chunks), output_tokens=sum(chunks),
-                         spec_drafted=drafted, spec_accepted=accepted, token_source=source, request_rate=rate)
+    return request(prompt_id=pid, category=category, side=side, concurrency=concurrency,
+                   repeat=repeat, ok=ok, warmup=warmup, chunk_tokens=list(chunks), output_tokens=sum(chunks),
+                   spec_drafted=drafted, spec_accepted=accepted, token_source=source, request_rate=rate)
 
 
 def counters(drafted, accepted, before=(0, 0)) -> CounterPair:

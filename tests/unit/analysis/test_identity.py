@@ -9,6 +9,7 @@ from specadapt.records import Prompt, RequestRecord, RequestSettings
 from specadapt.wire.http import Wire
 from specadapt.analysis.identity import identity_report
 from specadapt.records import ChatMessage, Prompt, RequestRecord
+from builders import request
 
 
 def answer_posts(monkeypatch, post):
@@ -28,9 +29,8 @@ P = Prompt(id="p", category="open", messages=[{"role": "user", "content": "rever
 
 
 def rec(side, tokens, text=None, **kw):
-    return RequestRecord(prompt_id="p", category="open", api="chat", side=side, ok=True,
-                         tokens=tokens, text=text if text is not None else "".join(tokens),
-                         output_tokens=len(tokens), **kw)
+    return request(category="open", side=side, tokens=tokens, text=text if text is not None else "".join(tokens),
+                   output_tokens=len(tokens), **kw)
 
 
 def test_identical_outputs_have_no_divergence():

@@ -11,6 +11,7 @@ from specadapt.analysis.latency import (
     tpot_ns,
 )
 from specadapt.records import RequestRecord
+from builders import request
 
 
 @pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
@@ -27,8 +28,7 @@ def test_summarize_is_in_ms_and_empty_is_none():
 
 
 def rec(chunk_ns, chunk_tokens, e2e, **kw):
-    return RequestRecord(prompt_id="p", category="c", api="chat", ok=True, chunk_ns=chunk_ns,
-                         chunk_tokens=chunk_tokens, e2e_ns=e2e, output_tokens=sum(chunk_tokens), **kw)
+    return request(chunk_ns=chunk_ns, chunk_tokens=chunk_tokens, e2e_ns=e2e, output_tokens=sum(chunk_tokens), **kw)
 
 
 def test_itl_is_per_token_when_chunks_carry_several():

@@ -26,7 +26,7 @@ from specadapt.testing import scripted_plan
 from specadapt.analysis.sides import hardware_differences, side_differences
 from specadapt.records import GpuInfo, HardwareInfo, ServerInfo
 from specadapt.analysis.sides import side_notes
-from specadapt.records import ServerInfo
+from builders import server
 
 KEY = "sk-planted-5f3a9c"
 NGRAM = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
@@ -214,9 +214,9 @@ def _launched(**kw) -> LaunchRecord:
 
 
 def _info(**kw) -> ServerInfo:
-    base = dict(backend="vllm", base_url="http://127.0.0.1:1", version="0.32.0", model_id="m", model_root="/m",
-                max_model_len=2048, dtype="bfloat16", server_flags={"model_config.seed": 0}, launch=_launched())
-    return ServerInfo(**{**base, **kw})
+    base = dict(version="0.32.0", model_root="/m", max_model_len=2048, dtype="bfloat16",
+                server_flags={"model_config.seed": 0}, launch=_launched())
+    return server(**{**base, **kw})
 
 
 def _spec_on() -> ServerInfo:
@@ -429,8 +429,7 @@ def machine(**kw) -> HardwareInfo:
 
 
 def info(**kw) -> ServerInfo:
-    base = dict(backend="vllm", base_url="http://127.0.0.1:1", version="0.32.0", hardware=machine())
-    return ServerInfo(**{**base, **kw})
+    return server(**{"version": "0.32.0", "hardware": machine(), "model_id": None, **kw})
 
 
 def test_cpu_flags_that_differ_are_one_line_with_the_flags_of_each_side():

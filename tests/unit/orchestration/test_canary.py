@@ -24,6 +24,7 @@ from specadapt.records import (
     read_golden,
     write_golden,
 )
+from builders import server
 
 CHAT = Prompt(id="p", category="code", messages=[{"role": "user", "content": "copy: a b c"}])
 COMP = Prompt(id="c", prompt="def add(x, y):")
@@ -218,7 +219,7 @@ def test_round_counts_every_verdict():
 
 
 def info(**kw) -> ServerInfo:
-    return ServerInfo(**{"backend": "vllm", "base_url": "http://s", "model_id": "m", **kw})
+    return server(**{"base_url": "http://s", **kw})
 
 
 def golden_file(answers=(G,), **kw) -> GoldenFile:

@@ -32,6 +32,7 @@ from specadapt.records import (
     ServerInfo,
 )
 from specadapt.records.load import LoadSettings, SendLag
+from builders import server
 from tests.unit.orchestration.test_compare import FakeServer, Script
 
 MS = 1_000_000
@@ -40,7 +41,7 @@ MS = 1_000_000
 # ------------------------------------------------------------------------------ notes
 
 def info(**kw) -> ServerInfo:
-    return ServerInfo(**{"backend": "vllm", "base_url": "http://x", "model_id": "m", **kw})
+    return server(**{"base_url": "http://x", **kw})
 
 
 def rate_level(rate: float, lag_off: SendLag | None, lag_on: SendLag | None) -> LevelResult:
