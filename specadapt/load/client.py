@@ -102,6 +102,15 @@ def build_body(prompt: Prompt, model: str, settings: RequestSettings) -> tuple[s
     return "/v1/completions", body
 
 
+def complete_body(prompt: Prompt, model: str, settings: RequestSettings, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) of the same request not streamed, ``max_tokens`` tokens: the one-shot requests of
+    triage and the canaries."""
+    path, body = build_body(prompt, model, settings)
+    body.update(stream=False, max_tokens=max_tokens)
+    body.pop("stream_options", None)
+    return path, body
+
+
 # ------------------------------------------------------------------------------ events to the record (pure)
 
 def _chunk_logprobs(choice: dict[str, Any], api: str) -> tuple[list[str], list[float], list[dict[str, float]]]:
@@ -346,4 +355,4 @@ async def _consume(client: Transport, path: str, body: dict[str, Any], state: St
             await resp.finish()
 
 
-__all__ = ["Clock", "RETRYABLE_STATUS", "StreamState", "build_body", "run", "stream_request"]
+__all__ = ["Clock", "RETRYABLE_STATUS", "StreamState", "build_body", "complete_body", "run", "stream_request"]

@@ -21,7 +21,7 @@ from specadapt.adapters.base import Server
 from specadapt.analysis.canary import canary_max_tokens, canary_round, golden_mismatch, judge, spec_on_refusal
 from specadapt.analysis.identity import TOP_LOGPROBS, choice_logprobs, default_threshold
 from specadapt.errors import NotAServer, ServerError, ServerUnreachable, UsageError
-from specadapt.load.client import build_body
+from specadapt.load.client import complete_body
 from specadapt.orchestration.compare import side_settings
 from specadapt.records import (
     CanaryResult,
@@ -46,11 +46,10 @@ TIMEOUT_S = 60.0
 
 
 def canary_request(prompt: Prompt, model: str, settings: RequestSettings, max_tokens: int) -> tuple[str, dict]:
-    """(path, JSON body) of one canary or golden request: ``settings`` as build_body reads them,
+    """(path, JSON body) of one canary or golden request: ``settings`` as complete_body reads them,
     non-streamed, ``max_tokens`` tokens, labelled with the canary ``user``."""
-    path, body = build_body(prompt, model, settings)
-    body.update(stream=False, max_tokens=max_tokens, user=CANARY_USER)
-    body.pop("stream_options", None)
+    path, body = complete_body(prompt, model, settings, max_tokens)
+    body["user"] = CANARY_USER
     return path, body
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.identity import TOP_LOGPROBS, path_verdict, token_id, triage_from_logprobs
 from specadapt.errors import SpecadaptError
-from specadapt.load.client import build_body
+from specadapt.load.client import complete_body
 from specadapt.orchestration.sampling import Sample, parse_scores, score_body
 from specadapt.records import Divergence, Prompt, RequestRecord, RequestSettings, Triage
 from specadapt.wire.http import Wire
@@ -18,10 +18,7 @@ DETOKENIZE_TIMEOUT_S = 10.0
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
     req = settings.model_copy(update={"logprobs": True, "top_logprobs": TOP_LOGPROBS})
-    path, body = build_body(prompt, model, req)
-    body.update(stream=False, max_tokens=n_tokens)
-    body.pop("stream_options", None)
-    return path, body
+    return complete_body(prompt, model, req, n_tokens)
 
 
 def server_triage(server: Server, prompt: Prompt, settings: RequestSettings, div: Divergence,
