@@ -3,7 +3,7 @@ run, the clients each block reaches its server through, a block stopped by its e
 counter reads, the executor ``run_compare`` and ``run_one_side`` are given, the servers that exited
 during the run, the spec-on path check of each divergence and the report sections' two passes.
 
-The fake servers and wire are those of tests/unit/orchestration/test_compare_edges.py.
+The fake servers and wire are those of tests/unit/orchestration/test_compare.py.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from specadapt.orchestration.compare import ABRunner, run_compare, run_one_side
 from specadapt.records import CompareReport, CompareSettings, CounterSnapshot, RequestRecord, Triage
 from specadapt.records.interference import InterferenceFinding
 from specadapt.records.load import LoadSettings
-from tests.unit.orchestration.test_compare_edges import (  # noqa: F401 (fixtures)
+from tests.unit.orchestration.test_compare import (  # noqa: F401 (fixtures)
     MIXED,
     MS,
-    PROMPTS,
+    PROMPTS_edge as PROMPTS,
     Clock,
     Side,
     answer,

@@ -14,7 +14,7 @@ from specadapt.orchestration import compare
 from specadapt.orchestration import interference_check as ic
 from specadapt.orchestration.compare import ABRunner, run_compare
 from specadapt.records import CompareSettings, Prompt, RequestSettings
-from tests.unit.orchestration.test_compare_edges import (  # noqa: F401 (fixtures)
+from tests.unit.orchestration.test_compare import (  # noqa: F401 (fixtures)
     CHAT,
     MIXED,
     MS,

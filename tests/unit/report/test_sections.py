@@ -20,7 +20,7 @@ from specadapt.report.compare_render import render_console, to_junit, to_markdow
 from specadapt.report.html import to_html
 from specadapt.report.outputs import write_outputs
 from tests.unit.report.test_compare_render import make_report
-from tests.unit.orchestration.test_compare_edges import MIXED, Side, detokenizer, triager, wired  # noqa: F401 (fixtures)
+from tests.unit.orchestration.test_compare import MIXED, Side, detokenizer, triager, wired  # noqa: F401 (fixtures)
 
 # ------------------------------------------------------------------ a section, as a module would define it
 
