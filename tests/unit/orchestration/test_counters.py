@@ -101,3 +101,62 @@ def test_unreadable_counters_make_an_empty_snapshot_saying_why():
     with counter_window(server, read_counters_safely) as window:
         pass
     assert not window.acceptance.known and "metrics gone" in window.acceptance.reason
+
+
+class Clock:
+    """A clock that moves only when slept on, by ``step`` seconds whatever the sleep asks; it keeps
+    every sleep asked for."""
+
+    def __init__(self, step: float):
+        self.t, self.step, self.slept = 100.0, step, []
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += self.step
+
+
+class Reads:
+    """Counters that move on every read (``moving``) or never; the reads are counted."""
+
+    def __init__(self, moving: bool):
+        self.moving, self.n = moving, 0
+
+    def read_counters(self):
+        self.n += 1
+        return CounterSnapshot(drafts=self.n if self.moving else 7, source="test")
+
+
+def test_settle_sleeps_a_fifth_of_a_second_and_stops_only_past_its_deadline(monkeypatch):
+    clock = Clock(step=0.5)
+    monkeypatch.setattr(counters, "time", clock)
+    server = Reads(moving=True)
+    snap = counters.settle_counters(server, max_wait_s=1.0)
+    # reads at 0, 0.5, 1.0 (the deadline itself: not past it, so read again) and 1.5 s
+    assert (server.n, snap.drafts) == (4, 4)
+    assert clock.slept == [0.2, 0.2, 0.2]
+
+
+def test_settle_gives_moving_counters_three_seconds_by_default(monkeypatch):
+    clock = Clock(step=1.0)
+    monkeypatch.setattr(counters, "time", clock)
+    counters.settle_counters(Reads(moving=True))
+    assert clock.t - 100.0 == 4.0  # the first read past 3 s ends it
+
+
+def test_settle_reads_once_more_than_it_is_given(monkeypatch):
+    clock = Clock(step=0.5)
+    monkeypatch.setattr(counters, "time", clock)
+    still = Reads(moving=False)
+    assert counters.settle_counters(still).drafts == 7 and still.n == 2 and clock.slept == [0.2]
+    given = Reads(moving=False)
+    counters.settle_counters(given, previous=CounterSnapshot(drafts=7, source="test"))
+    assert given.n == 1  # the read before the run is the first of the pair
+
+
+def test_a_window_closed_but_never_opened_is_not_closed():
+    window = CounterWindow(Counting(), read).close_now()
+    with pytest.raises(RuntimeError, match="^the counter window is not closed$"):
+        window.pair
