@@ -66,7 +66,6 @@ def test_model_resolution_and_missing_interpreter(tmp_path):
 
 
 # llama.cpp (llama-cpp-python server) adapter edges: when specadapt says speculation is on (only from
-MODELS = {"object": "list", "data": [{"id": "/m/smol.gguf", "object": "model", "owned_by": "me", "permissions": []}]}
 URL = "http://l.test:8000"
 NO_COUNTERS_NOTE = ("llama-cpp-python's server exposes no speculative-decoding counters (no /metrics): "
                     "acceptance rate and length cannot be read")

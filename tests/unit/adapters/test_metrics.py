@@ -55,7 +55,6 @@ def test_garbage_is_not_prometheus_text():
 
 
 # Edges of the /metrics reading: label sets summed per position, where the numbers came from
-FIX = Path(__file__).parents[2] / "fixtures" / "vllm"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 # A data-parallel vLLM (two engines) exports each counter once per engine; hand-written values.

@@ -181,7 +181,6 @@ def test_live_read_without_metrics_is_counters_unknown_not_an_error():
 
 
 # SGLang adapter edges: when speculation counts as off, which acceptance figures describe() reads
-FIX = Path(__file__).parents[2] / "fixtures" / "sglang"
 URL = "http://sgl.test:30000"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the id in models.json
 GAUGES = ("SGLang reports acceptance as gauges averaged over its own recent window, not counters: "
@@ -192,9 +191,6 @@ NO_GAUGES = GAUGES + "; start SGLang with --enable-metrics for sglang:spec_accep
 NOT_FOUND = httpx.Response(404, json={"detail": "Not Found"})
 
 
-def load(name):
-    text = (FIX / name).read_text()
-    return json.loads(text) if name.endswith(".json") else text
 
 
 def server_sglang_adapter(routes: dict, seen: list | None = None, **kw) -> S.SGLangServer:

@@ -119,6 +119,7 @@ def test_measure_client_reports_also_when_the_run_raised():
 
 
 # Edges of the client's self-report figures: CPU share of runs shorter than a second, the ticker's
+# lateness to the nanosecond with a long tick, and the record only set once the measured block ends.
 S = 1_000_000_000
 
 

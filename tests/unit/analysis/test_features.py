@@ -460,8 +460,9 @@ def test_long_prompts_are_sized_to_max_model_len():
 
 
 # analysis/features.py at its edges: the bounds of each invariant and logprob rule, the problem and
-def A(text="", **kw):  # noqa: N802
-    return F.Answer(text=text, **kw)
+# verdict texts as a reader sees them, the stop pickers' limits, the derivations' own messages, and
+# the exact distribution of a setting on batches, at float64's range and with ties (the catalogue
+# and the common cases: tests/unit/test_feature_matrix.py). Expected values are worked out by hand.
 
 
 # --- invariants: where each rule starts to bite --------------------------------------------------
@@ -663,7 +664,6 @@ def test_exactness_of_top_k_one_and_the_reason_otherwise():
 
 
 # --- the exact distribution ----------------------------------------------------------------------
-RAW = [2.0, 1.5, 0.3, -0.2, -1.0, -3.0]
 SETTINGS = [F.Setting(), F.Setting(temperature=0.7), F.Setting(min_p=0.5), F.Setting(top_k=2), F.Setting(top_p=0.6),
             F.Setting(temperature=0.8, top_k=4, top_p=0.8, min_p=0.05)]
 

@@ -623,6 +623,9 @@ def test_a_completions_answer_with_fewer_tokens_than_logprobs(monkeypatch):
 
 
 # identity_report on multi-turn conversations: each turn of a conversation is a pair of its own
+# until the conversation first diverges; the turns after that have a different history. Checked
+# where the turn numbers exceed the concurrency (closed loop at concurrency 1, and an arrival-rate
+# run, whose records carry concurrency 0).
 CHAT = Prompt(id="chat", category="talk", messages=[ChatMessage(role="user", content="hi")],
               turns=["more", "again", "last"])
 

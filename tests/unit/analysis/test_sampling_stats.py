@@ -641,6 +641,10 @@ def test_the_temperature_fault_is_caught_at_two_hundred_tokens():
 
 
 # Sampling statistics edges: parameters refused before anything is computed with them.
+#
+# An alpha of 0 makes the chi-square's critical value infinite, so the power computation could
+# never finish: it must be refused up front, also where no power figure would be computed
+# (no tokens, no TV targets) and before the other parameters are looked at.
 ALPHA_0 = "alpha must be between 0 and 1, got 0.0: give a false-alarm rate such as 0.01"
 
 

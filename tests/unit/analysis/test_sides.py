@@ -419,6 +419,8 @@ def test_the_compare_report_notes_every_difference_beyond_speculation():
 
 
 # side_differences on hardware: every kind of machine difference is its own exact line, next to the
+# other differences of the two sides (these lines decide the "sides differ in more than speculation"
+# warning).
 H200 = GpuInfo(name="NVIDIA H200", memory_mib=143771, driver="550.54.15", compute_capability="9.0")
 A100 = GpuInfo(name="NVIDIA A100-SXM4-80GB", memory_mib=81920, driver="550.54.15", compute_capability="8.0")
 
@@ -463,6 +465,7 @@ def test_hardware_lines_come_after_the_other_differences_and_keep_them():
 
 
 # The one function that says what looks wrong about two sides (analysis/sides.py ``side_notes``),
+# as `equiv` (compare), `equiv --sampling` and `equiv --features` call it.
 ON = ServerInfo(backend="vllm", base_url="http://on", model_id="a", spec_enabled=False, dtype="float16")
 OFF = ServerInfo(backend="vllm", base_url="http://off", model_id="b", spec_enabled=True, dtype="bfloat16")
 

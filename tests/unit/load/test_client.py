@@ -679,8 +679,8 @@ def test_counts_that_are_not_integers_are_left_unknown_one_by_one():
 
 
 # Edges of the streaming client: SSE framing across reads (a CR at the end of a read, a BOM), what is
-CHAT = Prompt(id="c", category="open", messages=[{"role": "user", "content": "hi"}])
-COMPLETION = Prompt(id="p", category="open", prompt="once upon")
+# read after the stream is over for the client, the fallback JSON parser, the end of the body after [DONE],
+# and the wiring of a client to its server (TLS trust, connection limit, read timeout, base URL).
 BOM = b"\xef\xbb\xbf"
 
 

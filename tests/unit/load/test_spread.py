@@ -829,7 +829,6 @@ def test_an_executor_before_its_first_run_has_an_empty_last_result():
 
 
 # load/spread.py where the tests above leave it open: the kept clients told apart
-SETTINGS = RequestSettings(max_tokens=5, request_timeout_s=10)
 
 
 def clients(*targets: Target) -> list[int]:

@@ -468,7 +468,14 @@ def test_a_report_with_the_retired_bootstrap_setting_still_reads(tmp_path):
 
 
 # The A/B runner's wiring (orchestration/compare.py) without HTTP: what each side is sent (its request
-MS = 1_000_000
+# settings with the server's identity extras, the drill temperature), the warm-up and progress,
+# the counters read around each level, the --duration blocks at concurrency N, and the whole
+# run_compare / run_one_side / finish_compare path: identity, triage of each divergence with the
+# spec-off server, its threshold and history, the reference scorer, readable tokens, counts,
+# notes and the diagnosis.
+#
+# A fake ``stream_request`` answers from a script (token ids per prompt, side and turn) and
+# counts each server's requests; the servers' counters follow what they served.
 
 
 class Side(ServerBase):

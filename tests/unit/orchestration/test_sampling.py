@@ -725,23 +725,19 @@ def test_scoring_at_the_raw_setting_is_the_sources_top_k_and_at_any_other_its_ex
 
 
 # orchestration/sampling.py edges: the requests that succeed (path, body, timeout), the client's own
-CHAT = Prompt(id="chat", messages=[ChatMessage(role="user", content="Copy: a b c")])
-TEXT = Prompt(id="text", prompt="1, 2, 3,", max_tokens=5)
+# connections and TLS setting against a loopback server, the report's settings, and the float64
+# reference (`--reference DIR`): its tokenizer, its missing-package messages, the prompt state it
+# keeps per prompt and the float64 log-softmax.
+#
+# vLLM's answer shapes are 0.32's (see tests/unit/test_sampling_probe.py): /tokenize answers
+# ``{"count", "max_model_len", "tokens", "token_strs"}``; prompt_logprobs are a list with None for
+# the first prompt token, then ``{"<id>": {"logprob", "rank", "decoded_token"}}`` per position.
 # what every request of a client made with request timeout 7 s carries (httpx's per-request timeout)
 TIMEOUT_7 = {"connect": 10.0, "read": 7, "write": 30.0, "pool": None}
 
 
-class FakeServer:
-    base_url = "http://fake:8000"
-    model_id = "m"
-    verify = True
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": "Bearer k"}
 
 
-def entry(logprob: float, rank: int) -> dict:
-    return {"logprob": logprob, "rank": rank, "decoded_token": "x"}
 
 
 # --- requests that succeed --------------------------------------------------------------------------------

@@ -636,6 +636,8 @@ def test_local_path_messages_exactly(tmp_path, monkeypatch):
 
 
 # Edges of reading local datasets: JSON-lines records longer than the sniffed head, blank and
+# over-long lines, the parse cache, table id/category/grounding columns, and every message a missing
+# library or an unreadable file gives (one line naming the file).
 def user_datasets(p) -> list[str]:
     return [m.content for m in p.messages or [] if m.role == "user"]
 
