@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.client_load import client_limited
 from specadapt.analysis.latency import latency_summary
+from specadapt.analysis.passes import probe_speculation
 from specadapt.analysis.send_lag import send_lag
 from specadapt.analysis.slo import goodput_summary
 from specadapt.records import (
@@ -55,6 +56,7 @@ def build_probe_report(server: ServerInfo, settings: ProbeSettings, records: lis
             request_rate=rate, latency=latency_summary(recs),
             send_lag=send_lag([r.scheduled_at_ns for r in first], [r.sent_at_ns for r in first]),
             goodput=goodput_summary(recs, slo) if slo else None))
+    report.speculation = probe_speculation(report)
     report.notes += _notes(report)
     report.notes += list(extra_notes)
     if log_tail:

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from specadapt.analysis.interference import report_interference
+from specadapt.analysis.passes import compare_speculation
 from specadapt.records import CompareReport
 from specadapt.records.interference import InterferenceFinding
+from specadapt.records.passes import SpeculationSeen
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,11 @@ class Section:
 INTERFERENCE = Section("interference", InterferenceFinding, report_interference, before_diagnosis=True)
 """Did the servers stall each other's first token (analysis/interference.py)?"""
 
-SECTIONS: tuple[Section, ...] = (INTERFERENCE,)
+SPECULATION = Section("speculation", SpeculationSeen, compare_speculation, before_diagnosis=True)
+"""Speculation per request and per pass of the spec-on answers (analysis/passes.py); the diagnosis
+names the prompts and categories where drafts land from it."""
+
+SECTIONS: tuple[Section, ...] = (INTERFERENCE, SPECULATION)
 """The sections every compare report gets, in the order the reports show them."""
 
 

@@ -35,7 +35,9 @@ httpx as the transport.
 
 Speculation per request. Where the answer itself states the request's drafted and accepted
 draft tokens (vLLM ``metrics.speculative_decoding`` on the final usage chunk, llama.cpp
-``timings``), the record keeps them (``spec_drafted``, ``spec_accepted``, ``spec_steps``).
+``timings``), the record keeps them (``spec_drafted``, ``spec_accepted``, ``spec_steps``), and vLLM's
+histogram and per-pass lists where given (``spec_histogram``, ``spec_step_accepted``/``_drafted``: the
+``detailed`` level). analysis/passes.py turns them, with the chunks, into the passes of each answer.
 
 Faults never raise: each failed request gets ``error`` (one line) and ``error_kind``.
 Retries are off by default because a retried request's latency is not a server's
@@ -159,12 +161,24 @@ def _spec_counts(answer: dict[str, Any], rec: RequestRecord) -> None:
         rec.spec_accepted = accepted if isinstance(accepted, int) else None
         steps = spec.get("num_spec_steps")
         rec.spec_steps = steps if isinstance(steps, int) else None
+        rec.spec_step_accepted = _ints(spec.get("per_step_accepted"))
+        rec.spec_step_drafted = _ints(spec.get("per_step_drafted"))
+        rec.spec_histogram = _ints(spec.get("acceptance_histogram"))
+        k = spec.get("num_spec_tokens")
+        rec.spec_k = k if isinstance(k, int) else None
         return
     timings = answer.get("timings")
     if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
         rec.spec_drafted = timings["draft_n"]
         accepted = timings.get("draft_n_accepted")
         rec.spec_accepted = accepted if isinstance(accepted, int) else None
+
+
+def _ints(value: Any) -> list[int] | None:
+    """``value`` when it is a list of integers, else None."""
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    return None
 
 
 def _weaker(current: TokenSource | None, new: TokenSource) -> TokenSource:

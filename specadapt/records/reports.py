@@ -22,6 +22,7 @@ from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.identity import PromptIdentity, SpecActivity
 from specadapt.records.interference import InterferenceFinding
 from specadapt.records.load import Goodput, GoodputComparison, LoadSettings, RateLevel, SendLag
+from specadapt.records.passes import SpeculationSeen
 from specadapt.records.metrics import (
     AcceptanceSummary,
     Crossover,
@@ -46,6 +47,7 @@ class ProbeSettings(BaseModel):
     request: RequestSettings
     load: LoadSettings | None = None
     workload: WorkloadInfo | None = None
+    show: int = Field(1, ge=0, description="Answers drawn pass by pass in the reports (--show).")
 
 
 class ReportEnvelope(BaseModel):
@@ -81,6 +83,9 @@ class ProbeReport(ReportEnvelope):
                                                         "run (one process).")
     scale: ScaleLayout | None = Field(None, description="Worker processes, Ray actors, replicas or merged sources; "
                                                         "None: one process, one server.")
+    speculation: SpeculationSeen | None = Field(
+        None, exclude_if=lambda v: v is None, description="Speculation per request and per pass of the target "
+                                                          "(analysis/passes.py); None: the server says it is off.")
     requests: list[RequestRecord] = Field(default_factory=list)
 
 
@@ -105,6 +110,7 @@ class CompareSettings(BaseModel):
     interference_check: bool = Field(False, description="Before the run, a short check whether the servers stall "
                                                         "each other's first token (concurrency 1, sides "
                                                         "interleaved; orchestration/interference_check.py).")
+    show: int = Field(1, ge=0, description="Spec-on answers drawn pass by pass in the reports (--show).")
 
 
 class CounterPair(BaseModel):

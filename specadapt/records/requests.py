@@ -72,6 +72,16 @@ class RequestRecord(BaseModel):
                                       description="Of those, the draft tokens the target accepted (same source).")
     spec_steps: int | None = Field(None, exclude_if=lambda v: v is None,
                                    description="Verify passes that had a draft (vLLM's num_spec_steps), where given.")
+    spec_step_accepted: list[int] | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "Accepted draft tokens of each verify pass that had a draft, in order, where the answer lists them "
+        "(vLLM --per-request-spec-decode-metrics detailed: per_step_accepted)."))
+    spec_step_drafted: list[int] | None = Field(None, exclude_if=lambda v: v is None,
+                                                description="Draft tokens of each of those passes (per_step_drafted).")
+    spec_histogram: list[int] | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "Index j: verify passes that accepted exactly j draft tokens, where the answer gives it (vLLM "
+        "acceptance_histogram)."))
+    spec_k: int | None = Field(None, exclude_if=lambda v: v is None,
+                               description="The draft length the answer states (vLLM num_spec_tokens).")
 
     @property
     def ttft_ns(self) -> int | None:

@@ -108,7 +108,7 @@ def test_a_registered_section_is_computed_saved_and_rendered_everywhere(
     expected = {"off_ok": sum(r.side == "off" for r in measured), "on_ok": sum(r.side == "on" for r in measured),
                 "diverged": ["bug", "chat", "tie"]}
     assert expected["off_ok"] == expected["on_ok"] == 10  # 2 repeats x (3 prompts + a conversation of 2 turns)
-    assert report.sections["tally"] == expected and set(report.sections) == {"interference", "tally"}  # + built-in
+    assert report.sections["tally"] == expected and set(report.sections) == {"interference", "speculation", "tally"}  # + built-in
     line = "10 off, 10 on; diverged <bug, chat, tie>"
 
     paths = [tmp_path / n for n in ("report.json", "junit.xml", "summary.md", "report.html")]
@@ -134,7 +134,7 @@ def test_an_analysis_that_raises_loses_its_section_only_and_says_why_in_one_note
     added(analyses.Section("wrong", Tally, lambda report: {"off_ok": 1}))
     added(TALLY, TALLY_VIEW)
     report = compare_run(wired)
-    assert set(report.sections) == {"interference", "tally"} and report.diagnosis is not None and len(report.identity) == 4
+    assert set(report.sections) == {"interference", "speculation", "tally"} and report.diagnosis is not None and len(report.identity) == 4
     assert report.notes == ["the broken section failed and is left out: ValueError: no features measured",
                             "the wrong section failed and is left out: TypeError: analyse returned dict, not Tally"]
     write_outputs(report, json_path=tmp_path / "r.json", markdown_path=tmp_path / "r.md")
