@@ -305,6 +305,12 @@ def launch_plan(opts: VLLMLaunch) -> LaunchPlan:
         notes.append(f"LD_PRELOAD={iomp}: Intel OpenMP, as vLLM's CPU worker asks for; every server specadapt "
                      "starts gets it, spec on or off")
     spec_args = [a for a in argv if a.startswith(f"{F_SPEC}=")]  # check_extra_args keeps it out of extra_args
+    if spec_args and not _has_flag(opts.extra_args, PER_REQUEST_FLAG) and per_request_metrics(opts.python):
+        # right after --speculative-config, as one block: vLLM refuses it without speculation, and it
+        # changes what a response carries, not how the server runs
+        added = f"{PER_REQUEST_FLAG}={PER_REQUEST_LEVEL}"
+        argv.insert(argv.index(spec_args[0]) + 1, added)
+        spec_args.append(added)
     return LaunchPlan(backend="vllm", argv=argv, env=env, host=opts.host, port=port,
                       health_path="/v1/models", spec_enabled=spec is not None, model=opts.model, notes=notes,
                       spec_args=spec_args, scratch_env=[RPC_DIR])
@@ -316,6 +322,33 @@ def intel_openmp(python: str) -> str | None:
     (theirs is inherited unchanged). The same for every server, whatever its speculation."""
     iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
     return str(iomp) if iomp.is_file() and "LD_PRELOAD" not in os.environ else None
+
+
+# Each answer's own speculation in its response (``metrics.speculative_decoding``), "detailed" with the
+# accepted and proposed tokens of every verify step (vllm/config/observability.py, vLLM 0.32.0).
+PER_REQUEST_FLAG = "--per-request-spec-decode-metrics"
+PER_REQUEST_LEVEL = "detailed"
+# where that option is declared, inside a vLLM installation
+OBSERVABILITY = Path("vllm") / "config" / "observability.py"
+
+
+def per_request_metrics(python: str) -> bool:
+    """Whether the vLLM of the environment that ``python`` belongs to knows --per-request-spec-decode-metrics:
+    its ``vllm/config/observability.py`` (under ``lib*/python*/*-packages``, next to the environment's
+    ``bin``, as ``intel_openmp`` finds its library) declares ``per_request_spec_decode_metrics``. Read
+    as text, nothing imported; False when that file is not there."""
+    root = Path(python).parent.parent
+    for packages in sorted(root.glob("lib*/python*/*-packages")):
+        try:
+            if "per_request_spec_decode_metrics" in (packages / OBSERVABILITY).read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(arg.split("=", 1)[0] == flag for arg in args)
 
 
 def spec_json(spec: SpecConfig | None) -> dict[str, Any] | None:

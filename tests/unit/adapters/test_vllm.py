@@ -279,6 +279,96 @@ def test_the_plan_takes_the_users_kv_cache_space_and_preloads_intel_openmp(tmp_p
     assert plan.spec_enabled and plan.spec_args == [plan.argv[-1]]
 
 
+# ------------------------------------------------------------------ each answer's own speculation
+
+SPEC_FLAG = f"--speculative-config={json.dumps(NGRAM_JSON, separators=(',', ':'))}"
+DETAILED = "--per-request-spec-decode-metrics=detailed"
+
+
+def python_with_vllm(tmp_path: Path, observability: str | None, packages: str = "site-packages") -> str:
+    """A fake environment's interpreter; ``observability``: the text of its vllm/config/observability.py
+    (None: no such file)."""
+    python = fake_python(tmp_path)
+    config = tmp_path / "lib" / "python3.12" / packages / "vllm" / "config"
+    config.mkdir(parents=True)
+    if observability is not None:
+        (config / "observability.py").write_text(observability)
+    return python
+
+
+KNOWS = 'class ObservabilityConfig:\n    per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "none"\n'
+OLDER = "class ObservabilityConfig:\n    collect_detailed_traces: list | None = None\n"
+
+
+def test_the_installed_vllm_declares_the_per_request_option():
+    """The check reads the file the vLLM of this environment has (vLLM 0.32.0 declares the option)."""
+    from specadapt.adapters.vllm import per_request_metrics
+
+    import importlib.util
+
+    found = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if found is None or not found.submodule_search_locations:
+        pytest.skip("no vLLM in this environment")
+    file = Path(list(found.submodule_search_locations)[0]) / "config" / "observability.py"
+    declared = file.is_file() and "per_request_spec_decode_metrics:" in file.read_text()
+    assert per_request_metrics(sys.executable) == declared
+
+
+@pytest.mark.parametrize("packages", ["site-packages", "dist-packages"])
+def test_a_vllm_that_knows_per_request_metrics_reports_each_answers_speculation(tmp_path, monkeypatch, packages):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    python = python_with_vllm(tmp_path, KNOWS, packages)
+    plan = launch_plan(VLLMLaunch(model="/m", port=8000, python=python, spec_config=NGRAM,
+                                  extra_args=["--block-size=16"]))
+    assert plan.argv[-3:] == [SPEC_FLAG, DETAILED, "--block-size=16"]
+    assert plan.spec_args == [SPEC_FLAG, DETAILED]
+
+
+@pytest.mark.parametrize("observability", [None, OLDER])
+def test_a_vllm_without_the_option_is_not_given_it(tmp_path, monkeypatch, observability):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    python = python_with_vllm(tmp_path, observability)
+    plan = launch_plan(VLLMLaunch(model="/m", port=8000, python=python, spec_config=NGRAM))
+    assert not any(a.startswith("--per-request-spec-decode-metrics") for a in plan.argv)
+    assert plan.spec_args == [SPEC_FLAG] and plan.argv[-1] == SPEC_FLAG
+
+
+def test_a_spec_off_server_is_not_given_it(tmp_path, monkeypatch):
+    """vLLM refuses the option without --speculative-config."""
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    plan = launch_plan(VLLMLaunch(model="/m", port=8000, python=python_with_vllm(tmp_path, KNOWS)))
+    assert not any(a.startswith("--per-request-spec-decode-metrics") for a in plan.argv)
+    assert plan.spec_args == []
+
+
+@pytest.mark.parametrize("theirs", [["--per-request-spec-decode-metrics=summary"],
+                                    ["--per-request-spec-decode-metrics", "none"]])
+def test_the_users_own_per_request_option_wins(tmp_path, monkeypatch, theirs):
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    python = python_with_vllm(tmp_path, KNOWS)
+    plan = launch_plan(VLLMLaunch(model="/m", port=8000, python=python, spec_config=NGRAM, extra_args=theirs))
+    assert DETAILED not in plan.argv and plan.argv[-len(theirs):] == theirs
+    assert plan.spec_args == [SPEC_FLAG]
+
+
+def test_the_per_request_option_is_part_of_the_speculation_the_sides_differ_in(tmp_path, monkeypatch):
+    """Spec off and spec on started alike: the option comes with --speculative-config, so the two
+    launches differ in speculation only; left outside the speculative block, it would be a difference."""
+    from specadapt.adapters.plan import launch_record
+    from specadapt.analysis.sides import launch_differences
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    python = python_with_vllm(tmp_path, KNOWS)
+    common = dict(model="/m", python=python, extra_args=["--block-size=16"])
+    off = launch_plan(VLLMLaunch(port=8000, **common))
+    on = launch_plan(VLLMLaunch(port=8001, spec_config=NGRAM, **common))
+    assert DETAILED in on.argv
+    assert launch_differences(launch_record(off, environ={}), launch_record(on, environ={})) == []
+    outside = on.model_copy(update={"spec_args": [SPEC_FLAG]})
+    (line,) = launch_differences(launch_record(off, environ={}), launch_record(outside, environ={}))
+    assert DETAILED in line
+
+
 # ------------------------------------------------------------------ --spec-config
 
 def test_spec_json_of_a_spec_and_of_none():
