@@ -15,6 +15,13 @@ Fields (all optional; a prompt that is not a JSON object gets the defaults):
     itl_ms              gap between token chunks
     tokens              output tokens; tokens_per_chunk tokens per chunk (as under
                         speculation: 1 draft of k=3 per chunk, tokens_per_chunk - 1 accepted)
+    steps               the engine steps instead, as tokens per step, e.g. [1, 4, 1, 3]: the first
+                        is the prefill (one token, no draft), each later one a pass of the target
+                        that checked a draft of k=3 and accepted tokens - 1 of it (tokens = their sum)
+    steps_per_chunk     engine steps merged into one streamed chunk (default 1: a chunk is a step), as
+                        a server with a stream interval above 1 does: the first step goes alone, then
+                        each chunk carries the tokens of that many steps, while the /metrics counters
+                        still count every step (its draft, its accepted tokens)
     usage               true: cumulative usage on every chunk (vLLM continuous_usage_stats)
     fault               none | stall | disconnect | malformed | no_done | status | trickle | exit
     fault_after         token chunks sent before the fault (default: half)
@@ -30,7 +37,9 @@ returns ``{id: {"recv_ns", "chunk_ns": [...], "done_ns", "attempt", "ttft_ms", "
 requests also ``"messages": [[role, content], ...]``, to check multi-turn histories);
 ``GET /_script/log?pop=1`` returns the finished entries and forgets them (for long runs).
 
-``GET /metrics`` serves vLLM-named counters that follow the tokens served; ``POST
+``GET /metrics`` serves vLLM-named counters that follow the tokens served, one engine step at a time
+(a step counts its draft of k=3 and its tokens - 1 accepted, the first ``min(tokens - 1, 3)`` positions;
+with ``steps`` the prefill counts no draft); ``POST
 /_script/metrics`` with ``{"mode": ...}`` switches them: ``vllm`` (spec counters),
 ``off`` (no spec counters), ``missing`` (404), ``malformed`` (not Prometheus text),
 ``reset`` (counters fall back to zero at the next completion request: a restarted server),
@@ -71,7 +80,8 @@ from specadapt.errors import require
 
 K = 3  # draft tokens per chunk in the counters we serve
 MODEL = "scripted"
-DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 10.0, "tokens": 16, "tokens_per_chunk": 1, "usage": True,
+DEFAULTS: dict[str, Any] = {"ttft_ms": 20.0, "itl_ms": 10.0, "tokens": 16, "tokens_per_chunk": 1,
+                            "steps_per_chunk": 1, "usage": True,
                             "fault": None, "status": 503, "fail_times": 10**9, "trickle_bytes": 3,
                             "trickle_ms": 1.0, "exit_code": 7}
 
@@ -84,7 +94,7 @@ class State:
         self.attempts: dict[str, int] = {}
         self.metrics_mode = "vllm"
         self.base = 1000.0  # counters start high, like a server that has been up a while
-        self.chunks = 0
+        self.drafts = 0  # engine steps that checked a draft
         self.tokens = 0
         self.accepted_per_pos = [0] * K
         self.sim: Any = None  # counter_series.Simulator in timeline mode
@@ -105,7 +115,7 @@ class State:
         if self.metrics_mode == "timeline":
             self.sim.restart()
         else:
-            self.base, self.chunks, self.tokens, self.accepted_per_pos = 0.0, 0, 0, [0] * K
+            self.base, self.drafts, self.tokens, self.accepted_per_pos = 0.0, 0, 0, [0] * K
 
 
 def parse_script(text: str) -> dict[str, Any]:
@@ -117,8 +127,24 @@ def parse_script(text: str) -> dict[str, Any]:
         script = {}
     out = {**DEFAULTS, **script}
     out.setdefault("id", text)
-    out.setdefault("fault_after", -(-int(out["tokens"]) // int(out["tokens_per_chunk"])) // 2)
+    if "steps" in out:
+        out["tokens"] = sum(int(n) for n in out["steps"])
+    out.setdefault("fault_after", len(chunk_steps(out)) // 2)
     return out
+
+
+def engine_steps(s: dict[str, Any]) -> list[tuple[int, bool]]:
+    """(tokens, checked a draft) per engine step of a parsed script, in order."""
+    if "steps" in s:
+        return [(int(n), i > 0) for i, n in enumerate(s["steps"])]
+    tokens, per = int(s["tokens"]), int(s["tokens_per_chunk"])
+    return [(min(per, tokens - i), True) for i in range(0, tokens, per)]
+
+
+def chunk_steps(s: dict[str, Any]) -> list[list[tuple[int, bool]]]:
+    """The engine steps of each streamed chunk: the first step alone, then ``steps_per_chunk`` at a time."""
+    steps, n = engine_steps(s), max(1, int(s["steps_per_chunk"]))
+    return [steps[:1]] + [steps[i:i + n] for i in range(1, len(steps), n)] if steps else []
 
 
 def stall_ms(st: State) -> float:
@@ -168,9 +194,9 @@ def metrics_text(st: State) -> tuple[int, str]:
              f"vllm:generation_tokens_total{{{lab}}} {st.base + st.tokens}"]
     if st.metrics_mode in ("vllm", "reset"):
         lines += ["# TYPE vllm:spec_decode_num_drafts_total counter",
-                  f"vllm:spec_decode_num_drafts_total{{{lab}}} {st.base + st.chunks}",
+                  f"vllm:spec_decode_num_drafts_total{{{lab}}} {st.base + st.drafts}",
                   "# TYPE vllm:spec_decode_num_draft_tokens_total counter",
-                  f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {K * (st.base + st.chunks)}",
+                  f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {K * (st.base + st.drafts)}",
                   "# TYPE vllm:spec_decode_num_accepted_tokens_total counter",
                   f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} "
                   f"{st.base + sum(st.accepted_per_pos)}",
@@ -294,19 +320,20 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
         entry["messages"] = [[m.get("role"), m.get("content")] for m in req["messages"]]
     st.log[key] = entry
     if st.metrics_mode == "reset" and st.base:
-        st.base, st.chunks, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
+        st.base, st.drafts, st.tokens, st.accepted_per_pos = 0.0, 0, 0, [0] * K
     fault = s["fault"]
     if fault == "status" and attempt <= int(s["fail_times"]):
         mark_served(st)
         return await _respond(send, int(s["status"]), {"error": {"message": f"scripted {s['status']}"}})
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-    tokens, per = int(s["tokens"]), int(s["tokens_per_chunk"])
-    sizes = [min(per, tokens - i) for i in range(0, tokens, per)]
+    tokens = int(s["tokens"])
+    chunks = chunk_steps(s)
     pieces = []  # fault=trickle sends everything at the end, in small pieces
     t_first = recv_ns / 1e9 + (s["ttft_ms"] + stalled) / 1e3
     sent = 0
-    for i, n in enumerate(sizes):
+    for i, steps in enumerate(chunks):
+        n = sum(t for t, _ in steps)
         if fault and fault not in ("status", "trickle") and i == s["fault_after"]:
             if fault == "stall":
                 await asyncio.sleep(3600)
@@ -324,16 +351,17 @@ async def _stream(st: State, req: dict[str, Any], path: str, recv_ns: int, send)
         if delay > 0 and fault != "trickle":
             await asyncio.sleep(delay)
         sent += n
-        last = i == len(sizes) - 1
+        last = i == len(chunks) - 1
         data = chunk_bytes(api, "x" * n, n, sent if s["usage"] else None, "length" if last else None)
         if fault == "trickle":
             pieces.append(data)
             continue
         entry["chunk_ns"].append(time.perf_counter_ns())  # handed to the socket now
         await send({"type": "http.response.body", "body": data, "more_body": True})
-        st.chunks, st.tokens = st.chunks + 1, st.tokens + n
-        for p in range(min(n - 1, K)):
-            st.accepted_per_pos[p] += 1
+        for t, drafted in steps:  # the counters count engine steps, whatever the chunks merged
+            st.drafts, st.tokens = st.drafts + drafted, st.tokens + t
+            for p in range(min(t - 1, K)):
+                st.accepted_per_pos[p] += 1
     tail = b"data: [DONE]\n\n"
     if fault == "trickle":
         blob, step = b"".join(pieces) + tail, int(s["trickle_bytes"])
