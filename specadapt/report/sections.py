@@ -30,7 +30,9 @@ from specadapt.analysis.sections import one_line, section_data
 from specadapt.records import CompareReport
 from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.interference import InterferenceFinding, SideStalls
+from specadapt.records.passes import SpeculationSeen
 from specadapt.report.diagnosis_render import diagnosis_html, diagnosis_markdown, machine_line, render_diagnosis
+from specadapt.report.passes_render import passes_html, passes_markdown, render_passes
 
 ConsoleRenderer = Callable[[BaseModel, CompareReport, Console], None]
 """Prints the section (its model, the whole report for context) on the console."""
@@ -141,7 +143,26 @@ INTERFERENCE = SectionView("interference", console=_interference_console, markdo
 """Did the servers stall each other's first token: the run's own finding (the ``interference``
 section) and the check's before the run (``report.interference_check``)."""
 
-VIEWS: tuple[SectionView, ...] = (INTERFERENCE, DIAGNOSIS)
+# ----------------------------------------------------------------------------- the speculation seen
+
+def _speculation_console(seen: SpeculationSeen, report: CompareReport, console: Console) -> None:
+    render_passes(seen, report.requests, console, title="spec-on speculation")
+
+
+def _speculation_markdown(seen: SpeculationSeen, report: CompareReport) -> list[str]:
+    return passes_markdown(seen, report.requests)
+
+
+def _speculation_html(seen: SpeculationSeen, report: CompareReport, heading: int) -> str:
+    return passes_html(seen, report.requests, heading)
+
+
+SPECULATION = SectionView("speculation", console=_speculation_console, markdown=_speculation_markdown,
+                          html=_speculation_html)
+"""Speculation per request and per pass of the spec-on answers (the ``speculation`` section):
+figures per category and prompt, the checks against the counters, chosen answers pass by pass."""
+
+VIEWS: tuple[SectionView, ...] = (INTERFERENCE, SPECULATION, DIAGNOSIS)
 """The views every compare report renders, in this order."""
 
 

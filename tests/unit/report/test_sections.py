@@ -193,7 +193,7 @@ def test_a_section_not_in_the_table_reads_back_as_nothing():
 
 
 def test_the_diagnosis_is_a_built_in_view_of_its_own_field():
-    assert [v.name for v in views.VIEWS] == ["interference", "diagnosis"]
+    assert [v.name for v in views.VIEWS] == ["interference", "speculation", "diagnosis"]
     report = CompareReport.model_validate_json(_saved_report())
     assert views.DIAGNOSIS.model(report) is None and "Why" not in to_markdown(report)
 
