@@ -10,8 +10,9 @@ time, the rest wait in arrival order. A streamed response sends one chunk per en
 so a chunk may carry several tokens, as vLLM's does. A client that goes away is taken out
 of the batch before the next step; no other request ever sees its state. With speculation
 (k >= 1) every answer carries the request's own counts in vLLM 0.32's
-``--per-request-spec-decode-metrics summary`` shape (``metrics.speculative_decoding``, see
-``SpecTally``), adding up to the /metrics counters.
+``--per-request-spec-decode-metrics detailed`` shape (``metrics.speculative_decoding``: the
+summary and the accepted and proposed tokens of each verify pass, see ``SpecTally``), adding up
+to the /metrics counters; a stream carries them on its final usage chunk.
 """
 
 from __future__ import annotations
@@ -103,15 +104,20 @@ class Metrics:
 
 class SpecTally:
     """One request's speculation counts, as vLLM's ``SpeculativeDecodingMetrics`` (vLLM 0.32,
-    ``--per-request-spec-decode-metrics summary``): fed the request's Steps, it counts what
-    ``Metrics.record_step`` counts for them, so per-request sums equal the counter deltas.
-    A step without proposed tokens is no spec step (vLLM observes none for it)."""
+    ``--per-request-spec-decode-metrics detailed``, vllm/v1/metrics/stats.py
+    ``RequestSpecDecodeMetrics``): fed the request's Steps, it counts what ``Metrics.record_step``
+    counts for them, so per-request sums equal the counter deltas, and keeps each verify step's
+    accepted and proposed counts in order (``per_step_accepted`` / ``per_step_drafted``, sent only
+    when there is at least one, as vLLM). A step without proposed tokens is no spec step (vLLM
+    observes none for it)."""
 
     def __init__(self, k: int):
         self.k = k
         self.histogram = [0] * (k + 1)  # index j: verify steps that accepted exactly j drafts
         self.draft_tokens = 0
         self.accepted = 0
+        self.per_step_accepted: list[int] = []
+        self.per_step_drafted: list[int] = []
 
     def add(self, step: Step) -> None:
         if not step.proposed:
@@ -121,14 +127,20 @@ class SpecTally:
         self.histogram[step.accepted] += 1
         self.draft_tokens += len(step.proposed)
         self.accepted += step.accepted
+        self.per_step_accepted.append(step.accepted)
+        self.per_step_drafted.append(len(step.proposed))
 
     def as_dict(self) -> dict:
         steps = sum(self.histogram)
-        return {"mean_acceptance_length": 1.0 + self.accepted / steps if steps else 1.0,
-                "draft_acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
-                "acceptance_histogram": list(self.histogram), "num_spec_steps": steps,
-                "num_accepted_draft_tokens": self.accepted, "num_draft_tokens": self.draft_tokens,
-                "num_spec_tokens": self.k}
+        out = {"mean_acceptance_length": 1.0 + self.accepted / steps if steps else 1.0,
+               "draft_acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else 0.0,
+               "acceptance_histogram": list(self.histogram), "num_spec_steps": steps,
+               "num_accepted_draft_tokens": self.accepted, "num_draft_tokens": self.draft_tokens,
+               "num_spec_tokens": self.k}
+        if self.per_step_accepted:
+            out["per_step_accepted"] = list(self.per_step_accepted)
+            out["per_step_drafted"] = list(self.per_step_drafted)
+        return out
 
 
 class Ticket:
@@ -333,7 +345,7 @@ def build_app(ref: Reference, model_name: str | None = None, max_num_seqs: int =
               max_logprobs: int = 20, spec_metrics: bool = True) -> Starlette:
     """``spec_metrics``: with speculation (a proposer, k >= 1), every answer carries the
     request's ``metrics.speculative_decoding`` (vLLM's --per-request-spec-decode-metrics
-    summary); a server without speculation never sends it."""
+    detailed); a server without speculation never sends it."""
     name = model_name or ref.model_name
     speculative = ref.engine.proposer is not None
     metrics = Metrics(name, ref.engine.k, speculative)

@@ -1,8 +1,9 @@
 """Per-request speculation metrics in the reference server's answers, in vLLM 0.32's
-``--per-request-spec-decode-metrics summary`` shape: ``metrics.speculative_decoding`` at
+``--per-request-spec-decode-metrics detailed`` shape: ``metrics.speculative_decoding`` at
 the top of a non-streamed answer and on the final usage chunk of a stream. Every
 request's counts add up to the /metrics counter deltas (alone and in a shared batch), and
-agree with the library's own steps. Tiny random models, float64, a draft model, k = 3."""
+agree with the library's own steps, pass by pass; a stream sends one chunk per pass.
+Tiny random models, float64, a draft model, k = 3."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
 MAX = 16
 KEYS = ["mean_acceptance_length", "draft_acceptance_rate", "acceptance_histogram", "num_spec_steps",
         "num_accepted_draft_tokens", "num_draft_tokens", "num_spec_tokens"]
+PER_STEP = ["per_step_accepted", "per_step_drafted"]  # vLLM's detailed level, only where there are steps
 COUNTERS = {"num_spec_steps": "vllm:spec_decode_num_drafts_total",
             "num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
             "num_accepted_draft_tokens": "vllm:spec_decode_num_accepted_tokens_total"}
@@ -56,7 +58,7 @@ def request(base, prompt, chat, stream, **extra):
 
 
 def check_shape(spec: dict) -> None:
-    assert list(spec) == KEYS
+    assert list(spec) == KEYS + (PER_STEP if spec["num_spec_steps"] else [])
     hist = spec["acceptance_histogram"]
     assert spec["num_spec_tokens"] == K and len(hist) == K + 1
     assert spec["num_spec_steps"] == sum(hist)
@@ -66,6 +68,12 @@ def check_shape(spec: dict) -> None:
     assert spec["mean_acceptance_length"] == pytest.approx(1 + accepted / steps if steps else 1.0)
     assert spec["draft_acceptance_rate"] == pytest.approx(accepted / drafted if drafted else 0.0)
     assert isinstance(spec["mean_acceptance_length"], float) and isinstance(spec["draft_acceptance_rate"], float)
+    if steps:  # the passes one by one: as many as steps, adding up to the counts and the histogram
+        per_accepted, per_drafted = spec["per_step_accepted"], spec["per_step_drafted"]
+        assert len(per_accepted) == len(per_drafted) == steps
+        assert (sum(per_accepted), sum(per_drafted)) == (accepted, drafted)
+        assert [per_accepted.count(j) for j in range(K + 1)] == hist
+        assert all(0 <= a <= d <= K and d >= 1 for a, d in zip(per_accepted, per_drafted))
 
 
 def deltas(before: dict, after: dict) -> dict:
@@ -107,6 +115,33 @@ def test_counts_equal_the_library_steps(ref):
     assert spec["acceptance_histogram"] == hist and sum(1 for n in hist if n) >= 2
     assert (spec["num_spec_steps"], spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]) == (
         gen.stats.num_drafts, gen.stats.draft_tokens, gen.stats.accepted_tokens)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_each_pass_is_the_library_step_it_was(ref, stream):
+    """The same greedy request decoded by the library, step by step: the answer's per-step arrays
+    are its steps that proposed tokens (accepted, proposed), in order; streamed, each chunk
+    carries one step's tokens (chunks are passes), and the arrays ride on the final usage chunk."""
+    ids = ref.encode(PROMPTS[1])
+    gen = SpecEngine(ref.engine.model, DraftModelProposer(ref.engine.proposer.model), K).generate(ids, MAX)
+    drafted = [s for s in gen.steps if s.proposed]
+    with serving(ref) as base:
+        metrics, answer = request(base, PROMPTS[1], chat=False, stream=stream, return_token_ids=True,
+                                  stream_options={"include_usage": True})
+    spec = metrics["speculative_decoding"]
+    assert spec["per_step_accepted"] == [s.accepted for s in drafted]
+    assert spec["per_step_drafted"] == [len(s.proposed) for s in drafted]
+    # not vacuous: some passes kept drafts and some kept none, and the first pass (prefill) drafted nothing
+    assert 0 in spec["per_step_accepted"] and max(spec["per_step_accepted"]) > 0 and not gen.steps[0].proposed
+    if stream:
+        carrying = [c["choices"][0]["token_ids"] for c in answer if c["choices"] and c["choices"][0].get("token_ids")]
+        assert carrying == [s.tokens for s in gen.steps]
+        # a chunk's tokens - 1 are the pass's accepted drafts, but for the last pass, which max_tokens may cut
+        *whole, last = [(len(t), s) for t, s in zip(carrying, gen.steps) if s.proposed]
+        assert [n - 1 for n, _ in whole] == spec["per_step_accepted"][:-1]
+        assert 1 <= last[0] <= spec["per_step_accepted"][-1] + 1 and last[1] is gen.steps[-1]
+    else:
+        assert answer["choices"][0]["token_ids"] == gen.tokens
 
 
 def test_requests_sharing_steps_each_get_their_own_counts(ref):
