@@ -11,6 +11,7 @@ from specadapt.analysis.text import pct
 from specadapt.records import Distribution, ProbeReport
 from specadapt.records.load import Goodput, SendLag
 from specadapt.report.hardware import hardware_source_text
+from specadapt.report.passes_render import render_passes
 
 
 def _ms(v: float | None) -> str:
@@ -122,6 +123,8 @@ def render_probe(report: ProbeReport, console: Console) -> None:
         console.print(pos)
     else:
         console.print(f"acceptance: unknown ({acc.reason})")
+    if report.speculation is not None:
+        render_passes(report.speculation, report.requests, console)
     if report.partial:
         console.print(f"[red]PARTIAL RUN[/]: {report.partial_reason}")
     if report.failures:

@@ -10,7 +10,7 @@ one. A renderer a kind does not have is None: `report export` then names the for
 ==========  =======================================  =======  ========  ====  =====
 kind        written by                               console  Markdown  HTML  JUnit
 ==========  =======================================  =======  ========  ====  =====
-probe       probe --json, report merge -o            yes      -         -     -
+probe       probe --json, report merge -o            yes      yes       yes   -
 compare     compare / equiv --json, --out DIR        yes      yes       yes   yes
 features    equiv --features --json, --out DIR       yes      yes       yes   yes
 sampling    equiv --sampling --json, --out DIR       yes      yes       -     yes
@@ -44,6 +44,7 @@ from specadapt.report import (
     demo_render,
     features_render,
     html,
+    probe_render,
     sampling_render,
     tune_render,
     watch_summary,
@@ -105,7 +106,8 @@ def _probe_console(report: ProbeReport, console: Console) -> None:
 
 
 KINDS: tuple[ReportKind, ...] = (
-    ReportKind("probe", ProbeReport, "specadapt probe --json FILE; specadapt report merge -o FILE", _probe_console),
+    ReportKind("probe", ProbeReport, "specadapt probe --json FILE; specadapt report merge -o FILE", _probe_console,
+               markdown=probe_render.to_markdown, html=probe_render.to_html),
     ReportKind("compare", CompareReport, "specadapt compare / equiv --json FILE or --out DIR (report.json)",
                compare_render.render_console, markdown=compare_render.to_markdown, html=html.to_html,
                junit=compare_render.to_junit),

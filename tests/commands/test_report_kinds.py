@@ -29,7 +29,7 @@ from specadapt.records.sampling import SamplingStats
 from specadapt.records.sampling_report import PromptTokens, SamplingGate, SamplingReport, SamplingSettings
 from specadapt.records.tune import Candidate, TuneReport, TuneSettings, Verification
 from specadapt.records.watch import WatchEvent, WatchReport, WatchServerSummary
-from specadapt.report import demo_render, features_render, html, kinds, page, tune_render
+from specadapt.report import demo_render, features_render, html, kinds, page, probe_render, tune_render
 from specadapt.report.demo_render import write_demo_outputs
 from specadapt.report.outputs import write_feature_outputs, write_outputs, write_sampling_outputs
 from specadapt.report.tune_render import write_tune_outputs
@@ -105,7 +105,9 @@ def watch(path: Path) -> None:
 
 # kind: (how its command saves it, what its console shows, what each form it has shows)
 CASES: dict[str, tuple[Callable[[Path], None], list[str], dict[str, list[str]]]] = {
-    "probe": (probe, ["probe-model", "http://probe:8000", "output tokens 3"], {}),
+    "probe": (probe, ["probe-model", "http://probe:8000", "output tokens 3"],
+              {"markdown": ["# specadapt probe: probe-model", "output tokens 3", "per-request acceptance not available"],
+               "html": ["<h1>specadapt probe: probe-model</h1>", "per-request acceptance not available"]}),
     "compare": (compare, ["identity: 2 identical, 1 near-tie, 1 suspect"],
                 {"markdown": ["## specadapt: speculative decoding on vs off", "BUG"],
                  "html": ["<h1>Speculative decoding on vs off: m</h1>"], "junit": ["p3"]}),
@@ -136,10 +138,10 @@ SHARED_STYLE = "th { background: #f3f3f3; } .plots { display: flex; flex-wrap: w
 
 def test_every_html_page_extends_the_one_base_template():
     assert page.BASE.startswith(BASE_HEAD) and SHARED_STYLE in page.BASE
-    pages = [html.PAGE, demo_render.PAGE, tune_render.TEMPLATE, features_render.PAGE]
+    pages = [html.PAGE, demo_render.PAGE, tune_render.TEMPLATE, features_render.PAGE, probe_render.PAGE]
     assert all(p.startswith('{% extends "base.html" %}') for p in pages)
     assert {k.html for k in kinds.KINDS if k.html} == {html.to_html, demo_render.to_html, tune_render.render_html,
-                                                       features_render.to_html}
+                                                       features_render.to_html, probe_render.to_html}
 
 
 def undated(text: str) -> str:
@@ -198,13 +200,15 @@ def test_show_on_a_features_report_is_not_refused_as_a_probe_report(tmp_path):
     assert "cells: 1 pass, 1 fail" in words(shown.output)
 
 
-def test_a_probe_report_has_no_export_form_and_says_where_to_look(tmp_path):
+def test_a_form_a_kind_lacks_is_refused_and_the_line_says_where_to_look(tmp_path):
     path = tmp_path / "probe.json"
     probe(path)
-    out = CliRunner().invoke(cli, ["report", "export", str(path), "--markdown", str(tmp_path / "s.md")])
-    assert out.exit_code == 2 and not (tmp_path / "s.md").exists()
-    assert out.output.strip() == (f"error: {path} is a probe report, which has no Markdown form: it is only shown "
-                                  "(specadapt report show)")
+    out = CliRunner().invoke(cli, ["report", "export", str(path), "--junit", str(tmp_path / "j.xml")])
+    assert out.exit_code == 2 and not (tmp_path / "j.xml").exists()
+    assert out.output.strip() == (f"error: {path} is a probe report, which has no JUnit form: it can be exported as "
+                                  "Markdown or HTML")
+    shown_only = kinds.ReportKind("probe", kinds.ProbeReport, "specadapt probe --json FILE", kinds.render_probe)
+    assert shown_only.formats() == () and shown_only.formats_text() == "it is only shown (specadapt report show)"
 
 
 def test_every_form_asked_is_checked_before_any_is_written(tmp_path):
