@@ -57,6 +57,8 @@ def ab_options(f):
         click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
         click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
                      help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),
+        click.option("--show", type=click.IntRange(0), default=1, show_default=True,
+                     help="Spec-on answers drawn pass by pass in the reports, one per prompt (0: none)."),
         click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write report.json, junit.xml, summary.md and report.html here."),
         click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
@@ -83,7 +85,8 @@ def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
                            near_tie_threshold=kw["near_tie_threshold"], dtype=dtype, triage=not kw["no_triage"],
                            reference=str(kw["reference"]) if kw["reference"] else None, interleaved=interleaved,
                            load=kw.get("load"), workload=workload, workers=kw.get("workers", 1),
-                           ray_address=kw.get("ray_address"), interference_check=kw["interference_check"])
+                           ray_address=kw.get("ray_address"), interference_check=kw["interference_check"],
+                           show=kw["show"])
 
 
 def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, launch: str, kw: dict[str, Any],

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from specadapt.analysis.passes import chosen
 from specadapt.analysis.probe_report import failed_count, server_log_tail
 from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options
@@ -17,9 +18,16 @@ from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied, SpecadaptError
 from specadapt.orchestration.probe import probe_servers
 from specadapt.orchestration.servers import plan_servers, replica_sides
-from specadapt.records import RequestSettings, write_report
+from specadapt.records import ProbeReport, RequestSettings, write_report
 from specadapt.report.console import render_probe
 from specadapt.report.scale import render_scale
+
+
+def show_answers(report: ProbeReport, show: int) -> None:
+    """--show N: the report draws N answers pass by pass (one per prompt)."""
+    report.settings.show = show
+    if report.speculation is not None:
+        report.speculation.shown = chosen(report.speculation.requests, show)
 
 
 @click.command("probe")
@@ -37,10 +45,13 @@ from specadapt.report.scale import render_scale
 @click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
               help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
                    "retried requests are reported apart. Off by default: retries distort latency.")
+@click.option("--show", type=click.IntRange(0), default=1, show_default=True,
+              help="Answers drawn pass by pass in the reports, one per prompt (0: none).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @load_options
 def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, repeat, warmup, max_tokens, temperature,
-          seed, top_logprobs, no_logprobs, request_timeout, retries, workers, ray_address, json_out, load) -> None:
+          seed, top_logprobs, no_logprobs, request_timeout, retries, show, workers, ray_address, json_out,
+          load) -> None:
     """Check a server's configuration and measure latency (TTFT, ITL, TPOT, E2E) and acceptance.
 
     Exit 0 when every request succeeded, 1 when any failed (the report is written either way),
@@ -63,6 +74,7 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
             if getattr(exc, "report", None) is None:
                 raise
             interrupted, report = exc, exc.report  # type: ignore[attr-defined]
+    show_answers(report, show)
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())
