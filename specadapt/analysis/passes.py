@@ -33,8 +33,8 @@ Sources, per answer (``RequestPasses.source``), the first that holds:
     None holds: "per-request acceptance not available: <why>", never a guess.
 
 The per-request sums are checked against the counter deltas of the same requests
-(``CounterCheck``): the answers' own counts must equal them exactly (drafted, accepted and
-passes with a draft); a disagreement is a finding about the server, which says both figures.
+(``CounterCheck``): the answers' own counts must equal them exactly (accepted; drafted and passes
+with a draft where every answer states them); a disagreement is a finding about the server, which says both figures.
 
 Figures (``PassFigures``), per group: acceptance rate = accepted / drafted; tokens per pass =
 output tokens / passes over the answers whose passes are known; the p10/p50/p90 of each across
@@ -195,14 +195,16 @@ def check_counts(group: Group, answers: Sequence[RequestPasses]) -> CounterCheck
     if len(answers) != len(group.records) or any(a.source not in ("chunks+response", "response") for a in answers):
         return None
     accepted = sum(a.accepted for a in answers)
-    drafted = sum(a.drafted or 0 for a in answers)
+    drafted = None if any(a.drafted is None for a in answers) else sum(a.drafted or 0 for a in answers)
     steps = None if any(a.spec_steps is None for a in answers) else sum(a.spec_steps or 0 for a in answers)
-    agree = accepted == accepted_c and drafted == drafted_c and (steps is None or steps_c is None or steps == steps_c)
+    agree = (accepted == accepted_c and (drafted is None or drafted == drafted_c)
+             and (steps is None or steps_c is None or steps == steps_c))
+    mine = f"{accepted} accepted" if drafted is None else f"{drafted} drafted, {accepted} accepted"
     if agree:
         text = (f"{group.label}: the {len(answers)} answers' own counts add up to the server's counters "
-                f"({drafted} drafted, {accepted} accepted)")
+                f"({mine})")
     else:
-        parts = [f"{drafted} drafted, {accepted} accepted"]
+        parts = [mine]
         counted = [f"{_fmt(drafted_c)} drafted, {_fmt(accepted_c)} accepted"]
         if steps is not None and steps_c is not None:
             parts.append(f"{steps} passes with a draft")
@@ -371,7 +373,8 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
         return SpeculationSeen(available=False, source_note=NOT_AVAILABLE + reason, k=k, checks=checks,
                                findings=findings)
     sources = {a.source for a in answers}
-    source: PassSource = max(sources, key=lambda s: sum(1 for a in answers if a.source == s))
+    best_first = [s for s in SOURCE_TEXT if s in sources]  # a tie goes to the source that tells the most
+    source: PassSource = max(best_first, key=lambda s: sum(1 for a in answers if a.source == s))
     note = _source_note(answers, sources, checks, refused)
     by_prompt: dict[str, list[RequestPasses]] = {}
     by_cat: dict[str, list[RequestPasses]] = {}
@@ -390,7 +393,7 @@ def _first(reasons: list[str]) -> str:
     return reasons[0] + (f" ({more} more answers alike)" if more else "")
 
 
-SOURCE_TEXT = {
+SOURCE_TEXT: dict[PassSource, str] = {  # the sources, best first
     "chunks+response": "the streamed chunks (one engine step each), checked against each answer's own counts",
     "chunks": "the streamed chunks (one engine step each), checked against the server's counters",
     "response": "each answer's own drafted and accepted counts (no pass order)",
@@ -464,7 +467,9 @@ def probe_speculation(report: ProbeReport) -> SpeculationSeen | None:
         return None
     s = report.settings
     rates = s.load.request_rates if s.load else []
-    serial = s.concurrency == 1 and not rates and (report.scale is None or len(report.scale.workers) <= 1)
+    scale = report.scale  # several workers, or merged runs from several clients, send at the same time
+    serial = s.concurrency == 1 and not rates and (scale is None or (len(scale.workers) <= 1
+                                                                     and scale.executor != "merged"))
     group = Group("the run", indexed, CounterPair(before=report.counters_before, after=report.counters_after),
                   serial=serial)
     return seen([group], k=report.server.num_speculative_tokens, show=s.show)
