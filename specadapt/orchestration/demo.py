@@ -10,6 +10,13 @@ through two interleaved comparisons against the one spec-off server (orchestrati
 n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
 divergence triaged in float64 with the embedded model.
 
+The first prompt is the lesson's example: a short factual question whose answer restates the
+question's words ("The capital of France is Paris."), so the n-gram draft proposes "capital of
+France is", the target accepts all of it in one pass and adds "Paris" itself. Each run names the
+prompts whose spec-on answers the reports draw pass by pass (``SHOWN_PROMPT_IDS``: the lesson's
+example and one grounded prompt), the same for both runs, so a reader sees them side by side:
+several tokens a pass for the n-gram draft, about one for the poorly matched one.
+
 Nothing here prints: ``DemoProgress`` receives every step, and the command layer shows them.
 The launcher and the comparison are parameters, so the orchestration runs without vLLM in tests.
 """
@@ -38,10 +45,14 @@ from specadapt.orchestration.servers import off_and_on_halves
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
 from specadapt.wire.http import Wire
-from specadapt.workloads.prompts import load_builtin
+from specadapt.workloads.prompts import lesson_prompts, load_builtin
 
-# Input-grounded prompts whose answers copy the input (built-in categories code and rag).
-PROMPT_IDS = ("copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code")
+# The lesson's example (workloads/data/lesson_prompts.jsonl, category lesson), then input-grounded prompts
+# whose answers copy the input (built-in categories code and rag).
+LESSON_PROMPT_ID = "capital-sentence"
+PROMPT_IDS = (LESSON_PROMPT_ID, "copy-code-docstrings", "repeat-paragraph", "json-rewrite", "completion-code")
+SHOWN_PROMPT_IDS = (LESSON_PROMPT_ID, "repeat-paragraph")
+"""The prompts whose spec-on answers each run draws pass by pass."""
 NGRAM = SpecConfig(method="ngram", k=4, ngram_min=2, ngram_max=4)
 DRAFT_K = 3
 DRAFT_LAYERS = 8
@@ -118,7 +129,7 @@ class DemoPlan:
 
 
 def pick_prompts(ids: Sequence[str] = PROMPT_IDS) -> list[Prompt]:
-    by_id = {p.id: p for p in load_builtin("default")}
+    by_id = {p.id: p for p in [*lesson_prompts(), *load_builtin("default")]}
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise UsageError(f"the built-in prompts have no {', '.join(missing)}")
@@ -174,9 +185,10 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     if check:
         backend.check_launch(launch["spec-off"])
     request = RequestSettings(max_tokens=opts.max_tokens, seed=0, logprobs=True, top_logprobs=0)
+    # show=0: each run's compare draws no answer of its own choosing; the demo names its own (SHOWN_PROMPT_IDS)
     settings = CompareSettings(concurrency=[1], repeat=opts.repeat, warmup=1, request=request,
                                prompts_source=f"built-in, input-grounded: {', '.join(PROMPT_IDS)}", dtype=dtype,
-                               triage=True, reference=str(model), interleaved=True, interference_check=True)
+                               triage=True, reference=str(model), interleaved=True, interference_check=True, show=0)
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
                     dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
                     launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)
@@ -294,6 +306,8 @@ def run_demo(plan: DemoPlan, progress: DemoProgress | None = None, launcher: Lau
                         progress.server_up(name, timings.servers_s)
                 progress.servers_up(timings.servers_s)
                 total = total_requests(len(plan.prompts), plan.settings, plan.prompts)
+                sent = {p.id for p in plan.prompts}
+                shown = [i for i in SHOWN_PROMPT_IDS if i in sent]
                 for spec in plan.runs:
                     settings = plan.settings.model_copy(deep=True)  # the draft's cost: from its config.json
                     t_run = time.monotonic()
@@ -303,7 +317,8 @@ def run_demo(plan: DemoPlan, progress: DemoProgress | None = None, launcher: Lau
                     timings.runs_s[spec.name] = seconds
                     progress.run_done(spec.name, seconds)
                     runs.append(DemoRun(name=spec.name, title=spec.title, draft=spec.draft, lesson=spec.lesson,
-                                        spec_config=spec_json(spec.spec) or {}, seconds=seconds, compare=report))
+                                        spec_config=spec_json(spec.spec) or {}, seconds=seconds, compare=report,
+                                        shown_prompts=shown))
     finally:
         progress.stop()
     timings.total_s = time.monotonic() - t0

@@ -23,6 +23,9 @@ class DemoRun(BaseModel):
                                                                           "--speculative-config.")
     seconds: float | None = Field(None, description="Wall time of the run (requests, analysis and triage).")
     compare: CompareReport
+    shown_prompts: list[str] = Field(default_factory=list, description="Ids of the prompts whose spec-on answers "
+                                                                       "the reports draw pass by pass (the same for "
+                                                                       "every run, so they read side by side).")
 
 
 class DemoTimings(BaseModel):

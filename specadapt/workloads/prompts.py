@@ -84,6 +84,18 @@ def canary_prompts() -> list[Prompt]:
     return [by_id[i] for i in CANARY_PROMPT_IDS]
 
 
+# The lesson's example (the demo sends it): a short factual question whose answer restates the question's
+# words, so a draft that looks the next tokens up in the prompt proposes "capital of France is", the
+# target accepts them all in one pass and adds "Paris" itself. Not part of any --workload.
+LESSON_PROMPTS = "lesson_prompts.jsonl"
+
+
+def lesson_prompts() -> list[Prompt]:
+    """The lesson's example prompts (``LESSON_PROMPTS``, category ``lesson``)."""
+    text = resources.files("specadapt.workloads").joinpath(f"data/{LESSON_PROMPTS}").read_text(encoding="utf-8")
+    return parse_prompt_lines(text.splitlines(), "built-in lesson prompts")
+
+
 def load_prompts(path: str | Path | None) -> list[Prompt]:
     """The user's JSONL file, or the built-in default set when ``path`` is None."""
     if path is None:

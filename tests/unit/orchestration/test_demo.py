@@ -51,12 +51,15 @@ def model_dir(tmp_path, monkeypatch) -> Path:
     return path
 
 
-def test_the_plan_has_three_servers_four_grounded_prompts_and_one_set_of_settings(model_dir):
+def test_the_plan_has_three_servers_the_lessons_prompt_four_grounded_ones_and_one_set_of_settings(model_dir):
     plan = demo.plan_demo(demo.DemoOptions(max_tokens=64, repeat=3), check=False)
     assert decoder_layers(model_dir) == 30
     assert [p.id for p in plan.prompts] == list(demo.PROMPT_IDS)
     assert {p.grounding for p in plan.prompts} == {"input-grounded"}
-    assert {p.category for p in plan.prompts} <= {"code", "rag"}
+    lesson, *grounded = plan.prompts
+    assert (lesson.id, lesson.category) == ("capital-sentence", "lesson")
+    assert len(grounded) == 4 and {p.category for p in grounded} <= {"code", "rag"}
+    assert set(demo.SHOWN_PROMPT_IDS) <= set(demo.PROMPT_IDS) and demo.SHOWN_PROMPT_IDS[0] == lesson.id
     assert list(plan.launch) == ["spec-off", "ngram", "draft-model"]
     assert plan.launch["spec-off"].spec_config is None
     ngram = plan.launch["ngram"].spec_config
@@ -71,6 +74,7 @@ def test_the_plan_has_three_servers_four_grounded_prompts_and_one_set_of_setting
     assert (s.concurrency, s.repeat, s.request.max_tokens, s.dtype, s.reference, s.interleaved) == \
            ([1], 3, 64, "bfloat16", str(model_dir), True)
     assert s.draft_cost is None  # a draft model's cost is read from its config.json and the target's
+    assert s.show == 0  # the demo names the answers it draws (SHOWN_PROMPT_IDS), not each compare
     compiled = demo.plan_demo(demo.DemoOptions(compile=True, server_args=("--max-num-seqs=4",)), check=False)
     assert all(o.extra_args == ["--max-num-seqs=4"] for o in compiled.launch.values())
 
@@ -157,11 +161,29 @@ def test_the_demo_starts_every_server_once_and_runs_both_comparisons_against_spe
     assert steps.lines[2:] == ["planned spec-off", "planned ngram", "planned draft-model", "up", "done ngram",
                                "done draft-model", "stop"]
     assert [r.name for r in report.runs] == ["ngram", "draft-model"]
+    assert [r.shown_prompts for r in report.runs] == [["capital-sentence", "repeat-paragraph"]] * 2
     assert report.runs[1].spec_config == {"method": "draft_model", "model": str(plan.draft_dir),
                                           "num_speculative_tokens": 3}
     assert report.kind == "demo" and report.dtype == "bfloat16" and report.hardware == HW
     assert set(report.timings.runs_s) == {"ngram", "draft-model"}
     assert report.timings.total_s >= report.timings.servers_s + sum(report.timings.runs_s.values())
+
+
+def test_only_prompts_that_were_sent_are_shown(model_dir):
+    plan = demo.plan_demo(demo.DemoOptions(), check=False)
+    plan.prompts = demo.pick_prompts(["repeat-paragraph", "json-rewrite"])
+    rec = Recorder()
+    report = demo.run_demo(plan, Steps(), launcher=rec.launcher, compare=rec.compare, make_draft=rec.make_draft)
+    assert [r.shown_prompts for r in report.runs] == [["repeat-paragraph"]] * 2
+
+
+def test_the_lessons_prompt_asks_for_an_answer_that_restates_its_words():
+    (prompt,) = demo.pick_prompts([demo.LESSON_PROMPT_ID])
+    question = prompt.messages[0].content
+    # the answer's first words stand in the prompt, so an n-gram draft proposes them
+    assert question.startswith("What is the capital of France?") and question.endswith("\nThe capital of France is")
+    with pytest.raises(UsageError, match="the built-in prompts have no nope"):
+        demo.pick_prompts(["capital-sentence", "nope"])
 
 
 @pytest.mark.parametrize("fault", [KeyboardInterrupt(), ServerStartError("the vllm server exited with code 1")])

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from specadapt.errors import UsageError
-from specadapt.workloads.prompts import WORKLOADS, load_builtin, load_prompts, parse_prompt_lines
+from specadapt.workloads.prompts import WORKLOADS, lesson_prompts, load_builtin, load_prompts, parse_prompt_lines
 
 CATEGORIES = {"conversation", "translation", "summarization", "qa", "math", "rag", "code"}
 # Ids that tests and the benchmark pages name: they stay in the default set.
@@ -39,6 +39,14 @@ def test_every_builtin_workload_loads_and_unknown_names_are_refused():
     assert load_builtin("default") == load_prompts(None)
     with pytest.raises(UsageError, match="--workload nope: unknown; the built-in workloads are default, spec-bench"):
         load_builtin("nope")
+
+
+def test_the_lessons_prompts_are_a_category_of_their_own_and_in_no_workload():
+    lesson = lesson_prompts()
+    assert [(p.category, p.grounding, p.api) for p in lesson] == [("lesson", "input-grounded", "chat")]
+    every = [p for name in WORKLOADS for p in load_builtin(name)]
+    assert not {p.id for p in lesson} & {p.id for p in every}  # one id, one prompt, wherever it is looked up
+    assert "lesson" not in {p.category for p in every}
 
 
 def test_ids_default_to_line_numbers(tmp_path):
