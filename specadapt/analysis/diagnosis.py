@@ -30,13 +30,16 @@ from dataclasses import dataclass, field
 
 from specadapt.analysis.interference import detected_interference, stalls_text, where_text
 from specadapt.analysis.pairs import Pair, level_records, pair_records
+from specadapt.analysis.pass_notes import speculation_of
+from specadapt.analysis.passes import NOT_AVAILABLE
 from specadapt.analysis.stats import ratio_ci
 from specadapt.analysis.text import pct
 from specadapt.analysis.tune_model import predict_ratio
 from specadapt.native_reference import theory
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, RequestRecord, ServerInfo
-from specadapt.records.diagnosis import Advice, Cause, Diagnosis, LevelFigures
+from specadapt.records.diagnosis import Advice, Cause, Diagnosis, Landing, LandingClass, LevelFigures
 from specadapt.records.interference import InterferenceFinding
+from specadapt.records.passes import PassFigures, SpeculationSeen
 
 COMPUTE_BOUND = 1.5
 """A verify pass (the draft's own cost left out) costing more decode steps than this, beyond its
@@ -55,9 +58,17 @@ MODEL_GAIN = 1.02
 GPU_SATURATED_AT = 8
 """On a GPU, a compute-bound verify pass from this concurrency on is put down to the batch."""
 
+LAND_ACCEPTANCE = 0.5
+"""Accepted / drafted tokens at or above this: the drafts land. A verify pass of k draft tokens of
+which a share r is accepted yields 1 + r k tokens: at r = 0.5 that is 1 + k / 2, at least 1.5 for
+any k >= 1, half as much again as a plain decode step's one token. Below LOW_ACCEPTANCE they do not
+land (the bound of the low-acceptance cause); in between they land partly."""
+NAMED_PROMPTS = 3
+"""At most this many prompts named per kind of landing within a category (the most extreme first)."""
+
 THRESHOLDS = {"compute_bound_pass_cost": COMPUTE_BOUND, "low_acceptance": LOW_ACCEPTANCE,
               "draft_share": DRAFT_SHARE, "min_drafts": MIN_DRAFTS, "ttft_overhead": TTFT_OVERHEAD,
-              "model_gain": MODEL_GAIN}
+              "model_gain": MODEL_GAIN, "land_acceptance": LAND_ACCEPTANCE}
 
 
 @dataclass(frozen=True)
@@ -553,6 +564,142 @@ def draft_cost_from_configs(draft: Mapping[str, object], target: Mapping[str, ob
                                                f"{pt / 1e6:.0f}M, from their config.json)")
 
 
+# --- where drafts land -----------------------------------------------------------------------------
+def land_rate(fig: PassFigures, k: int | None) -> float | None:
+    """The acceptance a group's landing is judged by: accepted / drafted where its drafted tokens are
+    known (0 where none were drafted); else (T - 1) / k from its tokens per pass T of the target (a
+    pass checks at most k draft tokens and the passes keep T - 1 on average, so this is at most
+    accepted / drafted); None where neither is known."""
+    if fig.drafted is not None:
+        return fig.accepted / fig.drafted if fig.drafted else 0.0
+    if fig.tokens_per_pass is not None and k:
+        return (fig.tokens_per_pass - 1.0) / k
+    return None
+
+
+def land_class(rate: float | None) -> LandingClass:
+    """land: rate >= LAND_ACCEPTANCE; not: rate < LOW_ACCEPTANCE; partly in between; unknown: no rate."""
+    if rate is None:
+        return "unknown"
+    if rate >= LAND_ACCEPTANCE:
+        return "land"
+    if rate < LOW_ACCEPTANCE:
+        return "not"
+    return "partly"
+
+
+def _landing(fig: PassFigures, kind: str, category: str, k: int | None, tpot: RatioCI | None = None) -> Landing:
+    rate = land_rate(fig, k)
+    return Landing(kind=kind, name=fig.name, category=category, requests=fig.requests,
+                   acceptance_rate=fig.acceptance_rate, drafted=fig.drafted, tokens_per_pass=fig.tokens_per_pass,
+                   land_rate=rate, lands=land_class(rate), tpot_ratio=tpot)
+
+
+def landing_of(seen: SpeculationSeen, speeds: Mapping[str, RatioCI]) -> list[Landing]:
+    """Each category of the section (with its TPOT ratio from ``speeds``), then the prompts of each
+    category that holds several."""
+    out = [_landing(c, "category", c.name, seen.k, speeds.get(c.name)) for c in seen.categories]
+    category_of = {a.prompt_id: a.category for a in seen.requests}
+    for c in seen.categories:
+        prompts = [p for p in seen.prompts if category_of.get(p.name) == c.name]
+        if len(prompts) > 1:
+            out += [_landing(p, "prompt", c.name, seen.k) for p in prompts]
+    return out
+
+
+def _group_text(g: Landing) -> str:
+    """'code (acceptance 71%, 3.40 tokens per pass)'."""
+    parts = []
+    if g.acceptance_rate is not None:
+        parts.append(f"acceptance {pct(g.acceptance_rate, 0)}")
+    elif g.drafted == 0:
+        parts.append("no draft proposed")
+    if g.tokens_per_pass is not None:
+        parts.append(f"{g.tokens_per_pass:.2f} tokens per pass")
+    return f"{g.name} ({', '.join(parts)})" if parts else g.name
+
+
+def _and(items: Sequence[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+_LAND_WORDS: tuple[tuple[LandingClass, str, str], ...] = (
+    ("land", "drafts land on", "they land on"), ("partly", "drafts land partly on", "partly on"),
+    ("not", "drafts do not land on", "they do not on"),
+    ("unknown", "whether drafts land is not known on", "not known on"))
+
+
+def land_clauses(groups: Sequence[Landing], most: int | None = None) -> str:
+    """'drafts land on code (...) and rag (...); partly on qa (...); they do not on chat (...)': the
+    groups by kind of landing, the most extreme first (the highest landing rate where they land, the
+    lowest where they do not); with ``most``, at most that many named per kind, the others counted."""
+    clauses: list[str] = []
+    for cls, first, later in _LAND_WORDS:
+        mine = [g for g in groups if g.lands == cls]
+        if not mine:
+            continue
+        mine.sort(key=lambda g: g.land_rate or 0.0, reverse=cls != "not")
+        names = [_group_text(g) for g in mine[:most]]
+        if most is not None and len(mine) > most:
+            names.append(f"{len(mine) - most} more")
+        clauses.append(f"{later if clauses else first} {_and(names)}")
+    return "; ".join(clauses)
+
+
+_TIES: dict[tuple[LandingClass, str], str] = {
+    ("land", "faster"): ", where its drafts land",
+    ("land", "no clear difference"): " although its drafts land: its passes cost about what their accepted "
+                                     "tokens save",
+    ("land", "slower"): " although its drafts land: its passes cost more than their accepted tokens save",
+    ("partly", "faster"): ", where its drafts land partly",
+    ("partly", "no clear difference"): ", where its drafts land partly",
+    ("partly", "slower"): ", where its drafts land partly",
+    ("not", "faster"): " although its drafts do not land",
+    ("not", "no clear difference"): ", where its drafts do not land",
+    ("not", "slower"): ", where its drafts do not land: its passes check drafts that are thrown away",
+}
+
+
+def speed_clauses(groups: Sequence[Landing]) -> str:
+    """Each category whose TPOT ratio has a verdict, its speed tied to its landing: 'code is faster
+    (TPOT 1.40x [1.20, 1.60]), where its drafts land; chat is slower (...), where its drafts do not
+    land: its passes check drafts that are thrown away'."""
+    parts = []
+    for g in groups:
+        verdict = verdict_of(g.tpot_ratio)
+        if g.kind == "category" and verdict != "unknown":
+            parts.append(f"{g.name} is {VERDICT_WORDS[verdict]} (TPOT {ratio_text(g.tpot_ratio)})"
+                         + _TIES.get((g.lands, verdict), ""))
+    return "; ".join(parts)
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + "."
+
+
+def drafts_land(seen: SpeculationSeen | None, why_not: str = "", speeds: Mapping[str, RatioCI] | None = None,
+                level: str = "") -> tuple[list[Landing], str]:
+    """Where drafts land, per category and per prompt of a category with several, by acceptance and by
+    the TPOT ratio per category at ``level`` (``speeds``); without per-request acceptance, why not
+    (``why_not``: why the section could not be read); ([], "") without a section."""
+    if seen is None:
+        return [], _sentence(NOT_AVAILABLE + why_not) if why_not else ""
+    if not seen.available:
+        return [], _sentence(seen.source_note or NOT_AVAILABLE + "no reason given")
+    groups = landing_of(seen, speeds or {})
+    cats = [g for g in groups if g.kind == "category"]
+    sentences = [_sentence(land_clauses(cats))]
+    for c in cats:
+        prompts = [g for g in groups if g.kind == "prompt" and g.category == c.name]
+        if len({g.lands for g in prompts}) > 1:
+            sentences.append(_sentence(f"within {c.name}, {land_clauses(prompts, NAMED_PROMPTS)}"))
+    speed = speed_clauses(cats)
+    if speed:
+        sentences.append(_sentence(f"by speed at {level}: {speed}"))
+    return groups, " ".join(sentences)
+
+
 # --- a compare report ------------------------------------------------------------------------------
 def hardware_of(info: ServerInfo) -> Hardware | None:
     """The diagnosis's view of a ServerInfo's hardware facts (None: not known)."""
@@ -583,7 +730,11 @@ def diagnose_compare(report, draft: DraftCost | None = None,
     ctx = Context(k=k, dtype=report.settings.dtype or on.dtype, hardware=hardware_of(on),
                   draft=draft, spec_enabled=on.spec_enabled, categories=cats,
                   interference=detected_interference(report))
-    return diagnose(figs, ctx)
+    d = diagnose(figs, ctx)
+    seen, why_not = speculation_of(report)
+    speeds = {name: r.tpot for name, r in first.by_category.items()} if first else {}
+    d.landing, d.drafts_land = drafts_land(seen, why_not, speeds, level_name(first) if first else "")
+    return d
 
 
 def diagnose_tune(report) -> Diagnosis | None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.client_load import client_limited
 from specadapt.analysis.latency import latency_summary
+from specadapt.analysis.pass_notes import findings_notes
 from specadapt.analysis.passes import probe_speculation
 from specadapt.analysis.send_lag import send_lag
 from specadapt.analysis.slo import goodput_summary
@@ -107,4 +108,5 @@ def _notes(report: ProbeReport) -> list[str]:
     if report.latency_retried is not None:
         notes.append(f"{report.latency_retried.requests} request(s) were sent more than once (--retries): "
                      "their latency is reported apart, not in the main figures")
+    notes += findings_notes(report.speculation, "the server")
     return notes

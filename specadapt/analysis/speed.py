@@ -14,6 +14,7 @@ from specadapt.analysis.acceptance import acceptance_summary
 from specadapt.analysis.interference import detected_interference, duration
 from specadapt.analysis.latency import latency_summary, tpot_ns
 from specadapt.analysis.pairs import Pair, level_records, pair_records
+from specadapt.analysis.pass_notes import compare_findings_notes
 from specadapt.analysis.send_lag import send_lag_blocks
 from specadapt.analysis.sides import side_notes
 from specadapt.analysis.slo import compare_goodput
@@ -231,6 +232,7 @@ def compare_notes(report: CompareReport) -> list[str]:
     if later:
         notes.append(f"{later} pair(s) of later conversation turns followed a diverged turn: the sides' "
                      "histories differ there, so those pairs are not identity verdicts of their own")
+    notes += compare_findings_notes(report)
     return notes
 
 

@@ -17,6 +17,9 @@ CauseCode = Literal[
     "overhead", "speculation-off", "interference",
 ]
 AdviceCode = Literal["k", "off", "dtype", "batch-size", "draft", "workload", "evidence", "interference"]
+LandingClass = Literal["land", "partly", "not", "unknown"]
+"""Whether a group's drafts land (analysis/diagnosis.py ``land_class``): ``land`` (most draft tokens
+accepted), ``partly``, ``not`` (few or none), ``unknown`` (neither drafted counts nor k known)."""
 
 
 class LevelFigures(BaseModel):
@@ -82,6 +85,24 @@ class Advice(BaseModel):
     text: str
 
 
+class Landing(BaseModel):
+    """Where drafts land: one prompt category, or one prompt of a category that holds several, its
+    per-request acceptance (the speculation section's figures) beside its speed."""
+
+    kind: Literal["category", "prompt"]
+    name: str
+    category: str = Field(description="The category (a category's own name for a category).")
+    requests: int
+    acceptance_rate: float | None = Field(None, description="Accepted / drafted draft tokens over its answers.")
+    drafted: int | None = Field(None, description="Draft tokens proposed; None: not known.")
+    tokens_per_pass: float | None = Field(None, description="Output tokens / passes of the target.")
+    land_rate: float | None = Field(None, description="The acceptance its landing is judged by: accepted / "
+                                                      "drafted, or (tokens per pass - 1) / k where the drafted "
+                                                      "tokens are not known.")
+    lands: LandingClass
+    tpot_ratio: RatioCI | None = Field(None, description="Its TPOT ratio off/on at the first level (categories).")
+
+
 class Diagnosis(BaseModel):
     """The answer to "why is it faster or slower here", from the run's own figures."""
 
@@ -90,4 +111,10 @@ class Diagnosis(BaseModel):
     causes: list[Cause] = Field(default_factory=list)
     advice: list[Advice] = Field(default_factory=list)
     evidence_gaps: list[str] = Field(default_factory=list, description="What the run cannot tell, and why.")
+    landing: list[Landing] = Field(default_factory=list, description="Per category (and per prompt where a "
+                                                                     "category holds several): do drafts land?")
+    drafts_land: str = Field("", description="In words: the categories and prompts where drafts land and where "
+                                             "they do not, by acceptance and by speed; or why per-request "
+                                             "acceptance is not available ('' where the report has no "
+                                             "speculation section).")
     thresholds: dict[str, float] = Field(default_factory=dict, description="The thresholds the causes used.")

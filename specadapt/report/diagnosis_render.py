@@ -15,6 +15,8 @@ from specadapt.report.hardware import hardware_text
 
 COLUMNS = ("level", "TPOT ratio", "tokens per pass", "pass cost (decode steps)", "break-even",
            "ideal (pass = 1 step)", "measured / ideal", "model best k")
+LANDING = "by category"
+"""The label of the sentence on where drafts land (per-request acceptance per category and prompt)."""
 COST_NOTE = ("pass cost: the time of one verify pass (k + 1 tokens, the draft included) in spec-off decode "
              "steps; speculation pays when tokens per pass exceed it")
 
@@ -88,6 +90,8 @@ def render_diagnosis(d: Diagnosis | None, console: Console, machine: str | None 
             console.print(Text("  " + level_line(f)))
     for c in d.causes:
         console.print(Text(f"  cause ({c.level}): {c.text}"))
+    if d.drafts_land:
+        console.print(Text(f"  {LANDING}: {d.drafts_land}"))
     for a in d.advice:
         console.print(Text(f"  to do: {a.text}"))
     for g in d.evidence_gaps:
@@ -106,6 +110,7 @@ def diagnosis_markdown(d: Diagnosis | None, machine: str | None = None) -> list[
         out += ["| " + " | ".join(row(f)) + " |" for f in d.levels]
         out.append("")
     out += [f"- cause ({c.level}): {c.text}" for c in d.causes]
+    out += [f"- {LANDING}: {d.drafts_land}"] if d.drafts_land else []
     out += [f"- to do: {a.text}" for a in d.advice]
     out += [f"- not enough evidence: {g}" for g in d.evidence_gaps]
     if machine:
@@ -132,6 +137,7 @@ def diagnosis_html(d: Diagnosis | None, machine: str | None = None, heading: int
                          + "".join(f'<td class="num">{escape(c)}</td>' for c in cells[1:]) + "</tr>")
         parts.append("</table>")
     items = [f"<li>cause ({escape(c.level)}): {escape(c.text)}</li>" for c in d.causes]
+    items += [f"<li>{LANDING}: {escape(d.drafts_land)}</li>"] if d.drafts_land else []
     items += [f"<li>to do: {escape(a.text)}</li>" for a in d.advice]
     items += [f"<li>not enough evidence: {escape(g)}</li>" for g in d.evidence_gaps]
     if machine:

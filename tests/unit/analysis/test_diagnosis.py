@@ -986,3 +986,153 @@ def test_tune_reads_a_measured_k_of_1_and_never_a_k_of_0():
         return TuneReport(settings=settings, candidates=list(cands), recommendation=Recommendation(form="fixed"))
     assert dg.diagnose_tune(tune(cand(1))).headline.startswith("k=1, the largest k measured")
     assert dg.diagnose_tune(tune(cand(0))) is None
+
+
+# --- where drafts land, worked by hand -------------------------------------------------------------
+def answer(i: int, prompt: str, category: str, passes: list[int], drafted: int | None):
+    """One answer with k = 4: its passes (prefill first); accepted = sum(passes - 1)."""
+    from specadapt.records.passes import RequestPasses
+    return RequestPasses(index=i, prompt_id=prompt, category=category, source="chunks+response", passes=passes,
+                         output_tokens=sum(passes), accepted=sum(t - 1 for t in passes), drafted=drafted)
+
+
+def speculation(answers, k: int | None = 4):
+    """The section over ``answers``, its figures summed by analysis/passes.py per prompt and category."""
+    from specadapt.analysis.passes import figures
+    from specadapt.records.passes import SpeculationSeen
+    prompts: dict[str, list] = {}
+    cats: dict[str, list] = {}
+    for a in answers:
+        prompts.setdefault(a.prompt_id, []).append(a)
+        cats.setdefault(a.category, []).append(a)
+    return SpeculationSeen(available=True, source="chunks+response", k=k, requests=list(answers),
+                           overall=figures("all", answers), prompts=[figures(p, v) for p, v in prompts.items()],
+                           categories=[figures(c, v) for c, v in sorted(cats.items())])
+
+
+# code: c1 accepts 4+4+4+3 = 15 of 16 (94%), 20 tokens in 5 passes (4.00); c2 accepts 2+2+0+0+1 = 5 of 20
+# (25%), 11 tokens in 6 passes (1.83); together 20 of 36 (56%), 31 tokens in 11 passes (2.82): they land.
+# chat: h1 accepts 0 of 16, 5 tokens in 5 passes: they do not land.
+# qa: q1 accepts 2 of 12 (17%), 6 in 4 passes (1.50); q2 accepts 4 of 8 (50%: the land bound itself), 7 in 3
+# passes (2.33); together 6 of 20 (30%: the low-acceptance bound itself, not below it), 13 in 7 (1.86): partly.
+LANDING_ANSWERS = [answer(0, "c1", "code", [1, 5, 5, 5, 4], 16), answer(1, "c2", "code", [1, 3, 3, 1, 1, 2], 20),
+                   answer(2, "h1", "chat", [1, 1, 1, 1, 1], 16), answer(3, "q1", "qa", [1, 2, 2, 1], 12),
+                   answer(4, "q2", "qa", [1, 4, 2], 8)]
+SPEEDS = {"code": ratio(1.4, 1.2, 1.6), "chat": ratio(0.85, 0.8, 0.9), "qa": ratio(1.0, 0.9, 1.1)}
+
+
+def test_drafts_land_names_the_categories_and_prompts_by_acceptance_and_by_speed():
+    groups, text = dg.drafts_land(speculation(LANDING_ANSWERS), "", SPEEDS, "concurrency 1")
+    assert text == (
+        "Drafts land on code (acceptance 56%, 2.82 tokens per pass); partly on qa (acceptance 30%, 1.86 tokens per "
+        "pass); they do not on chat (acceptance 0%, 1.00 tokens per pass). "
+        "Within code, drafts land on c1 (acceptance 94%, 4.00 tokens per pass); they do not on c2 (acceptance 25%, "
+        "1.83 tokens per pass). "
+        "Within qa, drafts land on q2 (acceptance 50%, 2.33 tokens per pass); they do not on q1 (acceptance 17%, "
+        "1.50 tokens per pass). "
+        "By speed at concurrency 1: chat is slower (TPOT 0.85x [0.80, 0.90]), where its drafts do not land: its "
+        "passes check drafts that are thrown away; code is faster (TPOT 1.40x [1.20, 1.60]), where its drafts land; "
+        "qa is neither clearly faster nor slower (TPOT 1.00x [0.90, 1.10]), where its drafts land partly.")
+    assert [(g.kind, g.name, g.category, g.lands) for g in groups] == [
+        ("category", "chat", "chat", "not"), ("category", "code", "code", "land"), ("category", "qa", "qa", "partly"),
+        ("prompt", "c1", "code", "land"), ("prompt", "c2", "code", "not"), ("prompt", "q1", "qa", "not"),
+        ("prompt", "q2", "qa", "land")]
+    code = groups[1]
+    assert (code.requests, code.drafted, code.acceptance_rate, code.land_rate) == (2, 36, 20 / 36, 20 / 36)
+    assert code.tokens_per_pass == pytest.approx(31 / 11) and code.tpot_ratio == SPEEDS["code"]
+    assert groups[3].tpot_ratio is None  # prompts have no speed of their own
+
+
+def test_the_landing_bounds_and_the_rate_where_drafted_tokens_are_not_known():
+    from specadapt.records.passes import PassFigures
+    assert [dg.land_class(r) for r in (None, 0.0, 0.2999, 0.3, 0.4999, 0.5, 1.0)] == [
+        "unknown", "not", "not", "partly", "partly", "land", "land"]
+    counted = PassFigures(name="x", requests=1, output_tokens=9, accepted=3, drafted=12, tokens_per_pass=3.0)
+    assert dg.land_rate(counted, 4) == 0.25  # accepted / drafted first, not (3 - 1) / 4
+    assert dg.land_rate(counted.model_copy(update={"drafted": 0}), 4) == 0.0
+    chunks = counted.model_copy(update={"drafted": None})
+    assert dg.land_rate(chunks, 4) == 0.5 and dg.land_rate(chunks, 8) == 0.25
+    assert dg.land_rate(chunks, None) is None and dg.land_rate(chunks, 0) is None
+    assert dg.land_rate(chunks.model_copy(update={"tokens_per_pass": None}), 4) is None
+
+
+def test_unknown_drafts_no_draft_at_all_and_the_prompts_counted_beyond_three():
+    # chunks only (drafted unknown): "a" 2.50 tokens per pass -> (2.5 - 1) / 4 = 0.375, partly; "b" 1.00 -> 0
+    chunky = [answer(0, "a", "rag", [1, 2, 2, 5], None), answer(1, "b", "math", [1, 1, 1, 1], None)]
+    groups, text = dg.drafts_land(speculation(chunky), "", {}, "concurrency 1")
+    assert [g.land_rate for g in groups] == [0.0, 0.375]
+    assert text == "Drafts land partly on rag (2.50 tokens per pass); they do not on math (1.00 tokens per pass)."
+    _, text = dg.drafts_land(speculation(chunky, k=None))
+    assert text == "Whether drafts land is not known on math (1.00 tokens per pass) and rag (2.50 tokens per pass)."
+    # n-gram found nothing to draft: 0 drafted, "no draft proposed", not landing
+    _, text = dg.drafts_land(speculation([answer(0, "a", "chat", [1, 1, 1], 0)]))
+    assert text == "Drafts do not land on chat (no draft proposed, 1.00 tokens per pass)."
+    # five prompts in one category: one lands, four do not; of those the three lowest are named, lowest first
+    many = [answer(0, "top", "qa", [1, 5], 4), answer(1, "n1", "qa", [1, 2], 4), answer(2, "n2", "qa", [1, 1], 4),
+            answer(3, "n3", "qa", [1, 1, 1], 8), answer(4, "n4", "qa", [1, 1, 2, 1], 12)]
+    _, text = dg.drafts_land(speculation(many))
+    # qa: accepted 4 + 1 + 0 + 0 + 1 = 6 of 4 + 4 + 4 + 8 + 12 = 32 (19%), 6 + 3 + 2 + 3 + 5 = 19 tokens in
+    # 2 + 2 + 2 + 3 + 4 = 13 passes (1.46); n1 (1 of 4, 25%) is the one counted, not named
+    assert text == ("Drafts do not land on qa (acceptance 19%, 1.46 tokens per pass). Within qa, drafts land on top "
+                    "(acceptance 100%, 3.00 tokens per pass); they do not on n2 (acceptance 0%, 1.00 tokens per pass), "
+                    "n3 (acceptance 0%, 1.00 tokens per pass), n4 (acceptance 8%, 1.25 tokens per pass) and 1 more.")
+    # a category whose prompts all land alike is not broken down: 4 + 3 of 8 (88%), 6 + 5 tokens in 4 passes
+    alike = [answer(0, "p", "qa", [1, 5], 4), answer(1, "q", "qa", [1, 4], 4)]
+    _, text = dg.drafts_land(speculation(alike))
+    assert text == "Drafts land on qa (acceptance 88%, 2.75 tokens per pass)."
+
+
+def test_speed_and_acceptance_that_disagree_are_said_so():
+    lands = [answer(0, "a", "code", [1, 5], 4), answer(1, "b", "chat", [1, 1, 1], 8)]
+    speeds = {"code": ratio(1.0, 0.9, 1.1), "chat": ratio(1.3, 1.1, 1.5)}
+    _, text = dg.drafts_land(speculation(lands), "", speeds, "2 req/s")
+    assert text.endswith(
+        "By speed at 2 req/s: chat is faster (TPOT 1.30x [1.10, 1.50]) although its drafts do not land; code is "
+        "neither clearly faster nor slower (TPOT 1.00x [0.90, 1.10]) although its drafts land: its passes cost "
+        "about what their accepted tokens save.")
+    _, text = dg.drafts_land(speculation(lands), "", {"code": ratio(0.8, 0.7, 0.9), "chat": ratio(1.0, 0.9, 1.1),
+                                                     "math": ratio(2.0, 1.5, 2.5)}, "concurrency 1")
+    assert text.endswith(
+        "By speed at concurrency 1: chat is neither clearly faster nor slower (TPOT 1.00x [0.90, 1.10]), where its "
+        "drafts do not land; code is slower (TPOT 0.80x [0.70, 0.90]) although its drafts land: its passes cost "
+        "more than their accepted tokens save.")
+    # no interval: no verdict, so speed is not tied to landing
+    _, text = dg.drafts_land(speculation(lands), "", {"code": RatioCI(point=1.2), "chat": RatioCI(point=1.0)}, "c")
+    assert "By speed" not in text and "TPOT" not in text
+
+
+def test_without_per_request_acceptance_one_sentence_says_why():
+    from specadapt.records.passes import SpeculationSeen
+    off = SpeculationSeen(available=False, source_note="per-request acceptance not available: concurrency 4: several "
+                                                       "requests were in flight")
+    assert dg.drafts_land(off, "", SPEEDS, "concurrency 4") == (
+        [], "Per-request acceptance not available: concurrency 4: several requests were in flight.")
+    assert dg.drafts_land(SpeculationSeen(available=False)) == (
+        [], "Per-request acceptance not available: no reason given.")
+    assert dg.drafts_land(None, "the section does not read back") == (
+        [], "Per-request acceptance not available: the section does not read back.")
+    assert dg.drafts_land(None) == ([], "")
+
+
+def test_diagnose_compare_reads_the_speculation_section_and_the_first_levels_category_speeds():
+    from specadapt.records import CompareReport, CompareSettings, ServerInfo
+    on = ServerInfo(backend="vllm", base_url="http://on", num_speculative_tokens=4, spec_enabled=True)
+    report = CompareReport(settings=CompareSettings(concurrency=[1, 4]), off_server=on, on_server=on, requests=[])
+    report.levels = [level(ratio(1.1, 1.0, 1.2), cats={"code": SPEEDS["code"]}),
+                     level(ratio(0.9, 0.8, 0.95), concurrency=4, cats={"code": ratio(0.5, 0.4, 0.6)})]
+    assert dg.diagnose_compare(report).drafts_land == "" and dg.diagnose_compare(report).landing == []
+    report.sections["speculation"] = speculation([answer(0, "c1", "code", [1, 5, 5, 5, 4], 16)]).model_dump(mode="json")
+    d = dg.diagnose_compare(report)
+    assert d.drafts_land == ("Drafts land on code (acceptance 94%, 4.00 tokens per pass). By speed at concurrency 1: "
+                             "code is faster (TPOT 1.40x [1.20, 1.60]), where its drafts land.")
+    assert [(g.name, g.lands, g.tpot_ratio) for g in d.landing] == [("code", "land", SPEEDS["code"])]
+    report.sections["speculation"] = {"available": True, "k": "four"}
+    assert dg.diagnose_compare(report).drafts_land == (
+        "Per-request acceptance not available: the speculation section does not read back (k: Input should be a "
+        "valid integer, unable to parse string as an integer).")
+    report.levels = []
+    report.rate_levels = [level(ratio(1.1, 1.0, 1.2), concurrency=0, rate=2.0, cats={"code": SPEEDS["chat"]})]
+    report.sections["speculation"] = speculation([answer(0, "c1", "code", [1, 5, 5, 5, 4], 16)]).model_dump(mode="json")
+    assert dg.diagnose_compare(report).drafts_land.endswith(
+        "By speed at 2 req/s: code is slower (TPOT 0.85x [0.80, 0.90]) although its drafts land: its passes cost "
+        "more than their accepted tokens save.")

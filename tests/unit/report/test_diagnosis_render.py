@@ -49,3 +49,22 @@ def test_markdown_and_html_hold_the_table_and_escape_the_text():
                                         "break_even_tokens_per_pass": 6.0})
     assert "6.00 tokens: > k + 1, impossible" in level_line(impossible)
     assert diagnosis_markdown(None) == [] and str(diagnosis_html(None)) == ""
+
+
+def test_where_drafts_land_is_one_line_in_each_format_and_absent_when_empty():
+    landed = D.model_copy(update={"drafts_land": "Drafts land on code <x> (acceptance 71%); they do not on chat [y]."})
+    console = Console(record=True, width=300)
+    render_diagnosis(landed, console)
+    lines = console.export_text().splitlines()
+    line = "  by category: Drafts land on code <x> (acceptance 71%); they do not on chat [y]."
+    assert line in lines and lines.index(line) == lines.index("  cause (concurrency 1): a pass costs 3.63 & more") + 1
+    md = diagnosis_markdown(landed)
+    assert md[md.index("- cause (concurrency 1): a pass costs 3.63 & more") + 1] == (
+        "- by category: Drafts land on code <x> (acceptance 71%); they do not on chat [y].")
+    html = str(diagnosis_html(landed))
+    assert ("<li>cause (concurrency 1): a pass costs 3.63 &amp; more</li><li>by category: Drafts land on code &lt;x&gt; "
+            "(acceptance 71%); they do not on chat [y].</li><li>to do: serve float32</li>") in html
+    plain = Console(record=True, width=300)
+    render_diagnosis(D, plain)
+    assert "by category" not in plain.export_text()
+    assert not any("by category" in x for x in diagnosis_markdown(D)) and "by category" not in str(diagnosis_html(D))
