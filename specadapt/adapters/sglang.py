@@ -9,6 +9,11 @@ and ``sglang:spec_accept_rate`` on ``/metrics`` (with ``--enable-metrics``), and
 older releases). They average over SGLang's own recent window, so specadapt cannot take
 a before/after difference: the per-run acceptance in the report stays unknown and
 describe() reports the gauges as read, saying so.
+
+Each answer can carry its own request's speculation: asked with ``"return_spec_tokens_details": true``
+(``SPEC_DETAILS``, sent on every compare request), SGLang answers with ``sglext.spec_tokens_details``
+(verify passes, accepted and proposed draft tokens, the acceptance histogram; in a stream, on a chunk of
+its own after the content), which load/client.py reads; a release without it ignores the key.
 """
 
 from __future__ import annotations
@@ -61,10 +66,17 @@ def accept_lengths(server_info: Any) -> list[float]:
     return [float(v) for v in out if isinstance(v, (int, float))]
 
 
+# the request key that makes SGLang's completions carry sglext.spec_tokens_details (SGLang PR #33518;
+# python/sglang/srt/entrypoints/openai/protocol.py CompletionRequest / ChatCompletionRequest)
+SPEC_DETAILS = {"return_spec_tokens_details": True}
+
+
 class SGLangServer(OpenAIServer):
     """An SGLang server (OpenAI-compatible routes plus its own) at ``base_url``."""
 
     backend = "sglang"
+    # SGLang extension: each answer's own speculation counts (sglext.spec_tokens_details)
+    identity_extras = SPEC_DETAILS
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  launched: bool = False, transport: Transport | None = None):

@@ -35,9 +35,10 @@ httpx as the transport.
 
 Speculation per request. Where the answer itself states the request's drafted and accepted
 draft tokens (vLLM ``metrics.speculative_decoding`` on the final usage chunk, llama.cpp
-``timings``), the record keeps them (``spec_drafted``, ``spec_accepted``, ``spec_steps``), and vLLM's
-histogram and per-pass lists where given (``spec_histogram``, ``spec_step_accepted``/``_drafted``: the
-``detailed`` level). analysis/passes.py turns them, with the chunks, into the passes of each answer.
+``timings``, SGLang ``sglext.spec_tokens_details``), the record keeps them (``spec_drafted``,
+``spec_accepted``, ``spec_steps``), their histograms where given (``spec_histogram``, vLLM and SGLang) and
+vLLM's per-pass lists (``spec_step_accepted``/``_drafted``: the ``detailed`` level). analysis/passes.py
+turns them, with the chunks, into the passes of each answer.
 
 Faults never raise: each failed request gets ``error`` (one line) and ``error_kind``.
 Retries are off by default because a retried request's latency is not a server's
@@ -152,7 +153,9 @@ _RANK = {"usage": 0, "logprobs": 1, "chunks": 2}
 def _spec_counts(answer: dict[str, Any], rec: RequestRecord) -> None:
     """The request's own drafted/accepted counts where the server's answer states them: vLLM's
     ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics``; streamed on the final usage
-    chunk) or llama.cpp's ``timings.draft_n`` / ``draft_n_accepted``. Anything else leaves ``rec`` as it is."""
+    chunk), SGLang's ``sglext.spec_tokens_details`` (``"return_spec_tokens_details": true`` in the request;
+    streamed on a chunk of its own with no choices, after the content) or llama.cpp's ``timings.draft_n`` /
+    ``draft_n_accepted``. Anything else leaves ``rec`` as it is."""
     metrics = answer.get("metrics")
     spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
     if isinstance(spec, dict) and isinstance(spec.get("num_draft_tokens"), int):
@@ -167,11 +170,34 @@ def _spec_counts(answer: dict[str, Any], rec: RequestRecord) -> None:
         k = spec.get("num_spec_tokens")
         rec.spec_k = k if isinstance(k, int) else None
         return
+    ext = answer.get("sglext")
+    details = ext.get("spec_tokens_details") if isinstance(ext, dict) else None
+    if isinstance(details, dict) and _int(details.get("spec_verify_ct")) is not None:
+        _sglang_counts(details, rec)
+        return
     timings = answer.get("timings")
     if isinstance(timings, dict) and isinstance(timings.get("draft_n"), int):
         rec.spec_drafted = timings["draft_n"]
         accepted = timings.get("draft_n_accepted")
         rec.spec_accepted = accepted if isinstance(accepted, int) else None
+
+
+def _sglang_counts(details: dict[str, Any], rec: RequestRecord) -> None:
+    """SGLang's ``SpecTokensDetails`` (python/sglang/srt/entrypoints/openai/protocol.py, filled from the
+    request's ``meta_info`` by ``spec_tokens_details_from_meta_info`` in entrypoints/openai/utils.py):
+    ``spec_verify_ct`` verify passes, ``spec_num_correct_drafts`` accepted draft tokens (the pass's own token
+    not counted), ``spec_num_proposed_drafts`` drafted (SGLang states it as passes x (draft tokens - 1)),
+    ``spec_correct_drafts_histogram`` (index j: passes that accepted j drafts; [] when SGLang had none).
+    SGLang gives no per-pass list and no draft length of its own."""
+    rec.spec_steps = _int(details.get("spec_verify_ct"))
+    rec.spec_accepted = _int(details.get("spec_num_correct_drafts"))
+    rec.spec_drafted = _int(details.get("spec_num_proposed_drafts"))
+    rec.spec_histogram = _ints(details.get("spec_correct_drafts_histogram")) or None
+
+
+def _int(value: Any) -> int | None:
+    """``value`` when it is an integer (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _ints(value: Any) -> list[int] | None:
@@ -259,7 +285,7 @@ class StreamState:
             self.usage_base = None
         if usage.get("prompt_tokens") is not None:
             self._prompt_tokens = int(usage["prompt_tokens"])
-        if "metrics" in chunk or "timings" in chunk:
+        if "metrics" in chunk or "timings" in chunk or "sglext" in chunk:
             _spec_counts(chunk, rec)
         if n > 0 and choices:
             rec.chunk_ns.append(now - self.t0)

@@ -66,12 +66,13 @@ class RequestRecord(BaseModel):
     top_logprobs: list[dict[str, float]] = Field(default_factory=list)
     spec_drafted: int | None = Field(None, exclude_if=lambda v: v is None, description=(
         "Draft tokens proposed for this request, as the server's own answer states it (vLLM with "
-        "--per-request-spec-decode-metrics: metrics.speculative_decoding; llama.cpp: timings.draft_n); None: "
-        "the answer did not say."))
+        "--per-request-spec-decode-metrics: metrics.speculative_decoding; SGLang with return_spec_tokens_details: "
+        "sglext.spec_tokens_details; llama.cpp: timings.draft_n); None: the answer did not say."))
     spec_accepted: int | None = Field(None, exclude_if=lambda v: v is None,
                                       description="Of those, the draft tokens the target accepted (same source).")
     spec_steps: int | None = Field(None, exclude_if=lambda v: v is None,
-                                   description="Verify passes that had a draft (vLLM's num_spec_steps), where given.")
+                                   description="Verify passes that had a draft (vLLM's num_spec_steps, SGLang's "
+                                               "spec_verify_ct), where given.")
     spec_step_accepted: list[int] | None = Field(None, exclude_if=lambda v: v is None, description=(
         "Accepted draft tokens of each verify pass that had a draft, in order, where the answer lists them "
         "(vLLM --per-request-spec-decode-metrics detailed: per_step_accepted)."))
@@ -79,7 +80,7 @@ class RequestRecord(BaseModel):
                                                 description="Draft tokens of each of those passes (per_step_drafted).")
     spec_histogram: list[int] | None = Field(None, exclude_if=lambda v: v is None, description=(
         "Index j: verify passes that accepted exactly j draft tokens, where the answer gives it (vLLM "
-        "acceptance_histogram)."))
+        "acceptance_histogram, SGLang spec_correct_drafts_histogram)."))
     spec_k: int | None = Field(None, exclude_if=lambda v: v is None,
                                description="The draft length the answer states (vLLM num_spec_tokens).")
 

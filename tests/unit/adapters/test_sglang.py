@@ -415,3 +415,16 @@ def test_backend_version_without_sglang(monkeypatch):
 
 def _not_installed(name):
     raise S.metadata.PackageNotFoundError(name)
+
+
+def test_every_compare_request_asks_sglang_for_its_own_speculation():
+    """SGLang's per-request details come only when asked (return_spec_tokens_details); compare merges the
+    server's extras into both sides' request bodies, the user's own extra keys kept."""
+    from specadapt.load.client import build_body
+    from specadapt.orchestration.compare import side_settings
+    from specadapt.records import Prompt, RequestSettings
+
+    settings = side_settings(S.SGLangServer("http://sgl.test:30000"), RequestSettings(extra_body={"top_k": 1}))
+    for prompt in (Prompt(id="c", messages=[{"role": "user", "content": "hi"}]), Prompt(id="p", prompt="once")):
+        _, body = build_body(prompt, "m", settings)
+        assert body["return_spec_tokens_details"] is True and body["top_k"] == 1

@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+from pathlib import Path
 import time
 import aiohttp
 import orjson
@@ -676,6 +677,71 @@ def test_counts_that_are_not_integers_are_left_unknown_one_by_one():
     assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (16, None, None)
     rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "timings": {"draft_n": 9, "draft_n_accepted": 5.5}}, "[DONE]"))
     assert (rec.spec_drafted, rec.spec_accepted) == (9, None)
+
+
+def test_vllm_detailed_per_step_lists_are_kept_in_order():
+    """vLLM 0.32 --per-request-spec-decode-metrics detailed adds per_step_accepted / per_step_drafted
+    (vllm/v1/metrics/stats.py RequestSpecDecodeMetrics.to_dict): one entry per pass that had a draft."""
+    detailed = {**SPEC, "per_step_accepted": [2, 0, 3, 2], "per_step_drafted": [4, 4, 4, 4]}
+    body = sse(chat_chunk("a", 1, usage=1), chat_chunk("bcd", 3, usage=4),
+               {"choices": [], "usage": {"completion_tokens": 4}, "metrics": {"speculative_decoding": detailed}},
+               "[DONE]")
+    rec, _ = run(body)
+    assert rec.spec_step_accepted == [2, 0, 3, 2] and rec.spec_step_drafted == [4, 4, 4, 4]
+    assert rec.spec_histogram == SPEC["acceptance_histogram"] and rec.spec_k == 4
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "metrics": {"speculative_decoding": SPEC}}, "[DONE]"))
+    assert (rec.spec_step_accepted, rec.spec_step_drafted) == (None, None)  # the summary level lists none
+
+
+SGLANG = Path(__file__).parents[2] / "fixtures" / "sglang"
+
+
+def sglang_details(answer: dict) -> dict:
+    return answer["sglext"]["spec_tokens_details"]
+
+
+def test_sglang_spec_tokens_details_streamed_on_their_own_chunk_are_kept():
+    """SGLang with return_spec_tokens_details: sglext.spec_tokens_details on a chunk with no choices after
+    the content (constructed, tests/fixtures/sglang/README.md); the record takes its passes, accepted and
+    proposed drafts and histogram, and no per-pass lists or draft length, which SGLang does not give."""
+    body = (SGLANG / "chat-stream-spec-tokens-details.sse").read_bytes()
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+    details = next(sglang_details(e) for e in events if "sglext" in e)
+    rec, _ = run(body)
+    assert (rec.spec_steps, rec.spec_accepted, rec.spec_drafted) == (
+        details["spec_verify_ct"], details["spec_num_correct_drafts"], details["spec_num_proposed_drafts"])
+    assert rec.spec_histogram == details["spec_correct_drafts_histogram"]
+    assert (rec.spec_step_accepted, rec.spec_step_drafted, rec.spec_k) == (None, None, None)
+    # the chunks are the passes: the prefill's token, then accepted + 1 per pass, as the histogram says
+    hist = details["spec_correct_drafts_histogram"]
+    assert sorted(rec.chunk_tokens[1:]) == sorted(j + 1 for j, n in enumerate(hist) for _ in range(n))
+    assert rec.chunk_tokens[0] == 1 and rec.output_tokens == events[-1]["usage"]["completion_tokens"]
+
+
+def test_sglang_spec_tokens_details_of_a_whole_answer_are_read():
+    answer = json.loads((SGLANG / "completion-spec-tokens-details.json").read_text())
+    rec = RequestRecord(prompt_id="p", category="open", api="completions")
+    client_mod._spec_counts(answer, rec)
+    details = sglang_details(answer)
+    assert (rec.spec_steps, rec.spec_accepted, rec.spec_drafted, rec.spec_histogram) == (
+        details["spec_verify_ct"], details["spec_num_correct_drafts"], details["spec_num_proposed_drafts"],
+        details["spec_correct_drafts_histogram"])
+
+
+@pytest.mark.parametrize("ext", [
+    {"spec_tokens_details": [{"spec_verify_ct": 4, "spec_num_correct_drafts": 6}]},  # n > 1: one per choice
+    {"spec_tokens_details": {"spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 12}},  # no passes
+    {"spec_tokens_details": {"spec_verify_ct": True}}, {"cached_tokens_details": {"device": 4}}, None, []])
+def test_sglang_answers_without_usable_details_leave_the_record_unknown(ext):
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "usage": None, "sglext": ext}, "[DONE]"))
+    assert rec.ok and (rec.spec_drafted, rec.spec_accepted, rec.spec_steps, rec.spec_histogram) == (None,) * 4
+
+
+def test_sglang_counts_missing_or_not_integers_are_left_unknown_one_by_one():
+    """SGLang fills a missing count with 0 and a missing histogram with []: [] is no histogram."""
+    details = {"spec_verify_ct": 4, "spec_num_correct_drafts": 6.0, "spec_correct_drafts_histogram": []}
+    rec, _ = run(sse(chat_chunk("ab", 2), {"choices": [], "sglext": {"spec_tokens_details": details}}, "[DONE]"))
+    assert (rec.spec_steps, rec.spec_accepted, rec.spec_drafted, rec.spec_histogram) == (4, None, None, None)
 
 
 # Edges of the streaming client: SSE framing across reads (a CR at the end of a read, a BOM), what is
