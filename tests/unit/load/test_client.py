@@ -662,6 +662,30 @@ def test_llamacpp_timings_give_drafted_and_accepted_without_steps():
     assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (9, 5, None)
 
 
+LLAMACPP = Path(__file__).parents[2] / "fixtures" / "llamacpp"
+
+
+def test_llamacpp_timings_on_its_final_usage_chunk_are_kept():
+    """llama-server's streamed chat puts timings on its last chunk, the usage chunk with no choices
+    (tools/server/server-task.cpp to_json_oaicompat_chat_stream; constructed, tests/fixtures/llamacpp/README.md)."""
+    body = (LLAMACPP / "chat-stream-draft-timings.sse").read_bytes()
+    events = [json.loads(line[6:]) for line in body.decode().splitlines() if line.startswith("data: {")]
+    timings = events[-1]["timings"]
+    rec, _ = run(body)
+    assert (rec.spec_drafted, rec.spec_accepted) == (timings["draft_n"], timings["draft_n_accepted"])
+    assert (rec.spec_steps, rec.spec_histogram, rec.spec_step_accepted, rec.spec_k) == (None, None, None, None)
+    assert rec.output_tokens == events[-1]["usage"]["completion_tokens"]
+
+
+def test_llamacpp_timings_without_a_draft_leave_the_counts_unknown():
+    """llama-server writes draft_n and draft_n_accepted only when draft_n > 0 (result_timings::to_json)."""
+    text = (LLAMACPP / "chat-stream-draft-timings.sse").read_text()
+    undrafted = text.replace(',"draft_n":12,"draft_n_accepted":7', "")
+    assert undrafted != text
+    rec, _ = run(undrafted.encode())
+    assert rec.ok and (rec.spec_drafted, rec.spec_accepted) == (None, None)
+
+
 @pytest.mark.parametrize("extra", [{}, {"metrics": None}, {"metrics": {"speculative_decoding": None}},
                                    {"metrics": {"speculative_decoding": {"num_draft_tokens": "9"}}},
                                    {"timings": {"draft_n": None}}, {"metrics": []}])
