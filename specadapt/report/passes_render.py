@@ -277,6 +277,7 @@ STYLE = """.speculation .answer { margin: 1em 0; } .speculation .caption { margi
   white-space: pre; background: #fff; }
 .speculation .pass.prefill { border-style: dashed; }
 .speculation .tok { white-space: pre; padding: 0 .05em; }
+.speculation .tok + .tok { box-shadow: inset 1px 0 0 #8b8; }
 .speculation .tok.draft { background: #d7f2dd; color: #064; }
 .speculation .tok.own { background: #fde7c8; color: #630; font-weight: bold; }
 .speculation .pass.count { padding: .15em .4em; }
@@ -292,14 +293,17 @@ SECTION = """<section class="speculation"><style>{{ style }}</style>
 <div class="plots">{{ plots.histogram }}{{ plots.positions }}</div>{% endif %}
 {% if s.checks %}<ul class="checks">{% for c in s.checks %}<li class="{{ 'agrees' if c.agree else 'disagrees' }}">check ({{ 'agrees' if c.agree else 'disagrees' }}): {{ c.text }}</li>{% endfor %}</ul>{% endif %}
 {% for f in s.findings %}<p class="finding">finding: {{ f }}</p>{% endfor %}
-{% if answers %}<h{{ h + 1 }}>Answers pass by pass</h{{ h + 1 }}>
+{% include "pass_answers.html" %}</section>"""
+
+ANSWERS = """{% if answers %}<h{{ h + 1 }}>Answers pass by pass</h{{ h + 1 }}>
 <p class="legend"><span class="pass"><span class="tok draft">accepted draft token</span><span class="tok own">the target's own token</span></span>
 one box: one pass of the target (dashed: the prefill, which checks no draft); hover a pass for its draft length; ↵ is a line break.</p>
 {% for a, cut in answers %}<div class="answer" data-prompt="{{ a.prompt_id }}"><p class="caption">{{ a.prompt_id }} ({{ a.category }}): <span class="tokens-in-passes">{{ tokens_in_passes(a) }}</span></p>
 <div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span>{% endfor %}
-{% elif a.passes %}<span class="note">token strings not kept: tokens per pass</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span>{% endfor %}
+{% elif a.passes %}<span class="note">no token strings that match the passes; tokens per pass:</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span>{% endfor %}
 {% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div></div>
-{% endfor %}{% endif %}</section>"""
+{% endfor %}{% endif %}"""
+"""The chosen answers pass by pass, the legend first (in the section, or alone: ``answers_html``)."""
 
 TABLE = """<table class="pass-figures"><tr><th>{{ first }}</th>{% for c in columns[1:] %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for row in rows %}<tr><td>{{ row[0] }}</td>{% for c in row[1:] %}<td class="num">{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>"""
@@ -329,7 +333,7 @@ def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
         ax.set_xlabel("tokens a pass produced (accepted + 1)")
         ax.set_ylabel("passes")
         ax.set_title("Tokens per pass of the target")
-        plots["histogram"] = Markup(f'<figure class="histogram">{_svg(fig)}</figure>')
+        plots["histogram"] = Markup(f'<figure class="histogram" aria-label="tokens per pass of the target">{_svg(fig)}</figure>')
         plt.close(fig)
     if seen.positions:
         fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -340,13 +344,15 @@ def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
         ax.set_xlabel("position in the answer (tokens)")
         ax.set_ylabel("share from accepted drafts")
         ax.set_title("Acceptance by position in the answer")
-        plots["positions"] = Markup(f'<figure class="positions">{_svg(fig)}</figure>')
+        plots["positions"] = Markup(f'<figure class="positions" aria-label="acceptance by position in the answer">{_svg(fig)}'
+                                     '</figure>')
         plt.close(fig)
     return plots
 
 
 def _environment() -> Environment:
-    return page.environment({"passes.html": SECTION, "pass_table.html": TABLE}, visible=visible, title=pass_title,
+    return page.environment({"passes.html": SECTION, "pass_answers.html": ANSWERS, "pass_table.html": TABLE},
+                            visible=visible, title=pass_title,
                             tokens_in_passes=tokens_in_passes)
 
 
@@ -369,3 +375,14 @@ def passes_html(seen: SpeculationSeen, requests: list[RequestRecord], heading: i
         s=seen, h=heading, heading=HEADING, style=Markup(STYLE), rows_cat=rows_cat,
         rows_prompt=[figure_cells(f) for f in seen.prompts], table=table,
         plots=_plots(seen) if seen.available else {}, answers=answers))
+
+
+def answers_html(seen: SpeculationSeen, requests: list[RequestRecord], heading: int) -> Markup:
+    """The chosen answers pass by pass alone (legend, then one line of boxes per answer), with their
+    style, in a ``section.speculation``; empty where none is to be drawn."""
+    shown = _shown(seen) if seen.available else []
+    if not shown:
+        return Markup("")
+    answers = [(a, pass_tokens(_record(requests, a), a)) for a in shown]
+    body = _environment().get_template("pass_answers.html").render(h=heading - 1, answers=answers)
+    return Markup(f'<section class="speculation"><style>{STYLE}</style>{body}</section>')

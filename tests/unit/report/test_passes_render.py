@@ -177,7 +177,8 @@ class Tree(HTMLParser):
         self.feed(html)
 
     def handle_starttag(self, tag, attrs):
-        el = {"tag": tag, "attrs": dict(attrs), "text": "", "classes": set((dict(attrs).get("class") or "").split())}
+        el = {"tag": tag, "attrs": dict(attrs), "text": "", "classes": set((dict(attrs).get("class") or "").split()),
+              "parent": self.open[-1] if self.open else None}
         self.elements.append(el)
         if tag not in self.VOID:
             self.open.append(el)
@@ -191,8 +192,17 @@ class Tree(HTMLParser):
         for el in self.open:
             el["text"] += data
 
-    def having(self, *classes: str) -> list[dict]:
-        return [e for e in self.elements if set(classes) <= e["classes"]]
+    def having(self, *classes: str, inside: dict | None = None) -> list[dict]:
+        """The elements with all of ``classes`` (only those within ``inside``, where given)."""
+        return [e for e in self.elements if set(classes) <= e["classes"] and (inside is None or within(e, inside))]
+
+
+def within(el: dict, ancestor: dict) -> bool:
+    while el["parent"] is not None:
+        el = el["parent"]
+        if el is ancestor:
+            return True
+    return False
 
 
 def test_html_draws_one_box_per_pass_its_tokens_styled_apart_and_a_hover_with_the_draft_length():
@@ -224,7 +234,8 @@ def test_html_escapes_tokens_and_plots_the_histogram_and_acceptance_by_position(
     seen, recs = lesson_seen()
     html = str(passes_html(seen, recs, 2))
     assert "<b>&" not in html and '<span class="tok own">&lt;b&gt;&amp;</span>' in html
-    assert '<figure class="positions"><svg' in html and '<figure class="histogram"><svg' in html
+    assert '<figure class="positions" aria-label="acceptance by position in the answer"><svg' in html
+    assert '<figure class="histogram" aria-label="tokens per pass of the target"><svg' in html
     assert html.count('<table class="pass-figures">') == 2
 
 
