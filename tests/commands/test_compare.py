@@ -93,3 +93,22 @@ def test_concurrency_levels():
         parse_levels("1,x")
     with pytest.raises(UsageError, match="every level must be an integer >= 1"):
         parse_levels("0,1")
+
+
+@pytest.mark.parametrize(("command", "args", "shown"), [("compare", [], 1), ("compare", ["--show", "3"], 3),
+                                                         ("equiv", ["--show", "0"], 0)])
+def test_show_reaches_the_settings_the_reports_draw_from(monkeypatch, command, args, shown):
+    """--show N (default 1) is CompareSettings.show, for compare and for equiv's greedy gate."""
+    from specadapt.commands import compare as compare_command
+
+    seen = []
+
+    def stop(plan, prompts, settings, *rest):
+        seen.append(settings)
+        raise UsageError("stopped by the test")
+
+    monkeypatch.setattr(compare_command, "compare_servers", stop)
+    assert error_lines(command, "--off", "http://off:8000", "--on", "http://on:8000", *args) == [
+        "error: stopped by the test"]
+    assert [s.show for s in seen] == [shown]
+    assert error_lines(command, "--off", "http://off:8000", "--on", "http://on:8000", "--show", "-1")
