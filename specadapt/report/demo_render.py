@@ -5,23 +5,38 @@ own; the demo adds what each run is there to show, its diagnosis where the repor
 and a closing block: per run the headline (was the response faster and by how much, was the
 text the same; analysis/headline.py), the speed ratios with their intervals and why they
 disagree where they do, the diagnosis headline, then the machine and dtype the figures belong to.
+
+The lesson, pass by pass: the answers each run names (``DemoRun.shown_prompts``: the lesson's
+example and one grounded prompt) drawn pass by pass for every run side by side (each pass: the
+draft tokens the target accepted, then its own token; report/passes_render.py draws them), read
+from the run's ``speculation`` section (analysis/passes.py): the first spec-on answer of each
+prompt whose passes are known, else why none is drawn.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from junitparser import JUnitXml, Skipped, TestCase, TestSuite
+from markupsafe import Markup
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from specadapt.analysis.headline import headline
+from specadapt.analysis.passes import tokens_in_passes
+from specadapt.analysis.sections import section_data
+from specadapt.records import RequestRecord
 from specadapt.records.demo import DemoReport, DemoRun
+from specadapt.records.passes import RequestPasses, SpeculationSeen
 from specadapt.records.reports import atomic_write_text
-from specadapt.report import compare_render
+from specadapt.report import compare_render, passes_render
 from specadapt.report.compare_render import ci, junit_text, level_verdict
 from specadapt.report.hardware import hardware_text
 from specadapt.report.html import STYLE, compare_body_html, environment
+from specadapt.report.passes_render import answer_text, pass_title, pass_tokens, visible
 
 MACHINE_NOTE = ("These figures belong to this machine: its CPU model, instruction set and the dtype decide what "
                 "a verify pass costs against a plain decode step (bfloat16 without AVX512-BF16 or AMX is "
@@ -76,14 +91,100 @@ def closing_lines(report: DemoReport) -> list[str]:
     return [run_line(run) for run in report.runs] + [machine_line(report), MACHINE_NOTE]
 
 
+# --- the lesson, pass by pass --------------------------------------------------------------------
+LESSON_HEADING = "The lesson, pass by pass"
+LESSON = "Each box is one pass of the target: the draft's tokens it accepted, then one token of its own."
+LESSON_TEXT = ("Each [ ] is one pass of the target: the draft's tokens it accepted, then, after the bar, one "
+               "token of its own.")
+"""The lesson's sentence where the passes are bracketed (console and Markdown), not boxed."""
+LESSON_READ = ("Where the draft is well matched, one pass gives several tokens; where it is poorly matched, "
+               "about one.")
+
+
+@dataclass(frozen=True)
+class ShownAnswer:
+    """One run's answer to one of the prompts the demo draws, or why there is none."""
+
+    run: DemoRun
+    prompt_id: str
+    answer: RequestPasses | None = None
+    record: RequestRecord | None = None
+    why: str = ""
+
+
+def speculation(run: DemoRun) -> SpeculationSeen | None:
+    """The run's ``speculation`` section read back; None when it has none or it does not read."""
+    try:
+        seen = section_data(run.compare, "speculation")
+    except ValidationError:
+        return None
+    return seen if isinstance(seen, SpeculationSeen) else None
+
+
+def shown_answer(run: DemoRun, prompt_id: str) -> ShownAnswer:
+    """The run's first spec-on answer of ``prompt_id`` whose passes are known (else its first answer,
+    drawn as counts), from the run's speculation section; or why there is none."""
+    seen = speculation(run)
+    if seen is None:
+        return ShownAnswer(run, prompt_id, why="this run's report has no speculation per request")
+    if not seen.available:
+        return ShownAnswer(run, prompt_id, why=seen.source_note or "per-request acceptance not available")
+    mine = [a for a in seen.requests if a.prompt_id == prompt_id]
+    if not mine:
+        return ShownAnswer(run, prompt_id, why=f"no spec-on answer of {prompt_id} was read")
+    a = next((a for a in mine if a.passes), mine[0])
+    requests = run.compare.requests
+    record = requests[a.index] if 0 <= a.index < len(requests) else None
+    return ShownAnswer(run, prompt_id, a, record)
+
+
+def shown_prompts(report: DemoReport) -> list[str]:
+    """The prompts any run names to draw, in the order the runs name them."""
+    return list(dict.fromkeys(p for run in report.runs for p in run.shown_prompts))
+
+
+def lesson_rows(report: DemoReport) -> list[tuple[str, list[ShownAnswer]]]:
+    """Per prompt to draw: each run's answer (or why none), in run order."""
+    return [(p, [shown_answer(run, p) for run in report.runs]) for p in shown_prompts(report)]
+
+
+def shown_text(s: ShownAnswer, width: int = 80) -> Text:
+    """The answer in the console's compact form (report/passes_render.py), or why there is none."""
+    if s.answer is None:
+        return Text(f"{s.prompt_id}: not drawn: {s.why}")
+    record = s.record or RequestRecord(prompt_id=s.answer.prompt_id, category=s.answer.category, api="completions")
+    return answer_text(record, s.answer, width)
+
+
+def run_label(i: int, run: DemoRun) -> str:
+    return f"run {i} ({run.name}): {run.draft}"
+
+
+def render_lesson(report: DemoReport, console: Console) -> None:
+    """Each prompt to draw, each run's answer pass by pass under it (nothing when no run names one)."""
+    rows = lesson_rows(report)
+    if not rows:
+        return
+    console.rule(f"[bold]{LESSON_HEADING.lower()}[/]")
+    console.print(Text(f"{LESSON_TEXT} {LESSON_READ}"))
+    width = min(console.width or 80, 80)
+    for _prompt, answers in rows:
+        for i, s in enumerate(answers, 1):
+            console.print()
+            console.print(Text(run_label(i, s.run), style="bold"))
+            console.print(shown_text(s, width), soft_wrap=True)
+
+
 # --- console -------------------------------------------------------------------------------------
 def render_console(report: DemoReport, console: Console, timing: bool = True) -> None:
-    """Each run under a rule of its own, then the closing block (``timing``: with where the time went)."""
+    """Each run under a rule of its own, the lesson pass by pass, then the closing block (``timing``:
+    with where the time went)."""
     for i, run in enumerate(report.runs, 1):
         console.rule(f"[bold]run {i} of {len(report.runs)}: {escape(run.title)}[/]")
         console.print(f"draft: {escape(run.draft)}")
         console.print(f"what it should show: {escape(run.lesson)}")
         compare_render.render_console(run.compare, console)  # with its why section
+    render_lesson(report, console)
     console.rule("[bold]what this run shows[/]")
     for line in closing_lines(report):
         console.print(escape(line))
@@ -99,11 +200,35 @@ def _demote(markdown: str, by: int) -> str:
     return "\n".join("#" * by + ln if ln.startswith("#") else ln for ln in markdown.splitlines()) + "\n"
 
 
+def _fenced(body: str) -> list[str]:
+    """``body`` in a code fence longer than any run of backticks in it."""
+    longest, run = 0, 0
+    for ch in body:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return [fence, body, fence]
+
+
+def lesson_markdown(report: DemoReport) -> list[str]:
+    """The lesson pass by pass: per prompt to draw, each run's answer as plain text, its passes bracketed."""
+    rows = lesson_rows(report)
+    if not rows:
+        return []
+    out = [f"## {LESSON_HEADING}", "", f"{LESSON_TEXT} {LESSON_READ}", ""]
+    for _prompt, answers in rows:
+        for i, s in enumerate(answers, 1):
+            out += [f"Run {i} ({s.run.name}): {s.run.draft}.", ""]
+            out += [*_fenced(shown_text(s).plain), ""]
+    return out
+
+
 def to_markdown(report: DemoReport) -> str:
     out = ["# specadapt demo: speculative decoding on this machine", "", machine_line(report) + ".", "",
            "## What the runs show", ""]
     out += [f"- {line}" for line in (run_line(run) for run in report.runs)]
     out += ["", MACHINE_NOTE, ""]
+    out += lesson_markdown(report)
     for i, run in enumerate(report.runs, 1):
         out += [f"## Run {i}: {run.title}", "", f"Draft: {run.draft}.", "", f"What it should show: {run.lesson}.", ""]
         out.append(_demote(compare_render.to_markdown(run.compare), 1))
@@ -113,9 +238,13 @@ def to_markdown(report: DemoReport) -> str:
 
 
 # --- HTML ----------------------------------------------------------------------------------------
+LESSON_STYLE = """.lesson table.side-by-side { table-layout: fixed; width: 100%; }
+.lesson table.side-by-side td, .lesson table.side-by-side th { vertical-align: top; text-align: left; }
+.lesson .passes { white-space: normal; } .lesson .why { color: #555; }"""
+
 PAGE = """{% extends "base.html" %}
 {% block title %}specadapt demo: {{ d.model }}{% endblock %}
-{% block style %}""" + STYLE + """{% endblock %}
+{% block style %}""" + STYLE + "\n" + passes_render.STYLE + "\n" + LESSON_STYLE + """{% endblock %}
 {% block body %}<h1>specadapt demo: speculative decoding on this machine</h1>
 <p>{{ machine }}. Model {{ d.model }}; prompts {{ d.prompts|join(", ") }}; created {{ d.created_at }} by specadapt
 {{ d.specadapt_version }}.</p>
@@ -125,6 +254,13 @@ PAGE = """{% extends "base.html" %}
 <td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td></tr>{% endfor %}
 </table>
 <p>{{ machine_note }}</p>
+{% if lesson %}<section class="speculation lesson"><h2>{{ lesson_heading }}</h2>
+<p class="legend"><span class="pass"><span class="tok draft">accepted draft tokens</span><span class="tok own">the target's own token</span></span>
+{{ lesson_sentence }} {{ lesson_read }} The dashed box is the first pass, which checks no draft; hover a box for
+its draft length; ↵ is a line break.</p>
+<table class="side-by-side"><tr>{% for run in d.runs %}<th>Run {{ loop.index }} ({{ run.name }}): {{ run.draft }}</th>{% endfor %}</tr>
+{% for prompt, answers in lesson %}<tr>{% for s in answers %}<td>{{ answer_html(s) }}</td>{% endfor %}</tr>
+{% endfor %}</table></section>{% endif %}
 {% for run in d.runs %}<h2>Run {{ loop.index }}: {{ run.title }}</h2>
 <p>Draft: {{ run.draft }}.<br>What it should show: {{ run.lesson }}.</p>
 {{ bodies[loop.index0] }}
@@ -135,12 +271,33 @@ PAGE = """{% extends "base.html" %}
 """The demo's page (report/page.py's base): the closing block first, then each run's compare body."""
 
 
+ANSWER = """{% if s.answer is none %}<div class="answer missing" data-run="{{ s.run.name }}" data-prompt="{{ s.prompt_id }}">
+<p class="caption">{{ s.prompt_id }}</p><p class="why">not drawn: {{ s.why }}</p></div>
+{% else %}{% set a = s.answer %}<div class="answer" data-run="{{ s.run.name }}" data-prompt="{{ a.prompt_id }}">
+<p class="caption">{{ a.prompt_id }} ({{ a.category }}): <span class="tokens-in-passes">{{ tokens_in_passes(a) }}</span></p>
+<div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span><wbr>{% endfor %}
+{% elif a.passes %}<span class="note">token strings not kept: tokens per pass</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span><wbr>{% endfor %}
+{% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div></div>{% endif %}"""
+"""One run's answer drawn pass by pass, one box per pass (the markup and classes of report/passes_render.py), a
+line allowed to break between two boxes."""
+
+
 def to_html(report: DemoReport) -> str:
-    env = environment(**{"demo.html": PAGE})
-    env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text)
+    env = environment(**{"demo.html": PAGE, "demo_answer.html": ANSWER})
+    env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text,
+                       tokens_in_passes=tokens_in_passes, title=pass_title, visible=visible)
+    answer_t = env.get_template("demo_answer.html")
+
+    def answer_html(s: ShownAnswer) -> Markup:
+        cut = pass_tokens(s.record, s.answer) if s.answer is not None else None
+        return Markup(answer_t.render(s=s, cut=cut))
+
+    env.globals["answer_html"] = answer_html
     bodies = [compare_body_html(run.compare, top=3) for run in report.runs]
     return env.get_template("demo.html").render(d=report, bodies=bodies, machine=machine_line(report),
-                                                machine_note=MACHINE_NOTE, timing=timing_line(report))
+                                                machine_note=MACHINE_NOTE, timing=timing_line(report),
+                                                lesson=lesson_rows(report), lesson_heading=LESSON_HEADING,
+                                                lesson_sentence=LESSON, lesson_read=LESSON_READ)
 
 
 # --- JUnit ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from html import unescape
 
 from click.testing import CliRunner
 from rich.console import Console
@@ -23,6 +24,7 @@ from specadapt.records import (
 )
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings, read_demo_report
 from specadapt.records.diagnosis import Advice, Cause, Diagnosis
+from specadapt.records.passes import RequestPasses, SpeculationSeen
 from specadapt.records.reports import report_kind
 from specadapt.report import demo_render
 from specadapt.report.html import compare_body_html, to_html
@@ -183,3 +185,152 @@ def test_report_show_and_export_take_a_demo_report(tmp_path):
     assert (tmp_path / "s.md").read_text() == demo_render.to_markdown(report)
     assert len(ET.parse(tmp_path / "j.xml").getroot().findall("testsuite")) == 2
     assert (tmp_path / "r.html").read_text().count("<h4>Speed</h4>") == 2
+
+
+# --- the lesson, pass by pass ---------------------------------------------------------------------
+# The lesson's answer: the prefill's token, then (n-gram) the draft's ' capital of France is' accepted
+# and ' Paris' the target's own in one pass, then '.'; the poorly matched draft: one token a pass.
+LESSON_TOKENS = ["The", " capital", " of", " France", " is", " Paris", "."]
+PASSES = {"ngram": {"capital-sentence": [1, 5, 1], "p0": [1, 5, 5, 5, 4]},
+          "draft-model": {"capital-sentence": [1] * 7, "p0": [1] * 20}}
+K = {"ngram": 4, "draft-model": 3}
+
+
+def answer(index: int, r, passes: list[int] | None, k: int) -> RequestPasses:
+    if passes is None:  # the answer's own counts only: no pass order
+        return RequestPasses(index=index, prompt_id=r.prompt_id, category=r.category, repeat=r.repeat,
+                             source="response", output_tokens=r.output_tokens, accepted=2, drafted=k)
+    return RequestPasses(index=index, prompt_id=r.prompt_id, category=r.category, repeat=r.repeat,
+                         source="chunks+response", passes=passes, drafted_per_pass=[None] + [k] * (len(passes) - 1),
+                         output_tokens=sum(passes), accepted=sum(t - 1 for t in passes), drafted=k * (len(passes) - 1),
+                         spec_steps=len(passes) - 1)
+
+
+def with_speculation(run: DemoRun, passes: dict[str, list[int]], k: int, first_without: bool = False) -> None:
+    """The lesson's answers (three repeats) added to the run's spec-on side, and a speculation section
+    whose passes are ``passes`` per prompt; ``first_without``: the first answer of each has no passes."""
+    report = run.compare
+    report.requests += [rec("on", "capital-sentence", r, LESSON_TOKENS, 20).model_copy(update={"category": "lesson"})
+                        for r in range(3)]
+    answers = []
+    for i, r in enumerate(report.requests):
+        if r.side == "on" and r.prompt_id in passes:
+            none_yet = first_without and not any(a.prompt_id == r.prompt_id for a in answers)
+            answers.append(answer(i, r, None if none_yet else passes[r.prompt_id], k))
+    seen = SpeculationSeen(available=True, source="chunks+response", source_note="the streamed chunks", k=k,
+                           requests=answers)
+    report.sections["speculation"] = seen.model_dump(mode="json")
+    run.shown_prompts = ["capital-sentence", "p0"]
+
+
+def lesson_report(first_without: bool = False) -> DemoReport:
+    report = demo_report()
+    for run in report.runs:
+        with_speculation(run, PASSES[run.name], K[run.name], first_without)
+    return report
+
+
+def test_each_run_draws_the_first_answer_with_passes_of_each_prompt_it_names():
+    report = lesson_report(first_without=True)
+    rows = demo_render.lesson_rows(report)
+    assert [p for p, _ in rows] == ["capital-sentence", "p0"]
+    for prompt, shown in rows:
+        assert [s.run.name for s in shown] == ["ngram", "draft-model"]
+        for s in shown:
+            assert (s.answer.prompt_id, s.answer.repeat, s.answer.passes) == (prompt, 1, PASSES[s.run.name][prompt])
+            assert s.record is s.run.compare.requests[s.answer.index] and s.record.prompt_id == prompt
+
+
+def test_a_run_without_the_section_or_the_answer_says_why_none_is_drawn():
+    report = lesson_report()
+    fast, slow = report.runs
+    del fast.compare.sections["speculation"]
+    slow.compare.sections["speculation"] = SpeculationSeen(
+        available=False, source_note="per-request acceptance not available: no counts").model_dump(mode="json")
+    assert demo_render.shown_answer(fast, "p0").why == "this run's report has no speculation per request"
+    assert demo_render.shown_answer(slow, "p0").why == "per-request acceptance not available: no counts"
+    assert demo_render.shown_answer(lesson_report().runs[0], "p3").why == "no spec-on answer of p3 was read"
+    fast.shown_prompts = ["p3"]
+    text = console_text(report)
+    assert "p3: not drawn: this run's report has no speculation per request" in text
+    assert "p3: not drawn: per-request acceptance not available: no counts" in text
+
+
+def test_a_report_whose_runs_name_no_prompt_has_no_lesson_block():
+    report = demo_report()
+    assert demo_render.lesson_rows(report) == []
+    assert "pass by pass" not in console_text(report) and "pass by pass" not in demo_render.to_markdown(report)
+    assert 'class="speculation lesson"' not in demo_render.to_html(report)
+
+
+# Each run's answers in the console's bracketed form, worked out by hand from PASSES and the tokens.
+DRAWN = {("ngram", "capital-sentence"): ("capital-sentence (lesson): 7 tokens in 3 passes of the target",
+                                         "[The][ capital of France is| Paris][.]"),
+         ("draft-model", "capital-sentence"): ("capital-sentence (lesson): 7 tokens in 7 passes of the target",
+                                               "[The][ capital][ of][ France][ is][ Paris][.]"),
+         ("ngram", "p0"): ("p0 (x): 20 tokens in 5 passes of the target",
+                           "[t0][t1t2t3t4|t5][t6t7t8t9|t10][t11t12t13t14|t15][t16t17t18|t19]"),
+         ("draft-model", "p0"): ("p0 (x): 20 tokens in 20 passes of the target",
+                                 "".join(f"[t{j}]" for j in range(20)))}
+
+
+def test_console_draws_the_lessons_answer_pass_by_pass_for_both_runs_within_80_columns():
+    report = lesson_report()
+    console = Console(record=True, width=80)
+    demo_render.render_console(report, console)
+    text = console.export_text()
+    lesson, closing = text.index("the lesson, pass by pass"), text.index("what this run shows")
+    assert text.index("run 2 of 2") < lesson < closing
+    block = text[lesson:closing]
+    flat = " ".join(block.split())
+    assert " ".join(demo_render.LESSON_TEXT.split()) in flat
+    at = [block.index(caption) for caption, _ in DRAWN.values()]
+    assert at[0] < at[1] < at[2] < at[3]  # per prompt, each run's answer in run order
+    for caption, passes in DRAWN.values():
+        assert caption in block and passes in block.replace("\n", "")
+    assert block.index("run 1 (ngram): n-gram k=4") < at[0] < block.index("run 2 (draft-model): first 8") < at[1]
+    assert max(len(line) for line in block.splitlines()) <= 80
+
+
+def test_markdown_draws_the_lesson_before_the_runs_each_answer_in_a_fence():
+    md = demo_render.to_markdown(lesson_report())
+    lesson = md.index("## The lesson, pass by pass\n")
+    assert md.index("## What the runs show") < lesson < md.index("## Run 1:")
+    assert demo_render.LESSON_TEXT in md
+    for caption, passes in DRAWN.values():
+        body = md[md.index(f"```\n{caption}\n"):]
+        body = body[:body.index("\n```\n", 3)].removeprefix(f"```\n{caption}\n")
+        assert body.replace("\n", "") == passes and max(len(line) for line in body.splitlines()) <= 80
+    assert md.index("Run 1 (ngram): n-gram k=4.\n\n```\ncapital-sentence (lesson): 7 tokens in 3") < \
+           md.index("Run 2 (draft-model): first 8 of 30 layers.\n\n```\ncapital-sentence (lesson): 7 tokens in 7")
+
+
+def test_html_draws_both_runs_side_by_side_one_box_per_pass():
+    from tests.unit.report.test_passes_render import Tree
+
+    html = demo_render.to_html(lesson_report())
+    assert html.index("What the runs show") < html.index("The lesson, pass by pass") < html.index("Run 1: spec off")
+    assert demo_render.LESSON in unescape(html)
+    tree = Tree(html)
+    (table,) = tree.having("side-by-side")
+    answers = [a for a in tree.having("answer") if "data-run" in a["attrs"]]
+    assert [(a["attrs"]["data-run"], a["attrs"]["data-prompt"]) for a in answers] == list(DRAWN)
+    boxes = [b for b in tree.having("pass") if "data-pass" in b["attrs"]]
+    assert [b["text"] for b in boxes[:3]] == ["The", " capital of France is Paris", "."]
+    assert boxes[1]["attrs"]["title"] == "pass 2: 5 tokens: 4 accepted draft tokens and the target's own; draft length 4"
+    assert [b["text"] for b in boxes[3:10]] == LESSON_TOKENS  # the poorly matched draft: a token a pass
+    assert boxes[4]["attrs"]["title"] == "pass 2: 1 token, the target's own; draft length 3"
+    assert len(boxes) == sum(len(p) for run in PASSES.values() for p in run.values())
+    lesson_drafts = [e["text"] for e in tree.having("tok", "draft")][1:5]  # after the legend's
+    assert lesson_drafts == [" capital", " of", " France", " is"]
+    captions = [e["text"] for e in tree.having("tokens-in-passes")]
+    assert captions == [c.split(": ", 1)[1] for c, _ in DRAWN.values()]
+    assert table["text"].count("Run ") == 2 and html.count("<th>Run") == 2  # one column per run
+
+
+def test_the_lessons_runs_read_back_from_json(tmp_path):
+    report = lesson_report()
+    (path,) = demo_render.write_demo_outputs(report, json_path=tmp_path / "report.json")
+    again = read_demo_report(path)
+    assert [r.shown_prompts for r in again.runs] == [["capital-sentence", "p0"]] * 2
+    assert demo_render.to_markdown(again) == demo_render.to_markdown(report)
