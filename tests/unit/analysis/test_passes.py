@@ -105,8 +105,7 @@ def test_no_chunk_and_an_empty_chunk_are_not_passes():
 def test_a_first_chunk_of_several_tokens_is_merged_steps():
     got, why = chunk_passes(rec((3, 1, 1)))
     assert got is None
-    assert why.startswith("its first chunk carries 3 tokens, not the prefill's one")
-    assert "merged steps" in why
+    assert why == "its first chunk carries 3 tokens, not the prefill's one: the server merged steps into one chunk"
 
 
 # ----------------------------------------------------------------------------- align
@@ -256,6 +255,20 @@ def test_one_answer_with_the_list_of_passes_knows_each_draft_length():
     assert (a.repeat, a.concurrency, a.request_rate) == (1, 4, 2.0)
 
 
+def test_one_answer_half_a_list_of_passes_gives_no_draft_lengths():
+    for half in ({"spec_step_accepted": [2, 0, 1]}, {"spec_step_drafted": [4, 5, 3]}):
+        a, _ = one_answer(0, own((1, 3, 1, 2), accepted=3, drafted=12, steps=3, **half), 5)
+        assert (a.source, a.drafted_per_pass) == ("chunks+response", None)
+
+
+def test_one_answer_the_run_draft_length_bounds_the_cut():
+    # no draft length of its own: the run's k = 2 says 6 - 3 accepted apart is too much
+    a, why = one_answer(0, own((1, 3, 1, 2), accepted=6, drafted=12), 2)
+    assert a.source == "response"
+    assert why.endswith("(k = 2) apart")
+    assert one_answer(0, own((1, 3, 1, 2), accepted=6, drafted=12), 3)[0].source == "chunks+response"
+
+
 def test_one_answer_own_counts_when_the_chunks_are_guesses():
     a, why = one_answer(3, own((1, 4), accepted=3, drafted=4, steps=1, source="chunks"), 4)
     assert (a.source, a.passes, a.accepted, a.drafted, a.spec_steps) == ("response", None, 3, 4, 1)
@@ -364,6 +377,9 @@ def test_answers_own_counts_without_drafted_check_the_accepted_only():
     assert c.drafted_requests is None
     c = check_counts(group([request(), request()], window(8, 14, 5)), answers)
     assert not c.agree
+    assert c.text == ("concurrency 1: the server's per-request counts and its counters disagree: the 2 answers say "
+                      "7 accepted, 5 passes with a draft; the counters over the same requests 14 drafted, 8 "
+                      "accepted, 5 passes with a draft")
 
 
 # ----------------------------------------------------------------------------- check_chunks
@@ -386,6 +402,17 @@ def test_a_cut_last_pass_allows_up_to_k_per_request(counted, holds):
     check, why = check_chunks(group([request(), request()], window(counted)), chunk_answers(), 2)
     assert check.agree is holds
     assert (why == "") is holds
+
+
+def test_the_draft_length_sets_the_slack_not_the_longest_run_seen():
+    # k = 4: up to 8 more than the chunks' 3, though no pass shows more than 2 accepted
+    assert check_chunks(group([request(), request()], window(11)), chunk_answers(), 4)[0].agree
+    assert not check_chunks(group([request(), request()], window(12)), chunk_answers(), 4)[0].agree
+
+
+def test_no_answers_no_chunks_to_doubt():
+    check, why = check_chunks(group([], window(0)), [], None)
+    assert (check.agree, check.requests, why) == (True, 0, "")
 
 
 def test_without_k_the_longest_accepted_run_seen_stands_for_it():
@@ -518,6 +545,10 @@ def test_chosen_best_first_then_worst_one_per_prompt():
     assert chosen(to_choose(), 3) == [2, 0, 3]
     assert chosen(to_choose(), 4) == [2, 0, 3, 5]
     assert chosen(to_choose(), 9) == [2, 0, 3, 5]  # d has no passes to draw
+    more = [*to_choose(), passes(pid="f", index=6, chunks=[1, 2, 3]),   # 2.0, after c (index 3) on a tie
+            passes(pid="g", index=7, chunks=[1, 4, 4])]                 # 3.0
+    # ranked: b 3.5, g 3.0, c 2.0, f 2.0, e 4/3, a 1.0
+    assert chosen(more, 6) == [2, 0, 7, 5, 3, 6]
 
 
 def test_chosen_ties_go_to_the_earlier_answer():
@@ -545,6 +576,54 @@ def test_seen_chunks_checked_by_the_counters():
     assert s.positions == positions(s.requests)
     assert s.shown == [0, 1]  # capital's 7 tokens in 2 passes, then the poem's 5 in 4
     assert s.findings == [] and s.k == 5
+    assert s.overall.name == "all"
+    assert seen([group(recs, window(7))], k=5).shown == []  # none drawn unless asked
+
+
+def test_seen_a_failed_answer_without_counts_does_not_end_the_group():
+    recs = [request(ok=False), rec((1, 3)), rec((1, 2))]
+    s = seen([Group("concurrency 1", [(i, r) for i, r in enumerate(recs)][1:], window(3))], k=4)
+    assert [a.index for a in s.requests] == [1, 2]
+    s = seen([group(recs, window(3))], k=4)
+    assert not s.available  # the failed answer's steps are in the counters, not in any chunk
+    assert "1 answers have no exact chunks" in s.source_note
+
+
+def test_seen_reads_each_answer_against_the_draft_length():
+    recs = [own((1, 3), accepted=5, drafted=6, steps=2)]  # 5 - 2 = 3 accepted beyond its chunks
+    assert seen([group(recs, window(5, 6, 2))], k=3).requests[0].source == "chunks+response"
+    assert seen([group(recs, window(5, 6, 2))], k=2).requests[0].source == "response"
+
+
+def test_seen_checks_chunks_against_the_draft_length():
+    # the chunks show 2 and 1 accepted; the counters 7: a cut last pass of up to k = 4 per request
+    recs = [rec((1, 3)), rec((1, 2))]
+    assert seen([group(recs, window(7))], k=4).available
+    assert not seen([group(recs, window(7))], k=1).available
+
+
+def test_seen_an_empty_group_is_no_check():
+    s = seen([group([], window(0))], k=4)
+    assert s.checks == [] and not s.available
+
+
+def test_seen_every_reason_once_in_order():
+    guessed = Group("concurrency 1", [(0, rec((1, 2), "chunks"))], window(1))
+    busy = Group("concurrency 4", [(1, rec((1, 2)))], window(1), serial=False)
+    again = Group("concurrency 8", [(2, rec((1, 2), "chunks"))], window(1))
+    s = seen([guessed, busy], k=4)
+    assert not s.available and s.k == 4
+    assert s.source_note == NOT_AVAILABLE + (
+        "concurrency 1: its chunk token counts are guesses (no usage or logprobs per chunk); concurrency 4: several "
+        "requests were in flight, so a chunk can carry several engine steps, and no answer gave its own counts to "
+        "check them")
+    fine = group([rec((1, 3))], window(2), label="concurrency 2")
+    s = seen([fine, busy, again], k=4)
+    assert s.available
+    assert s.source_note.endswith(
+        "; not available at concurrency 4: several requests were in flight, so a chunk can carry several engine "
+        "steps, and no answer gave its own counts to check them; concurrency 8: its chunk token counts are guesses "
+        "(no usage or logprobs per chunk)")
 
 
 def test_seen_refused_chunks_say_why_never_guess():
