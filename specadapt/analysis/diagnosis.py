@@ -678,16 +678,16 @@ def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
-def drafts_land(seen: SpeculationSeen | None, why_not: str = "", speeds: Mapping[str, RatioCI] | None = None,
-                level: str = "") -> tuple[list[Landing], str]:
+def drafts_land(seen: SpeculationSeen | None, why_not: str, first: LevelResult | None) -> tuple[list[Landing], str]:
     """Where drafts land, per category and per prompt of a category with several, by acceptance and by
-    the TPOT ratio per category at ``level`` (``speeds``); without per-request acceptance, why not
+    the TPOT ratio per category at the ``first`` level; without per-request acceptance, why not
     (``why_not``: why the section could not be read); ([], "") without a section."""
     if seen is None:
         return [], _sentence(NOT_AVAILABLE + why_not) if why_not else ""
     if not seen.available:
         return [], _sentence(seen.source_note or NOT_AVAILABLE + "no reason given")
-    groups = landing_of(seen, speeds or {})
+    speeds = {name: r.tpot for name, r in first.by_category.items()} if first is not None else {}
+    groups = landing_of(seen, speeds)
     cats = [g for g in groups if g.kind == "category"]
     sentences = [_sentence(land_clauses(cats))]
     for c in cats:
@@ -695,8 +695,8 @@ def drafts_land(seen: SpeculationSeen | None, why_not: str = "", speeds: Mapping
         if len({g.lands for g in prompts}) > 1:
             sentences.append(_sentence(f"within {c.name}, {land_clauses(prompts, NAMED_PROMPTS)}"))
     speed = speed_clauses(cats)
-    if speed:
-        sentences.append(_sentence(f"by speed at {level}: {speed}"))
+    if speed:  # only with a first level
+        sentences.append(_sentence(f"by speed at {level_name(first)}: {speed}"))
     return groups, " ".join(sentences)
 
 
@@ -732,8 +732,7 @@ def diagnose_compare(report, draft: DraftCost | None = None,
                   interference=detected_interference(report))
     d = diagnose(figs, ctx)
     seen, why_not = speculation_of(report)
-    speeds = {name: r.tpot for name, r in first.by_category.items()} if first else {}
-    d.landing, d.drafts_land = drafts_land(seen, why_not, speeds, level_name(first) if first else "")
+    d.landing, d.drafts_land = drafts_land(seen, why_not, first)
     return d
 
 

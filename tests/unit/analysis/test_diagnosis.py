@@ -1021,8 +1021,13 @@ LANDING_ANSWERS = [answer(0, "c1", "code", [1, 5, 5, 5, 4], 16), answer(1, "c2",
 SPEEDS = {"code": ratio(1.4, 1.2, 1.6), "chat": ratio(0.85, 0.8, 0.9), "qa": ratio(1.0, 0.9, 1.1)}
 
 
+def at(speeds, concurrency=1, rate=None) -> LevelResult:
+    """A first level whose TPOT ratio per category is ``speeds``."""
+    return level(ratio(1.0, 0.9, 1.1), concurrency=0 if rate else concurrency, rate=rate, cats=speeds)
+
+
 def test_drafts_land_names_the_categories_and_prompts_by_acceptance_and_by_speed():
-    groups, text = dg.drafts_land(speculation(LANDING_ANSWERS), "", SPEEDS, "concurrency 1")
+    groups, text = dg.drafts_land(speculation(LANDING_ANSWERS), "", at(SPEEDS))
     assert text == (
         "Drafts land on code (acceptance 56%, 2.82 tokens per pass); partly on qa (acceptance 30%, 1.86 tokens per "
         "pass); they do not on chat (acceptance 0%, 1.00 tokens per pass). "
@@ -1059,18 +1064,18 @@ def test_the_landing_bounds_and_the_rate_where_drafted_tokens_are_not_known():
 def test_unknown_drafts_no_draft_at_all_and_the_prompts_counted_beyond_three():
     # chunks only (drafted unknown): "a" 2.50 tokens per pass -> (2.5 - 1) / 4 = 0.375, partly; "b" 1.00 -> 0
     chunky = [answer(0, "a", "rag", [1, 2, 2, 5], None), answer(1, "b", "math", [1, 1, 1, 1], None)]
-    groups, text = dg.drafts_land(speculation(chunky), "", {}, "concurrency 1")
+    groups, text = dg.drafts_land(speculation(chunky), "", at({}))
     assert [g.land_rate for g in groups] == [0.0, 0.375]
     assert text == "Drafts land partly on rag (2.50 tokens per pass); they do not on math (1.00 tokens per pass)."
-    _, text = dg.drafts_land(speculation(chunky, k=None))
+    _, text = dg.drafts_land(speculation(chunky, k=None), "", None)
     assert text == "Whether drafts land is not known on math (1.00 tokens per pass) and rag (2.50 tokens per pass)."
     # n-gram found nothing to draft: 0 drafted, "no draft proposed", not landing
-    _, text = dg.drafts_land(speculation([answer(0, "a", "chat", [1, 1, 1], 0)]))
+    _, text = dg.drafts_land(speculation([answer(0, "a", "chat", [1, 1, 1], 0)]), "", None)
     assert text == "Drafts do not land on chat (no draft proposed, 1.00 tokens per pass)."
     # five prompts in one category: one lands, four do not; of those the three lowest are named, lowest first
     many = [answer(0, "top", "qa", [1, 5], 4), answer(1, "n1", "qa", [1, 2], 4), answer(2, "n2", "qa", [1, 1], 4),
             answer(3, "n3", "qa", [1, 1, 1], 8), answer(4, "n4", "qa", [1, 1, 2, 1], 12)]
-    _, text = dg.drafts_land(speculation(many))
+    _, text = dg.drafts_land(speculation(many), "", None)
     # qa: accepted 4 + 1 + 0 + 0 + 1 = 6 of 4 + 4 + 4 + 8 + 12 = 32 (19%), 6 + 3 + 2 + 3 + 5 = 19 tokens in
     # 2 + 2 + 2 + 3 + 4 = 13 passes (1.46); n1 (1 of 4, 25%) is the one counted, not named
     assert text == ("Drafts do not land on qa (acceptance 19%, 1.46 tokens per pass). Within qa, drafts land on top "
@@ -1078,26 +1083,26 @@ def test_unknown_drafts_no_draft_at_all_and_the_prompts_counted_beyond_three():
                     "n3 (acceptance 0%, 1.00 tokens per pass), n4 (acceptance 8%, 1.25 tokens per pass) and 1 more.")
     # a category whose prompts all land alike is not broken down: 4 + 3 of 8 (88%), 6 + 5 tokens in 4 passes
     alike = [answer(0, "p", "qa", [1, 5], 4), answer(1, "q", "qa", [1, 4], 4)]
-    _, text = dg.drafts_land(speculation(alike))
+    _, text = dg.drafts_land(speculation(alike), "", None)
     assert text == "Drafts land on qa (acceptance 88%, 2.75 tokens per pass)."
 
 
 def test_speed_and_acceptance_that_disagree_are_said_so():
     lands = [answer(0, "a", "code", [1, 5], 4), answer(1, "b", "chat", [1, 1, 1], 8)]
     speeds = {"code": ratio(1.0, 0.9, 1.1), "chat": ratio(1.3, 1.1, 1.5)}
-    _, text = dg.drafts_land(speculation(lands), "", speeds, "2 req/s")
+    _, text = dg.drafts_land(speculation(lands), "", at(speeds, rate=2.0))
     assert text.endswith(
         "By speed at 2 req/s: chat is faster (TPOT 1.30x [1.10, 1.50]) although its drafts do not land; code is "
         "neither clearly faster nor slower (TPOT 1.00x [0.90, 1.10]) although its drafts land: its passes cost "
         "about what their accepted tokens save.")
-    _, text = dg.drafts_land(speculation(lands), "", {"code": ratio(0.8, 0.7, 0.9), "chat": ratio(1.0, 0.9, 1.1),
-                                                     "math": ratio(2.0, 1.5, 2.5)}, "concurrency 1")
+    _, text = dg.drafts_land(speculation(lands), "", at({"code": ratio(0.8, 0.7, 0.9), "chat": ratio(1.0, 0.9, 1.1),
+                                                        "math": ratio(2.0, 1.5, 2.5)}))
     assert text.endswith(
         "By speed at concurrency 1: chat is neither clearly faster nor slower (TPOT 1.00x [0.90, 1.10]), where its "
         "drafts do not land; code is slower (TPOT 0.80x [0.70, 0.90]) although its drafts land: its passes cost "
         "more than their accepted tokens save.")
     # no interval: no verdict, so speed is not tied to landing
-    _, text = dg.drafts_land(speculation(lands), "", {"code": RatioCI(point=1.2), "chat": RatioCI(point=1.0)}, "c")
+    _, text = dg.drafts_land(speculation(lands), "", at({"code": RatioCI(point=1.2), "chat": RatioCI(point=1.0)}))
     assert "By speed" not in text and "TPOT" not in text
 
 
@@ -1105,13 +1110,13 @@ def test_without_per_request_acceptance_one_sentence_says_why():
     from specadapt.records.passes import SpeculationSeen
     off = SpeculationSeen(available=False, source_note="per-request acceptance not available: concurrency 4: several "
                                                        "requests were in flight")
-    assert dg.drafts_land(off, "", SPEEDS, "concurrency 4") == (
+    assert dg.drafts_land(off, "", at(SPEEDS, concurrency=4)) == (
         [], "Per-request acceptance not available: concurrency 4: several requests were in flight.")
-    assert dg.drafts_land(SpeculationSeen(available=False)) == (
+    assert dg.drafts_land(SpeculationSeen(available=False), "", None) == (
         [], "Per-request acceptance not available: no reason given.")
-    assert dg.drafts_land(None, "the section does not read back") == (
+    assert dg.drafts_land(None, "the section does not read back", None) == (
         [], "Per-request acceptance not available: the section does not read back.")
-    assert dg.drafts_land(None) == ([], "")
+    assert dg.drafts_land(None, "", at(SPEEDS)) == ([], "")
 
 
 def test_diagnose_compare_reads_the_speculation_section_and_the_first_levels_category_speeds():
@@ -1136,3 +1141,34 @@ def test_diagnose_compare_reads_the_speculation_section_and_the_first_levels_cat
     assert dg.diagnose_compare(report).drafts_land.endswith(
         "By speed at 2 req/s: code is slower (TPOT 0.85x [0.80, 0.90]) although its drafts land: its passes cost "
         "more than their accepted tokens save.")
+
+
+def test_the_order_the_count_and_the_groups_without_figures():
+    # two categories land: the higher rate first (beta 4 of 4, then alpha 3 of 5 = 60%)
+    two = [answer(0, "a", "alpha", [1, 4], 5), answer(1, "b", "beta", [1, 5], 4)]
+    _, text = dg.drafts_land(speculation(two), "", None)
+    assert text == "Drafts land on beta (acceptance 100%, 3.00 tokens per pass) and alpha (acceptance 60%, 2.50 tokens " \
+                   "per pass)."
+    # exactly three prompts that do not land are all named, none counted
+    three = [answer(0, "top", "qa", [1, 5], 4), answer(1, "n1", "qa", [1, 1], 4), answer(2, "n2", "qa", [1, 1], 4),
+             answer(3, "n3", "qa", [1, 1], 4)]
+    _, text = dg.drafts_land(speculation(three), "", None)
+    assert text.endswith("they do not on n1 (acceptance 0%, 1.00 tokens per pass), n2 (acceptance 0%, 1.00 tokens per "
+                         "pass) and n3 (acceptance 0%, 1.00 tokens per pass).")
+    # chunks only, two prompts of one category: each judged by (T - 1) / k with the section's k = 4
+    chunky = [answer(0, "a", "rag", [1, 2, 2, 5], None), answer(1, "b", "rag", [1, 1, 1, 1], None)]
+    groups, text = dg.drafts_land(speculation(chunky), "", at({"rag": ratio(1.3, 1.1, 1.5)}))
+    # rag: 1 + 2 + 2 + 5 + 1 + 1 + 1 + 1 = 14 tokens in 8 passes (1.75): (1.75 - 1) / 4 = 18.75%
+    assert [(g.name, g.land_rate) for g in groups] == [("rag", 0.1875), ("a", 0.375), ("b", 0.0)]
+    assert text == ("Drafts do not land on rag (1.75 tokens per pass). Within rag, drafts land partly on a (2.50 tokens "
+                    "per pass); they do not on b (1.00 tokens per pass). By speed at concurrency 1: rag is faster (TPOT "
+                    "1.30x [1.10, 1.50]) although its drafts do not land.")
+    # k unknown: whether they land is not known, and the speed is said without a tie
+    _, text = dg.drafts_land(speculation(chunky, k=None), "", at({"rag": ratio(1.3, 1.1, 1.5)}))
+    assert text == ("Whether drafts land is not known on rag (1.75 tokens per pass). By speed at concurrency 1: rag is "
+                    "faster (TPOT 1.30x [1.10, 1.50]).")
+    # a group with no figure at all is named bare
+    from specadapt.records.passes import PassFigures, SpeculationSeen
+    bare = SpeculationSeen(available=True, k=4, categories=[PassFigures(name="x", requests=1, output_tokens=3,
+                                                                         accepted=0)])
+    assert dg.drafts_land(bare, "", None)[1] == "Whether drafts land is not known on x."
