@@ -34,7 +34,9 @@ Sources, per answer (``RequestPasses.source``), the first that holds:
 
 The per-request sums are checked against the counter deltas of the same requests
 (``CounterCheck``): the answers' own counts must equal them exactly (accepted; drafted and passes
-with a draft where every answer states them); a disagreement is a finding about the server, which says both figures.
+with a draft where every answer states them); a disagreement is a finding about the server, which
+says both figures. So is an answer whose exact chunks contradict its own counts: one finding per
+group of answers, the first such answer's reason and how many more are alike.
 
 Figures (``PassFigures``), per group: acceptance rate = accepted / drafted; tokens per pass =
 output tokens / passes over the answers whose passes are known; the p10/p50/p90 of each across
@@ -333,6 +335,7 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
     for group in groups:
         mine: list[RequestPasses] = []
         why_not: list[str] = []
+        contradicted: list[str] = []
         for index, rec in group.records:
             if not rec.ok and rec.spec_accepted is None:
                 continue
@@ -343,8 +346,10 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
                 why_not.append(problem)
                 continue
             if a.source == "response" and problem and rec.chunk_tokens and rec.token_source in EXACT:
-                findings.append(f"{rec.prompt_id} ({group.label}): {problem}")
+                contradicted.append(f"{rec.prompt_id} ({group.label}): {problem}")
             mine.append(a)
+        if contradicted:  # one finding per level: a server that merges its chunks does so in every answer
+            findings.append(_first(contradicted))
         own = [a for a in mine if a.source != "chunks"]
         by_chunks = [a for a in mine if a.source == "chunks"]
         if own and not by_chunks:

@@ -691,6 +691,18 @@ def test_seen_an_answer_whose_exact_chunks_contradict_it_is_a_finding():
     assert s.source_note == "each answer's own drafted and accepted counts (no pass order): 2 answers"
 
 
+def test_seen_answers_that_contradict_themselves_are_one_finding_per_level():
+    merged = [own((1, 6), accepted=2, drafted=5, prompt_id="x"), own((1, 4), accepted=1, drafted=5, prompt_id="y"),
+              own((1, 2, 2), accepted=1, drafted=5, prompt_id="z")]
+    level2 = Group("concurrency 2", [(3, own((1, 5), accepted=0, drafted=4, prompt_id="w"))], None, serial=False)
+    s = seen([group(merged, None), level2], k=5)
+    assert s.findings == [
+        "x (concurrency 1): its chunks show 5 accepted draft tokens, its own count 2: a chunk carried several engine "
+        "steps (2 more answers alike)",
+        "w (concurrency 2): its chunks show 4 accepted draft tokens, its own count 0: a chunk carried several engine "
+        "steps"]
+
+
 def test_seen_some_answers_with_own_counts_some_without():
     recs = [own((1, 3), accepted=2, drafted=4, steps=1), rec((1, 2))]
     s = seen([group(recs, window(3))], k=4)
