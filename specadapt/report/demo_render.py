@@ -276,7 +276,7 @@ ANSWER = """{% if s.answer is none %}<div class="answer missing" data-run="{{ s.
 {% else %}{% set a = s.answer %}<div class="answer" data-run="{{ s.run.name }}" data-prompt="{{ a.prompt_id }}">
 <p class="caption">{{ a.prompt_id }} ({{ a.category }}): <span class="tokens-in-passes">{{ tokens_in_passes(a) }}</span></p>
 <div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span><wbr>{% endfor %}
-{% elif a.passes %}<span class="note">token strings not kept: tokens per pass</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span><wbr>{% endfor %}
+{% elif a.passes %}<span class="note">no token strings that match the passes; tokens per pass:</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span><wbr>{% endfor %}
 {% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div></div>{% endif %}"""
 """One run's answer drawn pass by pass, one box per pass (the markup and classes of report/passes_render.py), a
 line allowed to break between two boxes."""

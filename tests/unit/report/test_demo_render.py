@@ -1,12 +1,16 @@
 """The demo report's renderers on constructed compare reports: console, Markdown, one HTML page
-with both runs, JUnit with run-prefixed classnames, JSON read back; `report show/export` on it."""
+with both runs, JUnit with run-prefixed classnames, JSON read back; `report show/export` on it;
+the lesson's answers pass by pass for both runs side by side (speculation sections set by hand),
+in a real browser too."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import xml.etree.ElementTree as ET
 from html import unescape
 
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
@@ -29,6 +33,8 @@ from specadapt.records.reports import report_kind
 from specadapt.report import demo_render
 from specadapt.report.html import compare_body_html, to_html
 from tests.unit.report.test_compare_render import PROMPTS, rec
+from tests.unit.report.test_html import CHROMIUM, FLAGS
+from tests.unit.report.test_passes_render import Tree, within
 
 
 def compare(on_ms: float, suspect: bool, accepted: int) -> CompareReport:
@@ -306,8 +312,6 @@ def test_markdown_draws_the_lesson_before_the_runs_each_answer_in_a_fence():
 
 
 def test_html_draws_both_runs_side_by_side_one_box_per_pass():
-    from tests.unit.report.test_passes_render import Tree
-
     html = demo_render.to_html(lesson_report())
     assert html.index("What the runs show") < html.index("The lesson, pass by pass") < html.index("Run 1: spec off")
     assert demo_render.LESSON in unescape(html)
@@ -334,3 +338,27 @@ def test_the_lessons_runs_read_back_from_json(tmp_path):
     again = read_demo_report(path)
     assert [r.shown_prompts for r in again.runs] == [["capital-sentence", "p0"]] * 2
     assert demo_render.to_markdown(again) == demo_render.to_markdown(report)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make test installs it with apt-get)")
+def test_the_lesson_is_drawn_side_by_side_in_a_real_browser(tmp_path):
+    page = tmp_path / "report.html"
+    page.write_text(demo_render.to_html(lesson_report()))
+    common = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-500:]
+    tree = Tree(dom.stdout)
+    (table,) = tree.having("side-by-side")
+    rows = [r for r in tree.elements if r["tag"] == "tr" and within(r, table)][1:]  # the first: the runs
+    beside = [[(a["attrs"]["data-run"], a["attrs"]["data-prompt"]) for a in tree.having("answer", inside=r)]
+              for r in rows]
+    assert beside == [[("ngram", p), ("draft-model", p)] for p in ("capital-sentence", "p0")]  # a row per prompt
+    drawn = {(a["attrs"]["data-run"], a["attrs"]["data-prompt"]): [b["text"] for b in tree.having("pass", inside=a)]
+             for a in tree.having("answer", inside=table)}
+    assert drawn[("ngram", "capital-sentence")] == ["The", " capital of France is Paris", "."]
+    assert drawn[("draft-model", "capital-sentence")] == LESSON_TOKENS
+    shot = tmp_path / "shot.png"
+    subprocess.run([*common, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120)
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 30_000  # a page with plots and passes, not a blank one
