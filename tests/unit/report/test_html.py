@@ -49,13 +49,13 @@ def test_the_demo_page_renders_both_runs_offline(tmp_path):
     assert "Run 1: spec off vs a well-matched draft" in dom.stdout and "Run 2: spec off vs a poorly" in dom.stdout
 
 
-DOCS_IMAGE = Path(__file__).resolve().parents[3] / "docs" / "images" / "passes.png"
-"""The picture of docs/compare.md, written by ``passes_in_a_browser`` when SPECADAPT_WRITE_DOCS_IMAGES=1."""
+DOCS_IMAGE = Path(__file__).resolve().parents[3] / "docs" / "img" / "passes.png"
+"""The picture of docs/passes.md, written by ``passes_in_a_browser`` when SPECADAPT_WRITE_DOCS_IMAGES=1."""
 
 
 def passes_in_a_browser(tmp_path: Path) -> tuple[str, bytes]:
     """A compare report with the lesson's answers rendered and screenshot by chromium: (its DOM, the
-    PNG of the whole page); with SPECADAPT_WRITE_DOCS_IMAGES=1 also docs/images/passes.png, the
+    PNG of the whole page); with SPECADAPT_WRITE_DOCS_IMAGES=1 also docs/img/passes.png, the
     answers pass by pass alone."""
     from tests.unit.report.test_passes_render import lesson_compare_report
 
