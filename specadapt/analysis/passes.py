@@ -442,7 +442,9 @@ def merged_off(records: Sequence[RequestRecord]) -> str | None:
 
 def compare_speculation(report: CompareReport) -> SpeculationSeen | None:
     """The spec-on side of a compare report, one group per level (its counter window); None when the
-    report has no spec-on answer."""
+    report has no spec-on answer. Where one server is both sides, its counters over a level count
+    both sides' requests, so they check neither: its chunks are refused, its answers' own counts
+    stand unchecked."""
     indexed = [(i, r) for i, r in enumerate(report.requests) if r.side == "on" and not r.warmup]
     if not indexed:
         return None
@@ -458,8 +460,14 @@ def compare_speculation(report: CompareReport) -> SpeculationSeen | None:
                                     counters=report.counters_on_rate.get(rate_label(r.request_rate)))
         groups[key].records.append((i, r))
     off = [r for r in report.requests if r.side == "off" and not r.warmup]
+    refuse = merged_off(off)
+    url = report.on_server.base_url
+    if url == report.off_server.base_url:
+        for g in groups.values():
+            g.counters = None
+        refuse = f"the spec-on and spec-off sides are one server ({url}), whose counters count both sides' requests"
     return seen(list(groups.values()), k=report.on_server.num_speculative_tokens, show=report.settings.show,
-                refuse=merged_off(off))
+                refuse=refuse)
 
 
 def probe_speculation(report: ProbeReport) -> SpeculationSeen | None:

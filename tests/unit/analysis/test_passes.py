@@ -807,6 +807,22 @@ def test_compare_off_side_with_merged_chunks_refuses_the_on_sides_chunks():
                                                     "tokens")
 
 
+def test_compare_one_server_as_both_sides_checks_nothing_by_its_counters():
+    both = compare([rec((1, 3), side="on"), rec((1, 1), side="off")], on_counters={1: window(4)})
+    both.off_server = both.on_server
+    s = compare_speculation(both)
+    assert not s.available and s.checks == []
+    assert s.source_note == NOT_AVAILABLE + ("concurrency 1: the spec-on and spec-off sides are one server "
+                                            "(http://on), whose counters count both sides' requests")
+    # the answers' own counts stand, without a check: the counters hold the spec-off side's 2 more accepted
+    both.requests = [own((1, 3), accepted=2, drafted=3, steps=1, side="on"),
+                     own((1, 3), accepted=2, drafted=3, steps=1, side="off")]
+    both.counters_on = {1: window(4, 6, 2)}
+    s = compare_speculation(both)
+    assert s.available and s.source == "chunks+response"
+    assert s.checks == [] and s.findings == []
+
+
 def test_compare_without_a_spec_on_answer():
     assert compare_speculation(compare([rec((1, 1), side="off"), rec((1, 3), side="on", warmup=True)])) is None
 

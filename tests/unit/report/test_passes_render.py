@@ -268,7 +268,8 @@ def lesson_compare_report(show: int = 3) -> CompareReport:
                             accepted_tokens=sum(r.spec_accepted for r in on),
                             generation_tokens=sum(r.output_tokens for r in on))
     info = ServerInfo(backend="vllm", base_url="http://x", model_id="m", version="0.32.0")
-    report = CompareReport(settings=CompareSettings(repeat=2, show=show), off_server=info,
+    report = CompareReport(settings=CompareSettings(repeat=2, show=show),
+                           off_server=info.model_copy(update={"base_url": "http://off"}),
                            on_server=info.model_copy(update={"spec_enabled": True, "num_speculative_tokens": K}),
                            requests=recs, counters_on={1: CounterPair(before=before, after=after)})
     analyse(report)
