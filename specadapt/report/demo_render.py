@@ -112,21 +112,25 @@ class ShownAnswer:
     why: str = ""
 
 
-def speculation(run: DemoRun) -> SpeculationSeen | None:
-    """The run's ``speculation`` section read back; None when it has none or it does not read."""
+def speculation(run: DemoRun) -> tuple[SpeculationSeen | None, str]:
+    """The run's ``speculation`` section read back, or None and why."""
     try:
         seen = section_data(run.compare, "speculation")
-    except ValidationError:
-        return None
-    return seen if isinstance(seen, SpeculationSeen) else None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, f"this run's speculation section does not read: {where}: {first['msg']}"
+    if not isinstance(seen, SpeculationSeen):
+        return None, "this run's report has no speculation per request"
+    return seen, ""
 
 
 def shown_answer(run: DemoRun, prompt_id: str) -> ShownAnswer:
     """The run's first spec-on answer of ``prompt_id`` whose passes are known (else its first answer,
     drawn as counts), from the run's speculation section; or why there is none."""
-    seen = speculation(run)
+    seen, why = speculation(run)
     if seen is None:
-        return ShownAnswer(run, prompt_id, why="this run's report has no speculation per request")
+        return ShownAnswer(run, prompt_id, why=why)
     if not seen.available:
         return ShownAnswer(run, prompt_id, why=seen.source_note or "per-request acceptance not available")
     mine = [a for a in seen.requests if a.prompt_id == prompt_id]

@@ -256,6 +256,11 @@ def test_a_run_without_the_section_or_the_answer_says_why_none_is_drawn():
     assert demo_render.shown_answer(fast, "p0").why == "this run's report has no speculation per request"
     assert demo_render.shown_answer(slow, "p0").why == "per-request acceptance not available: no counts"
     assert demo_render.shown_answer(lesson_report().runs[0], "p3").why == "no spec-on answer of p3 was read"
+    broken = lesson_report().runs[0]
+    broken.compare.sections["speculation"] = {"available": "sometimes", "requests": 3}
+    assert demo_render.shown_answer(broken, "p0").why == ("this run's speculation section does not read: "
+                                                          "available: Input should be a valid boolean, unable to "
+                                                          "interpret input")
     fast.shown_prompts = ["p3"]
     text = console_text(report)
     assert "p3: not drawn: this run's report has no speculation per request" in text
