@@ -391,7 +391,8 @@ def analysed_compare(passes: dict[str, list[int]]) -> CompareReport:
                             generation_tokens=sum(r.output_tokens for r in on))
     info = ServerInfo(backend="vllm", base_url="http://x", model_id="m", version="0.32.0")
     report = CompareReport(settings=CompareSettings(repeat=2, show=0), off_server=info,
-                           on_server=info.model_copy(update={"spec_enabled": True, "num_speculative_tokens": k}),
+                           on_server=info.model_copy(update={"base_url": "http://on", "spec_enabled": True,
+                                                             "num_speculative_tokens": k}),
                            requests=recs, counters_on={1: CounterPair(before=zero, after=after)})
     analyse(report)
     analyse_sections(report)
