@@ -404,6 +404,8 @@ def test_the_answers_drawn_are_those_the_analysis_read_from_the_streamed_chunks(
     for run in report.runs:
         run.compare = analysed_compare(PASSES[run.name])
         run.shown_prompts = ["capital-sentence", "p0"]
+        seen, _ = demo_render.speculation(run)
+        assert [c.agree for c in seen.checks] == [True] and seen.shown == []  # the sums add up to the counters
     for _prompt, shown in demo_render.lesson_rows(report):
         for s in shown:
             assert s.answer.source == "chunks+response" and s.answer.repeat == 0
