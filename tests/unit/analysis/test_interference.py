@@ -357,7 +357,7 @@ def diagnosed(recs: list[RequestRecord]) -> CompareReport:
 
 def test_interference_is_the_first_section_analysed_before_the_diagnosis_and_shown_before_it():
     assert analyses.SECTIONS[0].name == "interference" and analyses.SECTIONS[0].before_diagnosis
-    assert [v.name for v in views.VIEWS] == ["interference", "diagnosis"]
+    assert [v.name for v in views.VIEWS] == ["interference", "speculation", "diagnosis"]
     report = report_of(planted())
     analyses.analyse_sections(report, before_diagnosis=False)
     assert "interference" not in report.sections  # the later pass leaves it alone
