@@ -101,3 +101,15 @@ def test_probe_cli_json_carries_the_refusal_and_the_passes(scripted_url, tmp_pat
     assert {r["prompt_id"]: r["passes"] for r in one["requests"]} == STEPS
     (check,) = one["checks"]
     assert check["agree"] and check["accepted_counters"] == sum(ACCEPTED.values())
+
+
+def test_a_first_chunk_of_several_tokens_is_refused(server):
+    """Chunks of a fixed size from the first token on: the prefill's one token is not alone, so no chunk
+    is read as a pass, whatever the counters say."""
+    prompts = [Prompt(id=f"fixed{i}", prompt=script(id=f"fixed-{i}", ttft_ms=2, itl_ms=1, tokens=12,
+                                                    tokens_per_chunk=4)) for i in range(2)]
+    report = run_probe(server, prompts, RequestSettings(max_tokens=32), concurrency=1, warmup=0)
+    assert [r.chunk_tokens for r in report.requests] == [[4, 4, 4]] * 2
+    sp = report.speculation
+    assert sp is not None and not sp.available and sp.requests == []
+    assert "its first chunk carries 4 tokens, not the prefill's one" in sp.source_note, sp.source_note
