@@ -41,7 +41,7 @@ from specadapt.records import (
     ScaleLayout,
 )
 from specadapt.records.load import LoadSettings
-from specadapt.records.passes import RequestPasses
+from specadapt.records.passes import PositionBin, RequestPasses
 from specadapt.records.reports import CounterPair
 from specadapt.records.scale import WorkerInfo
 from builders import request, server
@@ -885,3 +885,12 @@ def test_percent():
 
 def test_the_module_names_its_sources():
     assert set(ps.SOURCE_TEXT) == {"chunks+response", "chunks", "response"}
+
+
+def test_the_records_figures_without_a_divisor():
+    none = passes("response", output=4, accepted=0, drafted=0, steps=0)
+    assert (none.acceptance_rate, none.acceptance_length, none.tokens_per_pass) == (None, None, None)
+    some = passes("chunks+response", chunks=[1, 3, 1, 2], drafted=8, steps=4)  # 3 accepted over 4 passes with a draft
+    assert (some.acceptance_rate, some.acceptance_length, some.tokens_per_pass) == (3 / 8, 1.75, 7 / 4)
+    assert PositionBin(start=0, end=4, tokens=0, from_draft=0).share == 0.0
+    assert PositionBin(start=0, end=4, tokens=4, from_draft=3).share == 0.75
