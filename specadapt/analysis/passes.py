@@ -78,6 +78,8 @@ class Group:
     counters: CounterPair | None = None
     serial: bool = True
     """One request in flight at a time."""
+    uncounted: str = ""
+    """Why the counters cannot check these answers, where the caller knows (they also count other requests)."""
 
 
 # ----------------------------------------------------------------------------- one answer
@@ -192,7 +194,7 @@ def check_counts(group: Group, answers: Sequence[RequestPasses]) -> CounterCheck
     an answer failed or gave no count of its own (the sums would then miss engine steps)."""
     accepted_c, drafted_c = _delta(group.counters, "accepted_tokens"), _delta(group.counters, "draft_tokens")
     steps_c = _delta(group.counters, "drafts")
-    if accepted_c is None or drafted_c is None:
+    if accepted_c is None or drafted_c is None or group.uncounted:
         return None
     if len(answers) != len(group.records) or any(a.source not in ("chunks+response", "response") for a in answers):
         return None
@@ -227,6 +229,8 @@ def check_chunks(group: Group, answers: Sequence[RequestPasses], k: int | None) 
     if len(answers) != len(group.records):
         return None, f"{group.label}: {len(group.records) - len(answers)} answers have no exact chunks (failed or " \
                      "counted by guess), so the counters cannot check the rest"
+    if group.uncounted:
+        return None, f"{group.label}: {group.uncounted}"
     accepted_c = _delta(group.counters, "accepted_tokens")
     if accepted_c is None:
         return None, (f"{group.label}: the server gives no spec-decode counters to check the chunks against, and no "
@@ -327,7 +331,8 @@ def chosen(answers: Sequence[RequestPasses], show: int) -> list[int]:
 def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: str | None = None) -> SpeculationSeen:
     """Speculation per request and per pass over ``groups`` (module docstring). ``refuse``: a reason,
     known to the caller, why no chunk is one engine step (a spec-off side whose chunks carry several
-    tokens); the answers' own counts still hold."""
+    tokens): no answer's chunks are its passes then, and where its chunks contradict its own counts
+    that is the reason, not a finding; the answers' own counts still hold (source ``response``)."""
     answers: list[RequestPasses] = []
     checks: list[CounterCheck] = []
     findings: list[str] = []
@@ -340,12 +345,14 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
             if not rec.ok and rec.spec_accepted is None:
                 continue
             a, problem = one_answer(index, rec, k)
-            if a is not None and a.source == "chunks" and refuse:
+            if a is not None and refuse and a.source == "chunks":
                 a, problem = None, refuse
+            elif a is not None and refuse and a.source == "chunks+response":
+                a = a.model_copy(update={"source": "response", "passes": None, "drafted_per_pass": None})
             if a is None:
                 why_not.append(problem)
                 continue
-            if a.source == "response" and problem and rec.chunk_tokens and rec.token_source in EXACT:
+            if a.source == "response" and problem and not refuse and rec.chunk_tokens and rec.token_source in EXACT:
                 contradicted.append(f"{rec.prompt_id} ({group.label}): {problem}")
             mine.append(a)
         if contradicted:  # one finding per level: a server that merges its chunks does so in every answer
@@ -443,8 +450,8 @@ def merged_off(records: Sequence[RequestRecord]) -> str | None:
 def compare_speculation(report: CompareReport) -> SpeculationSeen | None:
     """The spec-on side of a compare report, one group per level (its counter window); None when the
     report has no spec-on answer. Where one server is both sides, its counters over a level count
-    both sides' requests, so they check neither: its chunks are refused, its answers' own counts
-    stand unchecked."""
+    both sides' requests, so they check neither: its chunks alone are refused, its answers' own
+    counts stand unchecked (and its other side says nothing of how a spec-off server streams)."""
     indexed = [(i, r) for i, r in enumerate(report.requests) if r.side == "on" and not r.warmup]
     if not indexed:
         return None
@@ -460,14 +467,13 @@ def compare_speculation(report: CompareReport) -> SpeculationSeen | None:
                                     counters=report.counters_on_rate.get(rate_label(r.request_rate)))
         groups[key].records.append((i, r))
     off = [r for r in report.requests if r.side == "off" and not r.warmup]
-    refuse = merged_off(off)
     url = report.on_server.base_url
-    if url == report.off_server.base_url:
+    one_server = url == report.off_server.base_url  # then the other side is no spec-off server to learn from
+    if one_server:
         for g in groups.values():
-            g.counters = None
-        refuse = f"the spec-on and spec-off sides are one server ({url}), whose counters count both sides' requests"
+            g.uncounted = f"the spec-on and spec-off sides are one server ({url}), whose counters count both sides"
     return seen(list(groups.values()), k=report.on_server.num_speculative_tokens, show=report.settings.show,
-                refuse=refuse)
+                refuse=None if one_server else merged_off(off))
 
 
 def probe_speculation(report: ProbeReport) -> SpeculationSeen | None:

@@ -302,6 +302,13 @@ def own_answers():
             passes("response", index=1, output=9, accepted=4, drafted=8, steps=3)]
 
 
+def test_counters_that_also_count_other_requests_check_nothing():
+    g = group([request(), request()], window(accepted=7, drafted=14, drafts=5))
+    g.uncounted = "they count the other side too"
+    assert check_counts(g, own_answers()) is None
+    assert check_chunks(g, chunk_answers(), 2) == (None, "concurrency 1: they count the other side too")
+
+
 def test_own_counts_that_add_up_to_the_counters():
     g = group([request(), request()], window(accepted=7, drafted=14, drafts=5))
     c = check_counts(g, own_answers())
@@ -633,11 +640,15 @@ def test_seen_refused_chunks_say_why_never_guess():
     assert s.source_note == NOT_AVAILABLE + "concurrency 1: the spec-off side merges chunks (1 more answers alike)"
 
 
-def test_seen_refuse_leaves_the_answers_own_counts():
-    recs = [own((1, 6), accepted=5, drafted=5, steps=1)]
-    s = seen([group(recs, window(5, 5, 1))], k=5, refuse="merged")
-    assert s.available and s.source == "chunks+response"
-    assert s.checks[0].agree
+def test_seen_refuse_leaves_the_answers_own_counts_without_passes():
+    recs = [own((1, 6), accepted=5, drafted=5, steps=1, spec_step_accepted=[5], spec_step_drafted=[5]),
+            own((1, 4), accepted=1, drafted=5, steps=1)]  # chunks that contradict the count: the reason is known
+    s = seen([group(recs, window(6, 10, 2))], k=5, refuse="merged")
+    assert s.available and s.source == "response"
+    assert [(a.source, a.passes, a.drafted_per_pass, a.accepted) for a in s.requests] == \
+           [("response", None, None, 5), ("response", None, None, 1)]
+    assert s.checks[0].agree and s.findings == []
+    assert s.positions == [] and s.shown == []
 
 
 def test_seen_chunks_that_the_counters_refuse():
@@ -813,7 +824,7 @@ def test_compare_one_server_as_both_sides_checks_nothing_by_its_counters():
     s = compare_speculation(both)
     assert not s.available and s.checks == []
     assert s.source_note == NOT_AVAILABLE + ("concurrency 1: the spec-on and spec-off sides are one server "
-                                            "(http://on), whose counters count both sides' requests")
+                                            "(http://on), whose counters count both sides")
     # the answers' own counts stand, without a check: the counters hold the spec-off side's 2 more accepted
     both.requests = [own((1, 3), accepted=2, drafted=3, steps=1, side="on"),
                      own((1, 3), accepted=2, drafted=3, steps=1, side="off")]
