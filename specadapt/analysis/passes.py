@@ -337,6 +337,7 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
     checks: list[CounterCheck] = []
     findings: list[str] = []
     refused: list[str] = []
+    unread = False  # an answer's chunks set aside for ``refuse``
     for group in groups:
         mine: list[RequestPasses] = []
         why_not: list[str] = []
@@ -348,7 +349,7 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
             if a is not None and refuse and a.source == "chunks":
                 a, problem = None, refuse
             elif a is not None and refuse and a.source == "chunks+response":
-                a = a.model_copy(update={"source": "response", "passes": None, "drafted_per_pass": None})
+                a, unread = a.model_copy(update={"source": "response", "passes": None, "drafted_per_pass": None}), True
             if a is None:
                 why_not.append(problem)
                 continue
@@ -388,6 +389,8 @@ def seen(groups: Sequence[Group], k: int | None = None, show: int = 0, refuse: s
     best_first = [s for s in SOURCE_TEXT if s in sources]  # a tie goes to the source that tells the most
     source: PassSource = max(best_first, key=lambda s: sum(1 for a in answers if a.source == s))
     note = _source_note(answers, sources, checks, refused)
+    if unread:
+        note += f"; no chunk read as a pass: {refuse}"
     by_prompt: dict[str, list[RequestPasses]] = {}
     by_cat: dict[str, list[RequestPasses]] = {}
     for a in answers:

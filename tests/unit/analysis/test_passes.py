@@ -649,6 +649,10 @@ def test_seen_refuse_leaves_the_answers_own_counts_without_passes():
            [("response", None, None, 5), ("response", None, None, 1)]
     assert s.checks[0].agree and s.findings == []
     assert s.positions == [] and s.shown == []
+    assert s.source_note == ("each answer's own drafted and accepted counts (no pass order): 2 answers; sums checked "
+                             "against the counters at 1 of 1 levels; no chunk read as a pass: merged")
+    plain = seen([group([own((1, 6), accepted=5, drafted=5, steps=1)], window(5, 5, 1))], k=5)
+    assert "no chunk read" not in plain.source_note
 
 
 def test_seen_chunks_that_the_counters_refuse():
