@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from specadapt.analysis.passes import chosen
 from specadapt.analysis.probe_report import failed_count, server_log_tail
 from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options
@@ -21,13 +20,6 @@ from specadapt.orchestration.servers import plan_servers, replica_sides
 from specadapt.records import ProbeReport, RequestSettings, write_report
 from specadapt.report.console import render_probe
 from specadapt.report.scale import render_scale
-
-
-def show_answers(report: ProbeReport, show: int) -> None:
-    """--show N: the report draws N answers pass by pass (one per prompt)."""
-    report.settings.show = show
-    if report.speculation is not None:
-        report.speculation.shown = chosen(report.speculation.requests, show)
 
 
 @click.command("probe")
@@ -69,12 +61,11 @@ def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, rep
         try:
             report = probe_servers(plan, prompts, settings, concurrency, repeat, warmup, load, workers=workers,
                                    ray_address=ray_address, workload=workload, bars=console.bars,
-                                   messages=console.messages)
+                                   messages=console.messages, show=show)
         except KeyboardInterrupt as exc:
             if getattr(exc, "report", None) is None:
                 raise
             interrupted, report = exc, exc.report  # type: ignore[attr-defined]
-    show_answers(report, show)
     if json_out:
         write_report(report, json_out)
     render_probe(report, Console())

@@ -118,11 +118,12 @@ def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | No
 def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], settings: RequestSettings,
               concurrency: int = 1, repeat: int = 1, warmup: int = 1, prompts_source: str = "built-in",
               progress: Progress | None = None, load: LoadSettings | None = None, *, workers: int = 1,
-              ray_address: str | None = None, layout: bool = False) -> ProbeReport:
+              ray_address: str | None = None, layout: bool = False, show: int = 1) -> ProbeReport:
     """Probe one server, or several replicas (requests round robin), with ``prompts``; the load from
     this process, ``workers`` worker processes, or Ray actors at ``ray_address``. ``load``: arrival
     rates (then each rate is a level, sent open-loop, instead of ``concurrency``), --duration, SLOs.
-    The report describes where the load came from (``scale``) when it was spread, or with ``layout``.
+    The report describes where the load came from (``scale``) when it was spread, or with ``layout``;
+    it draws ``show`` answers pass by pass.
 
     Returns the report; a dead server, a dead worker or Ctrl-C gives a partial report
     (``partial_reason`` says why; after Ctrl-C the KeyboardInterrupt is re-raised with the partial
@@ -204,7 +205,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
         notes = _spread_notes(workers, max(shares_used, default=workers), len(servers), executor.kind, concurrency,
                               planned)
     probe_settings = ProbeSettings(concurrency=concurrency, repeat=repeat, warmup=warmup,
-                                   prompts_source=prompts_source, request=settings, load=load)
+                                   prompts_source=prompts_source, request=settings, load=load, show=show)
     client = client_load(*meters[0].figures) if meters and meters[0].figures and not spread else None
     report = build_probe_report(infos[servers[0].base_url], probe_settings, records, before, after, scale,
                                 partial_reason=partial, log_tail=log_tail, extra_notes=notes, client=client)
@@ -268,7 +269,7 @@ def _spread_notes(workers: int, used: int, replicas: int, kind: str, concurrency
 def probe_servers(plan: ServerPlan, prompts: list[Prompt], settings: RequestSettings, concurrency: int = 1,
                   repeat: int = 1, warmup: int = 1, load: LoadSettings | None = None, *, workers: int = 1,
                   ray_address: str | None = None, workload: WorkloadInfo | None = None,
-                  bars: ProgressBars = no_bars, messages: Messages = LOGGED) -> ProbeReport:
+                  bars: ProgressBars = no_bars, messages: Messages = LOGGED, show: int = 1) -> ProbeReport:
     """A whole probe on the servers of ``plan`` (one side, or one per replica: ``replica_sides``):
     open them, run ``run_probe``, stop what was started. A dead server, a dead worker or Ctrl-C
     gives a partial report (after Ctrl-C the KeyboardInterrupt carries it as ``.report``)."""
@@ -277,7 +278,7 @@ def probe_servers(plan: ServerPlan, prompts: list[Prompt], settings: RequestSett
         try:
             report = run_probe(servers, prompts, settings, concurrency, repeat, warmup,
                                workload.source if workload else "built-in", progress, load, workers=workers,
-                               ray_address=ray_address)
+                               ray_address=ray_address, show=show)
         except KeyboardInterrupt as exc:
             part = getattr(exc, "report", None)
             if part is not None:

@@ -13,14 +13,15 @@ from specadapt.records import CounterSnapshot, ProbeSettings, RequestSettings, S
 from tests.unit.report.test_passes_render import LESSON_PASSES, LESSON_TOKENS, POOR_PASSES, POOR_TOKENS, record
 
 
-def probe_report():
-    """Two answers one request at a time, their own counts adding up to the counters."""
+def probe_report(show: int = 1):
+    """Two answers one request at a time, their own counts adding up to the counters; ``show`` of them drawn."""
     recs = [record("capital", "factual", LESSON_TOKENS, LESSON_PASSES), record("poor", "open", POOR_TOKENS, POOR_PASSES)]
     before = CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=0, generation_tokens=0, source="m")
     after = CounterSnapshot(drafts=sum(r.spec_steps for r in recs), draft_tokens=sum(r.spec_drafted for r in recs),
                             accepted_tokens=sum(r.spec_accepted for r in recs),
                             generation_tokens=sum(r.output_tokens for r in recs), source="m")
-    settings = ProbeSettings(concurrency=1, repeat=1, warmup=0, prompts_source="built-in", request=RequestSettings())
+    settings = ProbeSettings(concurrency=1, repeat=1, warmup=0, prompts_source="built-in", request=RequestSettings(),
+                             show=show)
     server = ServerInfo(backend="vllm", base_url="http://p:8000", model_id="pm", spec_enabled=True,
                         num_speculative_tokens=5)
     return build_probe_report(server, settings, recs, before, after, scale=None)
@@ -31,7 +32,7 @@ def probe_report():
 def test_show_sets_how_many_answers_the_report_draws(monkeypatch, tmp_path, args, shown):
     from specadapt.commands import probe as probe_command
 
-    monkeypatch.setattr(probe_command, "probe_servers", lambda *a, **kw: probe_report())
+    monkeypatch.setattr(probe_command, "probe_servers", lambda *a, **kw: probe_report(kw["show"]))
     out = tmp_path / "probe.json"
     result = CliRunner().invoke(cli, ["probe", "--url", "http://p:8000", "--json", str(out), *args])
     assert result.exit_code == 0, result.output

@@ -39,7 +39,7 @@ def counters(url: str) -> dict[str, float]:
 
 def test_one_step_chunks_are_read_as_passes_that_add_up_to_the_counters(server, scripted_url):
     before = counters(scripted_url)
-    report = run_probe(server, prompts("one", 1), RequestSettings(max_tokens=32), concurrency=1, warmup=0)
+    report = run_probe(server, prompts("one", 1), RequestSettings(max_tokens=32), concurrency=1, warmup=0, show=2)
     after = counters(scripted_url)
     # the server counted exactly the scripted steps (the tool is what the test says it is)
     assert after["accepted"] - before["accepted"] == sum(ACCEPTED.values())
@@ -61,6 +61,7 @@ def test_one_step_chunks_are_read_as_passes_that_add_up_to_the_counters(server, 
     assert sp.overall.passes == sum(len(s) for s in STEPS.values())
     assert sp.overall.tokens_histogram == [sum(s.count(t) for s in STEPS.values()) for t in range(1, 5)]
     assert sorted(c.name for c in sp.categories) == ["cat-a", "cat-b"]
+    assert report.settings.show == 2 and sorted(sp.requests[i].prompt_id for i in sp.shown) == sorted(STEPS)
 
 
 def test_merged_chunks_are_refused_not_misread(server, scripted_url):
