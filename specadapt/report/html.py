@@ -3,7 +3,6 @@ the page extends the one base template (report/page.py)."""
 
 from __future__ import annotations
 
-import io
 
 from jinja2 import Environment
 from markupsafe import Markup
@@ -98,19 +97,8 @@ PAGE = """{% extends "base.html" %}
 """One compare report on a page of its own."""
 
 
-def _svg(fig) -> Markup:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return Markup(text[text.index("<svg"):])  # drop the XML prolog and DOCTYPE
-
-
 def _plots(report: CompareReport) -> dict[str, Markup]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = page.pyplot()
     plots: dict[str, Markup] = {}
     levels = [lv for lv in report.levels if lv.speed.throughput.point is not None]
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -131,7 +119,7 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
     ax.set_ylabel("speedup")
     ax.set_title("Speedup vs concurrency")
     ax.legend(fontsize=8)
-    plots["speedup"] = _svg(fig)
+    plots["speedup"] = page.inline_svg(fig)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -145,7 +133,7 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
     ax.set_ylabel("requests")
     ax.set_title(f"Latency distribution (concurrency {first})")
     ax.legend(fontsize=8)
-    plots["latency"] = _svg(fig)
+    plots["latency"] = page.inline_svg(fig)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -162,7 +150,7 @@ def _plots(report: CompareReport) -> dict[str, Markup]:
         ax.text(0.5, 0.5, "acceptance unknown", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("draft position")
     ax.set_title("Acceptance per position")
-    plots["acceptance"] = _svg(fig)
+    plots["acceptance"] = page.inline_svg(fig)
     plt.close(fig)
     return plots
 

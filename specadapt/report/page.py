@@ -9,7 +9,10 @@ asset; plots are inline SVG or data URIs.
 
 from __future__ import annotations
 
+import io
+
 from jinja2 import DictLoader, Environment, select_autoescape
+from markupsafe import Markup
 
 BASE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -34,3 +37,27 @@ def environment(templates: dict[str, str], **helpers) -> Environment:
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.globals.update(helpers)
     return env
+
+
+def pyplot():
+    """matplotlib.pyplot on its file-only backend (Agg): imported when a page has a plot to draw."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def svg_text(fig) -> str:
+    """A matplotlib figure as SVG text without the XML prolog and DOCTYPE (nothing to fetch), and
+    without a date, so that the same figure gives the same text."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def inline_svg(fig) -> Markup:
+    """A matplotlib figure as SVG to put in a page as it is."""
+    return Markup(svg_text(fig))

@@ -14,7 +14,6 @@ add up to its passes, the passes are shown as counts.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 
 from jinja2 import Environment
@@ -309,20 +308,9 @@ TABLE = """<table class="pass-figures"><tr><th>{{ first }}</th>{% for c in colum
 {% for row in rows %}<tr><td>{{ row[0] }}</td>{% for c in row[1:] %}<td class="num">{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>"""
 
 
-def _svg(fig) -> Markup:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    text = buf.getvalue()
-    return Markup(text[text.index("<svg"):])  # the XML prolog and DOCTYPE dropped
-
-
 def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
     """The histogram of tokens per pass and the acceptance by position in the answer, as inline SVG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = page.pyplot()
     plots: dict[str, Markup] = {}
     hist = seen.overall.tokens_histogram if seen.overall is not None else []
     if hist:
@@ -333,7 +321,7 @@ def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
         ax.set_xlabel("tokens a pass produced (accepted + 1)")
         ax.set_ylabel("passes")
         ax.set_title("Tokens per pass of the target")
-        plots["histogram"] = Markup(f'<figure class="histogram" aria-label="tokens per pass of the target">{_svg(fig)}</figure>')
+        plots["histogram"] = Markup(f'<figure class="histogram" aria-label="tokens per pass of the target">{page.inline_svg(fig)}</figure>')
         plt.close(fig)
     if seen.positions:
         fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -344,7 +332,7 @@ def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
         ax.set_xlabel("position in the answer (tokens)")
         ax.set_ylabel("share from accepted drafts")
         ax.set_title("Acceptance by position in the answer")
-        plots["positions"] = Markup(f'<figure class="positions" aria-label="acceptance by position in the answer">{_svg(fig)}'
+        plots["positions"] = Markup(f'<figure class="positions" aria-label="acceptance by position in the answer">{page.inline_svg(fig)}'
                                      '</figure>')
         plt.close(fig)
     return plots

@@ -9,7 +9,6 @@ imported lazily), embedded as data URIs so the page needs no network.
 from __future__ import annotations
 
 import base64
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -363,10 +362,7 @@ class Plot:
 
 
 def _data_uri(fig) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buf.getvalue()
-    svg = text[text.index("<svg"):]  # no XML prolog, no DOCTYPE (nothing to fetch)
+    svg = page.svg_text(fig)
     return "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode("ascii")
 
 
@@ -496,11 +492,7 @@ def figures(report: TuneReport) -> dict:
               "fit": _fit_figure if any(f.form != "none" for f in report.fits) else None}
     if not any(wanted.values()):
         return {}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = page.pyplot()
     return {name: draw(report, plt) for name, draw in wanted.items() if draw}
 
 
