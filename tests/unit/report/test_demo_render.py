@@ -373,30 +373,11 @@ def analysed_compare(passes: dict[str, list[int]]) -> CompareReport:
     """A compare report whose spec-on answers stream one chunk per pass with their own counts, its
     speculation section computed by the analysis (analysis/passes.py), as the demo's compares are
     (show 0: no answer of its own choosing)."""
-    from specadapt.analysis.sections import analyse_sections
-    from tests.unit.report.test_passes_render import K as k
-    from tests.unit.report.test_passes_render import record
+    from tests.unit.report.test_passes_render import analysed_compare as compare_of
 
     tokens = {"capital-sentence": LESSON_TOKENS, "p0": [f"t{j}" for j in range(20)]}
-    recs = []
-    for repeat in range(2):
-        for pid, ps in passes.items():
-            category = "lesson" if pid == "capital-sentence" else "rag"
-            recs.append(record(pid, category, tokens[pid], [1] * len(tokens[pid]), side="off", repeat=repeat))
-            recs.append(record(pid, category, tokens[pid], ps, side="on", repeat=repeat))
-    on = [r for r in recs if r.side == "on"]
-    zero = CounterSnapshot(drafts=0, draft_tokens=0, accepted_tokens=0, generation_tokens=0)
-    after = CounterSnapshot(drafts=sum(r.spec_steps for r in on), draft_tokens=sum(r.spec_drafted for r in on),
-                            accepted_tokens=sum(r.spec_accepted for r in on),
-                            generation_tokens=sum(r.output_tokens for r in on))
-    info = ServerInfo(backend="vllm", base_url="http://x", model_id="m", version="0.32.0")
-    report = CompareReport(settings=CompareSettings(repeat=2, show=0), off_server=info,
-                           on_server=info.model_copy(update={"base_url": "http://on", "spec_enabled": True,
-                                                             "num_speculative_tokens": k}),
-                           requests=recs, counters_on={1: CounterPair(before=zero, after=after)})
-    analyse(report)
-    analyse_sections(report)
-    return report
+    return compare_of([(pid, "lesson" if pid == "capital-sentence" else "rag", tokens[pid], ps)
+                       for pid, ps in passes.items()], show=0)
 
 
 def test_the_answers_drawn_are_those_the_analysis_read_from_the_streamed_chunks():

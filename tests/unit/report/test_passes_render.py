@@ -257,6 +257,13 @@ def lesson_compare_report(show: int = 3) -> CompareReport:
     poor = ["Maybe", " a", " poem", " about", " the", " sea", ":", "\n", "waves", " &", " foam"]
     cases = [("capital", "factual", LESSON_TOKENS, LESSON_PASSES), ("grounded", "grounded", grounded, grounded_passes),
              ("poor", "open", poor, [1] * len(poor))]
+    return analysed_compare(cases, show)
+
+
+def analysed_compare(cases, show: int) -> CompareReport:
+    """A compare report of ``cases`` ((prompt id, category, token strings, passes) each), twice each:
+    the spec-off answers one token per chunk, the spec-on ones one chunk per pass with their own counts
+    (the counters agree), analysed as compare does (the speculation section included)."""
     recs: list[RequestRecord] = []
     for repeat in range(2):
         for pid, cat, tokens, passes in cases:
