@@ -2,7 +2,7 @@
 
 ``Server`` is one running server as the probes see it (launched by specadapt or given by
 URL): its base URL, auth headers, ``describe()``, ``read_counters()``, and the parts every
-server has even when they do nothing (``identity_extras``, ``start_run()``/``end_run()``,
+server has even when they do nothing (``identity_extras``, ``spec_extras``, ``start_run()``/``end_run()``,
 ``verify``, ``process``). ``ServerBase`` holds those defaults.
 
 ``Backend`` is one kind of server (vLLM, TensorRT-LLM, a plugin's): its ``name``, what it
@@ -63,6 +63,9 @@ class Server(Protocol):
     backend: str
     identity_extras: dict[str, Any]
     """Request-body keys added on identity runs (vLLM: ``return_tokens_as_token_ids``); {} if none."""
+    spec_extras: dict[str, Any]
+    """Request-body keys that make each answer state its own speculation (drafted and accepted tokens,
+    passes; SGLang: ``return_spec_tokens_details``), sent on every measured request; {} if none."""
     verify: Verify
     """TLS verification for every client that talks to this server."""
     process: ManagedProcess | None
@@ -101,6 +104,7 @@ class ServerBase:
 
     backend: str = "unknown"
     identity_extras: dict[str, Any] = {}  # never mutated: callers merge it into a new dict
+    spec_extras: dict[str, Any] = {}  # the same
     verify: Verify = True
     process: ManagedProcess | None = None
     launch: LaunchRecord | None = None

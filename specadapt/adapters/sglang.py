@@ -11,7 +11,7 @@ a before/after difference: the per-run acceptance in the report stays unknown an
 describe() reports the gauges as read, saying so.
 
 Each answer can carry its own request's speculation: asked with ``"return_spec_tokens_details": true``
-(``SPEC_DETAILS``, sent on every compare request), SGLang answers with ``sglext.spec_tokens_details``
+(``SPEC_DETAILS``, the server's ``spec_extras``: sent on every measured request of probe and compare), SGLang answers with ``sglext.spec_tokens_details``
 (verify passes, accepted and proposed draft tokens, the acceptance histogram; in a stream, on a chunk of
 its own after the content), which load/client.py reads; a release without it ignores the key.
 """
@@ -75,8 +75,7 @@ class SGLangServer(OpenAIServer):
     """An SGLang server (OpenAI-compatible routes plus its own) at ``base_url``."""
 
     backend = "sglang"
-    # SGLang extension: each answer's own speculation counts (sglext.spec_tokens_details)
-    identity_extras = SPEC_DETAILS
+    spec_extras = SPEC_DETAILS  # each answer's own speculation counts (sglext.spec_tokens_details)
 
     def __init__(self, base_url: str, api_key: str | None = None, verify: Verify = True,
                  launched: bool = False, transport: Transport | None = None):

@@ -31,6 +31,13 @@ def build_load(request_rate: str | None, burstiness: float | None, duration: flo
                         duration_s=duration, seed=seed, slo_ms=slo_ms)
 
 
+show_option = click.option(
+    "--show", type=click.IntRange(0), default=1, show_default=True,
+    help="Answers drawn pass by pass in the reports, one per prompt (compare and equiv: the spec-on answers; "
+         "0: none).")
+"""--show N of probe, compare and equiv: one option, one meaning."""
+
+
 def load_options(f):
     """Add --request-rate, --burstiness, --duration, --slo, --workers and --ray; pass ``load``
     (LoadSettings | None), ``workers`` and ``ray_address``."""

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from specadapt.analysis.gate import apply_gate
 from specadapt.commands._console import ConsoleRun, stderr
-from specadapt.commands._load import load_options
+from specadapt.commands._load import load_options, show_option
 from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import UsageError
@@ -57,8 +57,7 @@ def ab_options(f):
         click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
         click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
                      help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),
-        click.option("--show", type=click.IntRange(0), default=1, show_default=True,
-                     help="Spec-on answers drawn pass by pass in the reports, one per prompt (0: none)."),
+        show_option,
         click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
                      help="Write report.json, junit.xml, summary.md and report.html here."),
         click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from specadapt.analysis.probe_report import failed_count, server_log_tail
 from specadapt.commands._console import ConsoleRun, stderr
-from specadapt.commands._load import load_options
+from specadapt.commands._load import load_options, show_option
 from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import ServerDied, SpecadaptError
@@ -37,8 +37,7 @@ from specadapt.report.scale import render_scale
 @click.option("--retries", type=click.IntRange(0, 10), default=0, show_default=True,
               help="Resend a request after HTTP 429/5xx or a refused connection (before any token); "
                    "retried requests are reported apart. Off by default: retries distort latency.")
-@click.option("--show", type=click.IntRange(0), default=1, show_default=True,
-              help="Answers drawn pass by pass in the reports, one per prompt (0: none).")
+@show_option
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), help="Write the report here.")
 @load_options
 def probe(server_opts: ServerOptions, url, port, workload_opts, concurrency, repeat, warmup, max_tokens, temperature,

@@ -47,7 +47,7 @@ from specadapt.load.progress import Progress
 from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.interference_check import check_sides, needs_check
 from specadapt.orchestration.counters import CounterWindow, counting, settle_counters
-from specadapt.orchestration.probe import exit_reason
+from specadapt.orchestration.probe import exit_reason, with_spec_extras
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import path_triage, readable_token, readable_tokens, server_triage
 from specadapt.records import (
@@ -63,8 +63,9 @@ from specadapt.records.load import rate_label
 
 
 def side_settings(server: Server, base: RequestSettings, temperature: float | None = None) -> RequestSettings:
-    """Request settings for one side: the server's identity extras (e.g. token ids) merged in."""
-    extras = {**base.extra_body, **server.identity_extras}
+    """Request settings for one side: the server's speculation and identity extras (its answers' own
+    speculation counts; token ids) merged in."""
+    extras = {**with_spec_extras(base, server).extra_body, **server.identity_extras}
     update: dict = {"extra_body": extras}
     if temperature is not None:
         update["temperature"] = temperature

@@ -99,6 +99,14 @@ def exit_reason(server: Server, what: str | None = None, progress: str = "") -> 
         (f", saying: {why}" if why else "") + (f"; {progress}" if progress else "") + log
 
 
+def with_spec_extras(settings: RequestSettings, server: Server) -> RequestSettings:
+    """``settings`` with the server's ``spec_extras`` (the request keys that make each answer state its
+    own speculation) merged in, the user's own extra keys kept over them."""
+    if not server.spec_extras:
+        return settings
+    return settings.model_copy(update={"extra_body": {**server.spec_extras, **settings.extra_body}})
+
+
 def planned_requests(prompts: list[Prompt], repeat: int, load: LoadSettings | None) -> int:
     """Requests a probe plans to send (a progress bar's total; a conversation counts its turns;
     --duration at a concurrency is open-ended and counts one pass)."""
@@ -134,6 +142,7 @@ def run_probe(servers: Server | Sequence[Server], prompts: list[Prompt], setting
     if len({s.base_url for s in servers}) != len(servers):
         raise UsageError("the same --url is given twice: give each replica once")
     spread = workers > 1 or ray_address is not None or len(servers) > 1 or layout
+    settings = with_spec_extras(settings, servers[0])
     targets = [target_of(s) for s in servers]
     infos = {s.base_url: s.describe() for s in servers}
     guard = ServerGuard(servers)

@@ -27,7 +27,7 @@ NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4})  # vLLM's o
 NGRAM_SPEC = SpecConfig(method="ngram", k=4)  # what the parser makes of it
 SHARED = [f.name for f in fields(ServerOptions)]
 LOAD = {*WORKLOAD_PARAMS, "request_rate", "burstiness", "duration", "slo", "concurrency", "repeat", "warmup", "max_tokens", "seed", "request_timeout", "json_out",
-        "workers", "ray_address"}
+        "workers", "ray_address", "show"}
 
 
 def params(command: click.Command) -> dict[str, dict]:

@@ -428,3 +428,8 @@ def test_every_compare_request_asks_sglang_for_its_own_speculation():
     for prompt in (Prompt(id="c", messages=[{"role": "user", "content": "hi"}]), Prompt(id="p", prompt="once")):
         _, body = build_body(prompt, "m", settings)
         assert body["return_spec_tokens_details"] is True and body["top_k"] == 1
+
+
+def test_sglang_asks_for_its_answers_own_speculation_not_for_token_ids():
+    server = S.SGLangServer("http://sgl.test:30000")
+    assert server.spec_extras == {"return_spec_tokens_details": True} and server.identity_extras == {}

@@ -57,3 +57,17 @@ def test_server_base_defaults_are_the_optional_parts_of_the_contract():
     server = ServerBase()
     assert server.identity_extras == {} and server.verify is True and server.process is None
     assert server.start_run() is None and server.end_run() is None and server.close() is None
+
+
+def test_a_servers_spec_extras_go_into_every_request_under_the_users_own_keys():
+    from specadapt.orchestration.probe import with_spec_extras
+    from specadapt.records import RequestSettings
+
+    class Asks(ServerBase):
+        spec_extras = {"return_spec_tokens_details": True, "top_k": 5}
+
+    settings = RequestSettings(extra_body={"top_k": 1})
+    merged = with_spec_extras(settings, Asks())
+    assert merged.extra_body == {"return_spec_tokens_details": True, "top_k": 1}
+    assert settings.extra_body == {"top_k": 1}  # the caller's settings are left as they were
+    assert with_spec_extras(settings, ServerBase()) is settings

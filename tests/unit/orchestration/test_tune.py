@@ -204,7 +204,7 @@ def test_the_verification_server_tune_starts_takes_the_schedule_on_its_command_l
     backend = VLLMBackend()
     launch = launch_options_for(backend, ServerOptions(python=sys.executable), "/m",
                                 tuning.verification_spec(report, BASE), None)
-    (arg,) = backend.launch_plan(launch).spec_args
+    (arg,) = [a for a in backend.launch_plan(launch).spec_args if a.startswith("--speculative-config=")]
     config = json.loads(arg.split("=", 1)[1])
     assert config["num_speculative_tokens"] == 4
     assert config["num_speculative_tokens_per_batch_size"] == [[1, 1, 4], [2, 2, 2]]
