@@ -279,6 +279,7 @@ class Scripted:
         self.requests: list[httpx.Request] = []
         self.base_url, self.model_id, self.verify = "http://scripted", "m", True
         self.identity_extras = {"return_tokens_as_token_ids": True}
+        self.spec_extras = {}
 
     def headers(self):
         return {"Authorization": "Bearer k"}
