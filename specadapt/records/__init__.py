@@ -52,6 +52,7 @@ from specadapt.records.requests import (
     TokenSource,
 )
 from specadapt.records.scale import MergeSource, ReplicaResult, ScaleLayout, WorkerInfo
+from specadapt.records.sequential import SequentialDesign, SequentialOutcome
 from specadapt.records.server import CounterSnapshot, GpuInfo, HardwareInfo, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
@@ -64,7 +65,8 @@ __all__ = [
     "ErrorKind", "Gate", "GpuInfo", "HardwareInfo", "LatencySummary",
     "LevelResult", "MergeSource", "ProbeReport", "ProbeSettings", "Prompt", "PromptActivity", "PromptIdentity", "PromptSpeed",
     "RateBound", "RatioCI", "SpecActivity",
-    "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "ServerInfo", "ScaleLayout", "SpeedRatios",
+    "ReplicaResult", "ReportEnvelope", "RequestRecord", "RequestSettings", "SequentialDesign", "SequentialOutcome", "ServerInfo",
+    "ScaleLayout", "SpeedRatios",
     "TheoryCheck", "Triage", "TokenSource", "Verdict", "WorkerInfo", "WorkloadInfo", "read_compare_report",
     "read_demo_report",
     "read_report", "report_kind", "write_report",
