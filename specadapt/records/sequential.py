@@ -19,8 +19,10 @@ from specadapt.records.metrics import RatioCI
 PRIMARIES = ("tpot", "e2e", "throughput")
 SEQUENTIAL_VERDICTS = ("faster", "slower", "equivalent", "no clear difference")
 
-PHI = 1.0
+PHI = 0.1
 """The mixing precision of the confidence sequence (benchmarks/sequential_design.py, docs/benchmarks.md)."""
+FIRST_LOOK = 6
+"""The fewest units before the rule may stop (benchmarks/sequential_design.py, docs/benchmarks.md)."""
 
 
 class SequentialDesign(BaseModel):
@@ -36,9 +38,12 @@ class SequentialDesign(BaseModel):
                        description="Mixing precision of the confidence sequence (normal mixture over the "
                                    "standardized effect, mean log ratio / sd, of prior precision phi; "
                                    "r = phi / (phi + n)). Chosen by simulation "
-                                   "(benchmarks/sequential_design.py): the fewest expected units to a correct "
-                                   "verdict on a true 1.5x with a per-unit sd of 0.1-0.2, false alarms at or "
-                                   "below alpha with a look after every unit.")
+                                   "(benchmarks/sequential_design.py, docs/benchmarks.md): with the first look "
+                                   "at 6 units, 0.1 gives the fewest expected units to a correct verdict on a "
+                                   "true 1.5x with a per-unit sd of 0.1-0.2 among the values whose false alarms "
+                                   "stay below alpha with a look after every unit, also for units in two states "
+                                   "(a quiet or a busy moment); a smaller phi suits larger standardized effects, "
+                                   "a larger one smaller effects.")
     primary: Literal["tpot", "e2e", "throughput"] = Field(
         "tpot", description="The ratio whose confidence sequence decides: tpot, e2e or throughput (output tokens/s).")
     margin: float | None = Field(None, gt=0.0,
@@ -47,8 +52,15 @@ class SequentialDesign(BaseModel):
                                              "faster nor slower. None: no equivalence verdict.")
     max_units: int = Field(40, ge=2, description="The cap: most units per level; reached undecided, the verdict is "
                                                  "'no clear difference' with the interval reached.")
-    min_units: int = Field(0, ge=0, description="Fewest units per level before a stop (equiv's identity check needs "
-                                                "each prompt once).")
+    first_look: int = Field(FIRST_LOOK, ge=2,
+                            description="Fewest units per level before the rule may stop, whatever the interval. The "
+                                        "sequence is exact for Gaussian log ratios; when a unit lands in one of two "
+                                        "states (a quiet or a busy moment of the machine), a few units all in one "
+                                        "state look decisive: with looks from the first interval on (3 units at "
+                                        "phi 0.1) false alarms reach about 17-24%, with the first look at 6 units "
+                                        "about 4.5% (benchmarks/sequential_design.py).")
+    min_units: int = Field(0, ge=0, description="Fewest units per level before a stop for the run's own needs "
+                                                "(equiv's identity check needs each prompt once).")
     fail_divergences: int | None = Field(None, ge=1,
                                          description="Stop the whole run to fail once this many prompts diverged "
                                                      "(the identity gate can no longer pass). None: no such stop.")
@@ -57,7 +69,7 @@ class SequentialDesign(BaseModel):
     def rule(self) -> str:
         """The rule in one sentence, for the reports."""
         margin = f", equivalent within +-{self.margin:.0%}" if self.margin is not None else ""
-        floor = f", at least {self.min_units} units" if self.min_units else ""
+        floor = f", at least {max(self.first_look, self.min_units)} units"
         return (f"run until decided: after each unit the anytime-valid {1 - self.alpha:.0%} t confidence sequence "
                 f"(phi {self.phi:g}) of the {self.primary} ratio decides faster or slower{margin}; at most "
                 f"{self.max_units} units per level{floor}; error rate {self.alpha:g} whenever the run stops")
