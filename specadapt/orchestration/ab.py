@@ -3,14 +3,23 @@ the report (orchestration/compare.py runs the requests and analyses them).
 
 Both servers up at once, the requests interleaved (``settings.interleaved``), or one after the
 other: the spec-on server alone first, then the spec-off server alone, kept up until its triage
-of every divergence is done.
+of every divergence is done. Run until decided (``settings.sequential``) needs both servers up at
+once: refused, before any server starts, when they would run one after the other.
 """
 
 from __future__ import annotations
 
 from specadapt.adapters.base import Server
 from specadapt.load.progress import ProgressBars, no_bars
-from specadapt.orchestration.compare import finish_compare, run_compare, run_one_side, side_settings, total_requests
+from specadapt.errors import UsageError
+from specadapt.orchestration.compare import (
+    ONE_AFTER_THE_OTHER,
+    finish_compare,
+    run_compare,
+    run_one_side,
+    side_settings,
+    total_requests,
+)
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import CompareReport, CompareSettings, Prompt
 
@@ -25,6 +34,8 @@ def compare_servers(plan: ServerPlan, prompts: list[Prompt], settings: CompareSe
     labels = sorted(s.label or "" for s in plan.sides)
     if labels != sorted(SIDES):
         raise ValueError(f"compare_servers needs a plan of the sides {' and '.join(SIDES)}, not {labels}")
+    if settings.sequential is not None and not settings.interleaved:
+        raise UsageError(ONE_AFTER_THE_OTHER)
     total = total_requests(len(prompts), settings, prompts)
     if settings.interleaved:
         with open_servers(plan, messages) as opened:

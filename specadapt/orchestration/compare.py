@@ -18,14 +18,26 @@ servers stall each other's first token; its finding goes into the report
 (``interference_check``), its requests do not. A run with as many pairs or more shows the order
 by its own records, judged by the same rule; one server given as both sides is not checked.
 
+Run until decided (``settings.sequential``): the same order, but a level has no fixed number of
+repeats. At concurrency 1 the pairs go prompt by prompt as above, cycling through the prompt set
+(repeat 0, 1, ...), and after each pair (a conversation's turns back to back) the rule decides on
+the level's units so far (analysis/speed.py ``should_stop``: the anytime-valid confidence sequence
+of the primary ratio, analysis/sequential.py); above 1 and at arrival rates it decides after each
+repeat's off block + on block. A level stops at a verdict (with at least ``min_units`` pairs at
+concurrency 1) or at ``max_units`` units. With ``fail_divergences``, the whole run stops, every
+level, once that many prompts have diverged (the gate can no longer pass); the report says so in a
+note. The rule needs both servers up at once (``ONE_AFTER_THE_OTHER``).
+
 The figures and verdicts from the records: analysis/speed.py (ratios, crossovers, theory),
 analysis/identity.py (identity), analysis/diagnosis.py (why).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Iterable
 
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.adapters.registry import get_backend
@@ -33,9 +45,9 @@ from specadapt.analysis.activity import spec_activity
 from specadapt.analysis.lossy import lossy_reasons_of
 from specadapt.analysis.pairs import pair_key, sides_by_pair
 from specadapt.analysis.diagnosis import DraftCost, diagnose_compare, draft_cost_from_configs
-from specadapt.analysis.identity import default_threshold, identity_report
+from specadapt.analysis.identity import default_threshold, first_divergence, identity_report
 from specadapt.analysis.sections import analyse_sections
-from specadapt.analysis.speed import analyse, compare_notes
+from specadapt.analysis.speed import analyse, compare_notes, should_stop
 from specadapt.configs.checks import load_model_config
 from specadapt.errors import SpecadaptError, UsageError
 from specadapt.load.arrivals import arrivals_for_duration
@@ -87,17 +99,73 @@ def copies_for(concurrency: int, n_prompts: int) -> int:
     return 1 if concurrency == 1 else max(1, math.ceil(2 * concurrency / n_prompts))
 
 
+ONE_AFTER_THE_OTHER = ("--until-decided needs both servers up at once: started one after the other (--launch "
+                       "sequential) there are no off/on pairs to look at as they come; use --launch parallel or "
+                       "shared")
+"""Why the run-until-decided rule is refused with the servers started one after the other."""
+
+
+def _per_set(n_prompts: int, prompts: list[Prompt] | None) -> int:
+    """Requests per side of one pass over the prompt set (a conversation counts its turns)."""
+    return sum(turns_of(p) for p in prompts) if prompts else n_prompts
+
+
+def _block_requests(settings: CompareSettings, n_prompts: int, per_set: int, passes: int, concurrency: int,
+                    rate: float | None) -> int:
+    """Both sides' requests of ``passes`` repeats at one level (--duration at a concurrency not foreseen)."""
+    if rate is None:
+        return 2 * passes * per_set * copies_for(concurrency, n_prompts)
+    load = settings.load
+    n = arrivals_for_duration(rate, load.duration_s) if load.duration_s and not math.isinf(rate) else n_prompts
+    return 2 * passes * n * per_set // max(1, n_prompts)
+
+
+def _capped_pairs_requests(n_prompts: int, prompts: list[Prompt] | None, max_units: int) -> int:
+    """Both sides' requests at concurrency 1 when the rule runs to its cap: pairs prompt by prompt,
+    cycling through the set, a conversation's turns back to back, until ``max_units`` pairs are in."""
+    turns = [turns_of(p) for p in prompts] if prompts else [1] * n_prompts
+    if not turns:
+        return 0
+    units = 0
+    for t in itertools.cycle(turns):
+        units += t
+        if units >= max_units:
+            return 2 * units
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def total_requests(n_prompts: int, settings: CompareSettings, prompts: list[Prompt] | None = None) -> int:
     """Requests of a whole A/B run, both sides and the warm-up included (for progress bars; with
-    ``prompts``, a conversation counts its turns; --duration at a concurrency is not foreseen)."""
-    per_set = sum(turns_of(p) for p in prompts) if prompts else n_prompts
-    total = 2 * settings.warmup + sum(2 * settings.repeat * per_set * copies_for(c, n_prompts)
-                                      for c in settings.concurrency)
+    ``prompts``, a conversation counts its turns; --duration at a concurrency is not foreseen).
+    With the run-until-decided rule, the most it can send: every level at its cap."""
+    per_set = _per_set(n_prompts, prompts)
+    design = settings.sequential
+    total = 2 * settings.warmup
+    for c in settings.concurrency:
+        if design is not None and c == 1:
+            total += _capped_pairs_requests(n_prompts, prompts, design.max_units)
+        else:
+            passes = settings.repeat if design is None else design.max_units
+            total += _block_requests(settings, n_prompts, per_set, passes, c, None)
     load = settings.load
     for rate in (load.request_rates if load else []):
-        n = arrivals_for_duration(rate, load.duration_s) if load.duration_s and not math.isinf(rate) else n_prompts
-        total += 2 * settings.repeat * n * per_set // max(1, n_prompts)
+        passes = settings.repeat if design is None else design.max_units
+        total += _block_requests(settings, n_prompts, per_set, passes, 0, rate)
     return total
+
+
+def fixed_requests(settings: CompareSettings, prompts: list[Prompt]) -> dict[tuple[int, float | None], int | None]:
+    """What today's fixed design (--repeat passes, copies at N > 1) sends per level, both sides, by
+    (concurrency, None) and (0, request rate): the run-until-decided rule's requests are set against
+    it. None at a concurrency N > 1 with --duration (the time, not the count, sets a block there)."""
+    n, per_set, load = len(prompts), _per_set(len(prompts), prompts), settings.load
+    out: dict[tuple[int, float | None], int | None] = {}
+    for c in settings.concurrency:
+        timed = c > 1 and load is not None and load.duration_s is not None
+        out[(c, None)] = None if timed else _block_requests(settings, n, per_set, settings.repeat, c, None)
+    for rate in (load.request_rates if load else []):
+        out[(0, rate)] = _block_requests(settings, n, per_set, settings.repeat, 0, rate)
+    return out
 
 
 class ABRunner:
@@ -113,6 +181,8 @@ class ABRunner:
         self.executor = executor or InProcess()
         self.targets = {"off": [target_of(off)], "on": [target_of(on)]}
         self.interference_check: InterferenceFinding | None = None
+        self.diverged: list[str] = []  # with the rule: prompts whose pairs diverged so far, in order
+        self.identity_stop: str | None = None  # with the rule: why the whole run stopped early to fail
 
     def _request(self, side: str) -> RequestSettings:
         return self.req_on if side == "on" else self.req_off
@@ -133,6 +203,8 @@ class ABRunner:
 
         ``sides`` restricts the run to one server (servers started one after the other)."""
         s = self.settings
+        if s.sequential is not None and len(sides) != 2:
+            raise UsageError(ONE_AFTER_THE_OTHER)
         self._sides = sides
         servers = {"off": self.off, "on": self.on}
         records: list[RequestRecord] = []
@@ -150,11 +222,15 @@ class ABRunner:
                     self.off, self.on, self.prompts[0], {"off": self.req_off, "on": self.req_on}, self.executor, t0,
                     warm=s.warmup == 0)
             for level in s.concurrency:
+                if self.identity_stop is not None:  # the rule stopped the run to fail: no further level
+                    break
                 windows = {side: await CounterWindow(servers[side], settle_counters).open() for side in sides}
                 records += await self._level(level, t0)
                 for side in sides:
                     counters[side][level] = (await windows[side].close()).pair
             for rate in (s.load.request_rates if s.load else []):
+                if self.identity_stop is not None:
+                    break
                 windows = {side: await CounterWindow(servers[side], settle_counters).open() for side in sides}
                 records += await self._rate_level(rate)
                 for side in sides:
@@ -178,39 +254,82 @@ class ABRunner:
         order = ("off", "on") if n % 2 == 0 else ("on", "off")
         return tuple(x for x in order if x in self._sides)
 
+    def _repeats(self) -> Iterable[int]:
+        """The repeats of a level: --repeat of them; with the rule as many as it takes (it stops the level)."""
+        return range(self.settings.repeat) if self.settings.sequential is None else itertools.count()
+
+    def _unit_done(self, level_out: list[RequestRecord], unit: list[RequestRecord], level: int,
+                   rate: float | None = None) -> bool:
+        """After a unit (``unit``: its records, ``level_out``: the level's so far): whether the level
+        stops here. Never early in the fixed design; with the rule, at its verdict or cap, or when
+        the run stops on identity."""
+        design = self.settings.sequential
+        if design is None:
+            return False
+        if design.fail_divergences is not None:
+            self._judge_identity(unit, design.fail_divergences)
+        return self.identity_stop is not None or should_stop(level_out, level, rate, design)
+
+    def _judge_identity(self, unit: list[RequestRecord], fail_at: int) -> None:
+        """Count the prompts whose pairs in ``unit`` diverged (tokens or text differ, as identity
+        judges a pair); at ``fail_at`` of them the run stops: the gate can no longer pass."""
+        for pair in sides_by_pair(unit).values():
+            off, on = pair.get("off"), pair.get("on")
+            if off is None or on is None or off.prompt_id in self.diverged:
+                continue
+            if first_divergence(off, on) is not None:
+                self.diverged.append(off.prompt_id)
+        if self.identity_stop is None and len(self.diverged) >= fail_at:
+            shown = ", ".join(self.diverged[:10]) + (", ..." if len(self.diverged) > 10 else "")
+            self.identity_stop = (f"the run stopped early to fail: {len(self.diverged)} prompt(s) diverged ({shown}), "
+                                  f"more than the gate's limits on suspect and near-tie divergences allow together "
+                                  f"({fail_at - 1}), so no further request could make it pass")
+
     async def _rate_level(self, rate: float) -> list[RequestRecord]:
         """Per repeat an off block and an on block on the same arrival schedule (seed + repeat),
         the order alternating off/on, on/off; each block timed from its own start."""
         s = self.settings
         out: list[RequestRecord] = []
-        for r in range(s.repeat):
+        for r in self._repeats():
             jobs = rate_jobs(self.prompts, rate, s.load, block=r)
+            unit: list[RequestRecord] = []
             for side in self._order(r):
-                out += await self._block(side, jobs, None, Stamp(side=side, concurrency=0, request_rate=rate))
+                unit += await self._block(side, jobs, None, Stamp(side=side, concurrency=0, request_rate=rate))
+            out += unit
+            if self._unit_done(out, unit, 0, rate):
+                break
         return out
 
     async def _level(self, level: int, t0: int) -> list[RequestRecord]:
         s = self.settings
         out: list[RequestRecord] = []
         if level == 1:
-            for r in range(s.repeat):
+            for r in self._repeats():
                 for i, p in enumerate(self.prompts):
+                    unit: list[RequestRecord] = []
                     for side in self._order(r + i):  # a conversation's turns: back to back
-                        out += await self._block(side, [Job(index=i, prompt=p, repeat=r)], 1,
-                                                 Stamp(side=side, concurrency=1), t0)
+                        unit += await self._block(side, [Job(index=i, prompt=p, repeat=r)], 1,
+                                                  Stamp(side=side, concurrency=1), t0)
+                    out += unit
+                    if self._unit_done(out, unit, level):
+                        return out
             return out
         copies = copies_for(level, len(self.prompts))
         duration = s.load.duration_s if s.load else None
-        for r in range(s.repeat):
+        for r in self._repeats():
             prompts = rotated(self.prompts, r)  # each repeat batches a prompt with other partners, in another place
+            unit = []
             for side in self._order(r):
                 stamp = Stamp(side=side, concurrency=level)
                 if duration is None:
                     jobs = closed_jobs(prompts, copies=copies, first_repeat=r)
-                    out += await self._block(side, jobs, level, stamp, t0)
+                    unit += await self._block(side, jobs, level, stamp, t0)
                 else:  # the block keeps N streams busy for the duration, cycling the prompts
-                    out += await self._block(side, closed_jobs(prompts, first_repeat=r), level, stamp,
-                                             duration_s=duration)
+                    unit += await self._block(side, closed_jobs(prompts, first_repeat=r), level, stamp,
+                                              duration_s=duration)
+            out += unit
+            if self._unit_done(out, unit, level):
+                break
         return out
 
 
@@ -229,13 +348,17 @@ def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: Compar
     report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
                            counters_on=on_counters, counters_off=off_counters,
                            counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"],
-                           interference_check=runner.interference_check, server_exits=exits)
+                           interference_check=runner.interference_check, server_exits=exits,
+                           notes=[runner.identity_stop] if runner.identity_stop else [])
     return finish_compare(report, off, prompts, runner.req_off)
 
 
 def run_one_side(server: Server, side: str, prompts: list[Prompt], settings: CompareSettings,
                  progress: Progress | None = None):
-    """One side only (servers started one after the other): (info, records, counters)."""
+    """One side only (servers started one after the other): (info, records, counters). The
+    run-until-decided rule cannot run so (``ONE_AFTER_THE_OTHER``): UsageError before any request."""
+    if settings.sequential is not None:
+        raise UsageError(ONE_AFTER_THE_OTHER)
     settings.concurrency = sorted(set(settings.concurrency))
     info = server.describe()
     off, on = (server, server)
@@ -250,7 +373,7 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     """Analysis, identity and triage (the spec-off server must still be up for triage)."""
     settings = report.settings
     records = report.requests
-    analyse(report)
+    analyse(report, fixed_requests(settings, prompts))
     threshold = settings.near_tie_threshold if settings.near_tie_threshold is not None \
         else default_threshold(settings.dtype)
     settings.near_tie_threshold = threshold

@@ -31,6 +31,7 @@ from specadapt.records.metrics import (
 )
 from specadapt.records.requests import RequestRecord, RequestSettings
 from specadapt.records.scale import ScaleLayout
+from specadapt.records.sequential import SequentialDesign, SequentialOutcome
 from specadapt.records.server import CounterSnapshot, ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
@@ -111,6 +112,10 @@ class CompareSettings(BaseModel):
                                                         "each other's first token (concurrency 1, sides "
                                                         "interleaved; orchestration/interference_check.py).")
     show: int = Field(1, ge=0, description="Spec-on answers drawn pass by pass in the reports (--show).")
+    sequential: SequentialDesign | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="Run until decided (--until-decided): the rule that stopped each level; None: the fixed design "
+                    "(--repeat passes per level), left out of the JSON.")
 
 
 class CounterPair(BaseModel):
@@ -165,6 +170,10 @@ class LevelResult(BaseModel):
     on: LatencySummary
     acceptance: AcceptanceSummary
     theory: TheoryCheck | None = None
+    sequential: SequentialOutcome | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="How the run-until-decided rule ended at this level (its verdict, units, requests and the "
+                    "primary ratio's confidence sequence); None: the fixed design, left out of the JSON.")
 
 
 class RateBound(BaseModel):
