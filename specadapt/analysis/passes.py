@@ -427,6 +427,23 @@ def _source_note(answers: Sequence[RequestPasses], sources: set[str], checks: Se
     return text
 
 
+def first_answer(seen: SpeculationSeen, prompt_id: str) -> RequestPasses | None:
+    """The first answer of ``prompt_id`` whose passes are known, else its first answer; None: none read."""
+    mine = [a for a in seen.requests if a.prompt_id == prompt_id]
+    return next((a for a in mine if a.passes), mine[0] if mine else None)
+
+
+def drawn(seen: SpeculationSeen, prompt_ids: Sequence[str] = ()) -> list[RequestPasses]:
+    """The answers a report draws pass by pass: those ``seen.shown`` names, then the first answer of
+    each of ``prompt_ids`` (the demo's), each once."""
+    out = [seen.requests[i] for i in seen.shown if 0 <= i < len(seen.requests)]
+    for pid in prompt_ids:
+        a = first_answer(seen, pid)
+        if a is not None and a not in out:
+            out.append(a)
+    return out
+
+
 def tokens_in_passes(a: RequestPasses) -> str:
     """'N tokens in M passes of the target' (the caption of a drawn answer)."""
     if not a.passes:

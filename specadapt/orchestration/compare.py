@@ -60,6 +60,7 @@ from specadapt.load.spread import Executor, InProcess, WorkerStopped, target_of
 from specadapt.orchestration.interference_check import check_sides, needs_check
 from specadapt.orchestration.counters import CounterWindow, counting, settle_counters
 from specadapt.orchestration.probe import exit_reason, with_spec_extras
+from specadapt.orchestration.readable import readable_answers
 from specadapt.orchestration.reference_check import ReferenceScorer
 from specadapt.orchestration.triage import path_triage, readable_token, readable_tokens, server_triage
 from specadapt.records import (
@@ -405,7 +406,9 @@ def finish_compare(report: CompareReport, off: Server, prompts: list[Prompt],
     analyse_sections(report, before_diagnosis=True)  # interference: the notes and the diagnosis read it
     report.notes += compare_notes(report)
     report.diagnosis = diagnose_compare(report, draft_cost_of(report))
-    return analyse_sections(report, before_diagnosis=False)
+    analyse_sections(report, before_diagnosis=False)
+    readable_answers(off, report, settings.draw_prompts)  # the drawn answers in words where their tokens are ids
+    return report
 
 
 def partner(records: list[RequestRecord], off_rec: RequestRecord) -> RequestRecord | None:

@@ -41,6 +41,9 @@ class RequestPasses(BaseModel):
                                       "counts tokens a length or stop limit then cut; else the passes' sum).")
     drafted: int | None = Field(None, description="Draft tokens proposed; None: not known.")
     spec_steps: int | None = Field(None, description="Passes that checked a draft; None: not known.")
+    texts: list[str] | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "The text of each output token, where the answer's own token strings are token ids (identity runs ask "
+        "vLLM for ids): read back from the server for the answers a report draws; None otherwise."))
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -112,6 +112,8 @@ class CompareSettings(BaseModel):
                                                         "each other's first token (concurrency 1, sides "
                                                         "interleaved; orchestration/interference_check.py).")
     show: int = Field(1, ge=0, description="Spec-on answers drawn pass by pass in the reports (--show).")
+    draw_prompts: list[str] = Field(default_factory=list, description="Prompts whose first spec-on answer the "
+                                    "reports draw pass by pass besides --show's (the demo's).")
     sequential: SequentialDesign | None = Field(
         None, exclude_if=lambda v: v is None,
         description="Run until decided (--until-decided): the rule that stopped each level; None: the fixed design "

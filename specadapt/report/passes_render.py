@@ -52,13 +52,15 @@ def visible(token: str) -> str:
 
 
 def pass_tokens(rec: RequestRecord | None, a: RequestPasses) -> list[list[str]] | None:
-    """The answer's token strings cut into its passes; None where the passes are not known or the
-    strings are not kept or do not add up to them."""
-    if not a.passes or rec is None or not rec.tokens or len(rec.tokens) != sum(a.passes):
+    """The answer's tokens cut into its passes: their texts read back from the server where its token
+    strings are ids (``a.texts``), else its token strings; None where the passes are not known or the
+    tokens are not kept or do not add up to them."""
+    tokens = a.texts if a.texts is not None else (rec.tokens if rec is not None else None)
+    if not a.passes or not tokens or len(tokens) != sum(a.passes):
         return None
     out, at = [], 0
     for t in a.passes:
-        out.append(list(rec.tokens[at:at + t]))
+        out.append(list(tokens[at:at + t]))
         at += t
     return out
 

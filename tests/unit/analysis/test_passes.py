@@ -909,3 +909,20 @@ def test_the_records_figures_without_a_divisor():
     assert (some.acceptance_rate, some.acceptance_length, some.tokens_per_pass) == (3 / 8, 1.75, 7 / 4)
     assert PositionBin(start=0, end=4, tokens=0, from_draft=0).share == 0.0
     assert PositionBin(start=0, end=4, tokens=4, from_draft=3).share == 0.75
+
+
+def test_the_drawn_answers_are_the_shown_then_the_first_with_passes_of_each_named_prompt():
+    from specadapt.analysis.passes import drawn, first_answer
+    from specadapt.records.passes import RequestPasses, SpeculationSeen
+
+    def answer(i, pid, passes):
+        return RequestPasses(index=i, prompt_id=pid, category="c", source="chunks+response" if passes else "response",
+                             passes=passes, output_tokens=3, accepted=1)
+
+    answers = [answer(0, "a", None), answer(1, "a", [1, 2]), answer(2, "b", [1, 1, 1]), answer(3, "c", None)]
+    seen = SpeculationSeen(available=True, requests=answers, shown=[2])
+    assert first_answer(seen, "a") is answers[1]  # the first whose passes are known
+    assert first_answer(seen, "c") is answers[3]  # none known: the first
+    assert first_answer(seen, "z") is None
+    assert drawn(seen) == [answers[2]]
+    assert drawn(seen, ["b", "a", "c", "z"]) == [answers[2], answers[1], answers[3]]  # each once, shown first
