@@ -12,11 +12,15 @@ from specadapt.analysis.slo import slo_text
 from specadapt.analysis.text import pct
 from specadapt.records import CompareReport, LevelResult, PromptIdentity, RatioCI
 from specadapt.records.load import DiffCI, GoodputComparison
+from specadapt.records.sequential import SequentialDesign, SequentialOutcome
 from specadapt.report.console import goodput_text, lag_text, rate_text
 from specadapt.report.sections import render_sections, sections_markdown
 
 INTERVAL_NOTE = ("> 1x: spec on is faster; 95% t interval over independent units: "
                  "off/on pairs at concurrency 1, off+on blocks above")
+SEQUENTIAL_NOTE = ("> 1x: spec on is faster; anytime-valid {level} intervals (confidence sequences) over independent "
+                   "units, valid whenever the run stopped: off/on pairs at concurrency 1, off+on blocks above")
+RATIO_NAMES = {"tpot": "TPOT", "e2e": "E2E", "throughput": "tokens/s"}
 
 
 def ci(r: RatioCI) -> str:
@@ -28,6 +32,96 @@ def ci(r: RatioCI) -> str:
     if r.low is None:
         return f"{r.point:.2f}x"
     return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def interval_note(report: CompareReport) -> str:
+    """What the speed intervals are: the fixed design's t intervals, or the rule's confidence sequences."""
+    design = report.settings.sequential
+    return INTERVAL_NOTE if design is None else SEQUENTIAL_NOTE.format(level=f"{1 - design.alpha:.0%}")
+
+
+# --- run until decided ---------------------------------------------------------------------------
+def _alpha(a: float) -> str:
+    return f"{a:.3g}"
+
+
+def secondary_text(design: SequentialDesign) -> str:
+    """How the ratios other than the primary are covered at the stop."""
+    others = " and ".join(RATIO_NAMES[p] for p in RATIO_NAMES if p != design.primary)
+    return (f"{others} have their own sequences at alpha {_alpha(design.alpha)}, each valid at the stop on its "
+            f"own; for all three ratios at once the error rate is at most 3 x alpha = {_alpha(3 * design.alpha)} "
+            f"(alpha/3 = {_alpha(design.alpha / 3)} each for {_alpha(design.alpha)} together)")
+
+
+def design_text(design: SequentialDesign) -> str:
+    """The design in one line: the rule, alpha, phi, margin, first look, cap, floor, the stop to fail, the other
+    ratios."""
+    decides = "faster or slower" + (f", or equivalent within +-{design.margin:.0%}" if design.margin is not None
+                                    else " (no equivalence margin)")
+    parts = [f"run until decided: after each unit, the anytime-valid {1 - design.alpha:.0%} t confidence sequence "
+             f"of the {RATIO_NAMES[design.primary]} ratio (alpha {_alpha(design.alpha)}, valid at any stop; "
+             f"normal mixture, phi {design.phi:g}) decides {decides}",
+             f"first look after {design.first_look} units",
+             f"cap {design.max_units} units per level"]
+    if design.min_units:
+        parts.append(f"floor {design.min_units} units per level")
+    if design.fail_divergences is not None:
+        parts.append(f"stops to fail once {design.fail_divergences} prompt"
+                     f"{'s' if design.fail_divergences != 1 else ''} diverged")
+    parts.append(secondary_text(design))
+    return "; ".join(parts)
+
+
+def _diverged(report: CompareReport) -> int:
+    return sum(1 for p in report.identity if p.divergence is not None and p.verdict in ("suspect", "unknown"))
+
+
+def requests_text(out: SequentialOutcome) -> str:
+    """``14 requests against 72 for the fixed design``."""
+    sent = f"{out.requests} request{'s' if out.requests != 1 else ''}"
+    return sent if out.fixed_requests is None else f"{sent} against {out.fixed_requests} for the fixed design"
+
+
+def outcome_text(report: CompareReport, lv: LevelResult) -> str | None:
+    """The rule's outcome at the level in one sentence, beside the verdict; None without the rule."""
+    design, out = report.settings.sequential, lv.sequential
+    if design is None or out is None:
+        return None
+    name = RATIO_NAMES[design.primary]
+    unit = out.interval.unit
+    cs = out.interval
+    if out.stopped == "identity":
+        n = _diverged(report) or design.fail_divergences
+        head = (f"stopped to fail after {out.units} of at most {design.max_units} {unit}: "
+                + (f"{n} prompt{'s' if n != 1 else ''} diverged" if n else "prompts diverged")
+                + " (the gate cannot pass)")
+    elif out.stopped == "cap":
+        reached = (f"interval [{cs.low:.2f}, {cs.high:.2f}]" if cs.low is not None and cs.high is not None
+                   else "no interval yet")
+        head = f"{name} {out.verdict}: {reached} at the cap of {design.max_units} {unit}"
+    else:
+        verdict = out.verdict + (f" within +-{design.margin:.0%}" if out.verdict == "equivalent"
+                                 and design.margin is not None else "")
+        head = (f"{name} {ci(cs)} {verdict}: decided after {out.units} of at most {design.max_units} {unit} "
+                f"(anytime-valid {cs.level:.0%} interval, alpha {_alpha(design.alpha)}: valid at any stop)")
+    return f"{head}; {requests_text(out)}"
+
+
+def sequential_lines(report: CompareReport) -> list[str]:
+    """The design, then one line per level with the rule's outcome ("LEVEL: SENTENCE"); none without the rule."""
+    if report.settings.sequential is None:
+        return []
+    lines = [design_text(report.settings.sequential)]
+    for lv in all_levels(report):
+        text = outcome_text(report, lv)
+        if text is not None:
+            lines.append(f"{level_title(lv)}: {text}")
+    return lines
+
+
+def level_title(lv: LevelResult) -> str:
+    """'concurrency 4' or 'rate 2 req/s'."""
+    return f"concurrency {lv.concurrency}" if lv.request_rate is None else f"rate {level_name(lv)}"
 
 
 def level_verdict(report: CompareReport, lv: LevelResult) -> str:
@@ -127,7 +221,7 @@ def render_console(report: CompareReport, console: Console) -> None:
                   f"{'on' if off.spec_enabled else 'off'}) vs on {on.base_url} (spec "
                   f"{'ON' if on.spec_enabled else 'off?'}{', k=' + str(on.num_speculative_tokens) if on.num_speculative_tokens else ''})"
                   f"; model {on.model_id}")
-    table = Table(title=f"speed, spec on vs off ({INTERVAL_NOTE})")
+    table = Table(title=f"speed, spec on vs off ({interval_note(report)})")
     for col in ("concurrency / rate", "pairs", "tokens/s ratio", "TPOT ratio", "E2E ratio", "tokens/s verdict",
                 "acceptance", "mean len"):
         table.add_column(col, justify="right")
@@ -137,6 +231,8 @@ def render_console(report: CompareReport, console: Console) -> None:
                       pct(lv.acceptance.acceptance_rate),
                       "-" if lv.acceptance.mean_acceptance_length is None else f"{lv.acceptance.mean_acceptance_length:.2f}")
     console.print(table)
+    for line in sequential_lines(report):
+        console.print(line, markup=False, highlight=False)
     if report.crossover and report.levels:
         console.print(f"load: {load_text(report)}")
     if report.rate_crossover:
@@ -235,13 +331,16 @@ def to_markdown(report: CompareReport) -> str:
     on = report.on_server
     out += [f"Model `{on.model_id}`, {on.backend} {on.version or '?'}, k={on.num_speculative_tokens or '?'}; "
             f"{len(report.identity)} prompts, repeat {report.settings.repeat}.", "",
-            f"Speed ({INTERVAL_NOTE}):", "",
+            f"Speed ({interval_note(report)}):", "",
             "| concurrency / rate | pairs | tokens/s ratio [95% CI] | TPOT ratio | tokens/s verdict | acceptance | mean length |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for lv in all_levels(report):
         a = lv.acceptance
         out.append(f"| {level_name(lv)} | {lv.pairs} | {ci(lv.speed.throughput)} | {ci(lv.speed.tpot)} | "
                    f"{level_verdict(report, lv)} | {pct(a.acceptance_rate)} | {'-' if a.mean_acceptance_length is None else f'{a.mean_acceptance_length:.2f}'} |")
+    seq = sequential_lines(report)
+    if seq:
+        out += ["", f"Design: {seq[0]}.", ""] + [f"- {line}" for line in seq[1:]]
     if report.crossover and report.levels:
         out += ["", f"Load: {load_text(report)}."]
     if report.rate_crossover:
@@ -338,16 +437,25 @@ def junit_text(xml: JUnitXml) -> str:
 
 def to_junit(report: CompareReport) -> str:
     """One testcase per prompt: identical passes, near-tie passes (with a message unless the
-    gate's max_near_tie was exceeded), suspect/unknown fail; plus one case for the speed gate."""
+    gate's max_near_tie was exceeded), suspect/unknown fail; plus one case for the speed gate. Run until
+    decided, the speed case carries the design and each level's outcome (its output), and is there without a
+    speed gate too (``speed``, passing: the verdicts are information)."""
     suite = TestSuite("specadapt.equiv")
     gate = report.gate
     for case in identity_cases(report):
         suite.add_testcase(case)
+    decided = sequential_lines(report)
     if gate is not None and gate.min_speedup is not None:
         case = TestCase("speedup", classname="specadapt.speed")
         speed_reasons = [r for r in gate.reasons if r.startswith("throughput speedup")]
         if speed_reasons:
             case.result = [Failure(speed_reasons[0])]
+        if decided:
+            case.system_out = "\n".join(decided)
+        suite.add_testcase(case)
+    elif decided:
+        case = TestCase("speed", classname="specadapt.speed")  # the rule's verdicts, information only
+        case.system_out = "\n".join(decided)
         suite.add_testcase(case)
     if not report.identity:
         case = TestCase("identity", classname="specadapt.identity")

@@ -12,17 +12,18 @@ from specadapt.analysis.slo import slo_text
 from specadapt.analysis.text import pct
 from specadapt.records import CompareReport
 from specadapt.report.compare_render import (
-    INTERVAL_NOTE,
     activity_lines,
     all_levels,
     ci,
     concurrency_text,
     goodput_rows,
     identity_line,
+    interval_note,
     lag_text,
     level_name,
     level_verdict,
     load_text,
+    sequential_lines,
 )
 from specadapt.report import page
 from specadapt.report.sections import sections_html
@@ -41,7 +42,7 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 {% if r.gate %}<p>Gate: <span class="{{ 'pass' if r.gate.passed else 'fail' }}">{{ 'PASS' if r.gate.passed else 'FAIL' }}</span>
 {% for reason in r.gate.reasons %}<br>{{ reason }}{% endfor %}</p>{% endif %}
 <h{{ top + 1 }}>Speed</h{{ top + 1 }}>
-<p>{{ interval_note }}.</p>
+<p>{{ interval_note(r) }}.</p>
 <table><tr><th>concurrency / rate</th><th>pairs</th><th>tokens/s ratio [95% CI]</th><th>TPOT ratio</th><th>E2E ratio</th>
 <th>tokens/s verdict</th><th>acceptance</th><th>mean length</th></tr>
 {% for lv in levels %}<tr><td class="num">{{ level_name(lv) }}</td><td class="num">{{ lv.pairs }}</td>
@@ -49,7 +50,9 @@ created {{ r.created_at }} by specadapt {{ r.specadapt_version }}.</p>
 <td>{{ level_verdict(r, lv) }}</td>
 <td class="num">{{ pct(lv.acceptance.acceptance_rate) }}</td><td class="num">{{ num(lv.acceptance.mean_acceptance_length) }}</td></tr>{% endfor %}
 </table>
-{% if r.crossover and r.levels %}<p>Load: {{ load_text(r) }}.</p>{% endif %}
+{% set decided = sequential_lines(r) %}{% if decided %}<p class="sequential">Design: {{ decided[0] }}.</p>
+<ul class="sequential">{% for line in decided[1:] %}<li>{{ line }}</li>{% endfor %}</ul>
+{% endif %}{% if r.crossover and r.levels %}<p>Load: {{ load_text(r) }}.</p>{% endif %}
 {% if r.rate_crossover %}<p>Load by request rate: {{ r.rate_crossover.text }}.</p>{% endif %}
 {% if r.rate_levels %}<h{{ top + 1 }}>Send lag</h{{ top + 1 }}><p>Sent - scheduled, per request rate; CLIENT-LIMITED: the client could not keep
 the schedule, so the figures at that rate describe the client, not the server.</p>
@@ -162,7 +165,7 @@ def environment(**templates: str) -> Environment:
     return page.environment({"compare_body.html": BODY, "compare.html": PAGE, **templates},
                             ci=ci, identity_line=identity_line, activity_lines=activity_lines,
                             concurrency_text=concurrency_text, level_verdict=level_verdict,
-                            interval_note=INTERVAL_NOTE, level_name=level_name, lag_text=lag_text,
+                            interval_note=interval_note, sequential_lines=sequential_lines, level_name=level_name, lag_text=lag_text,
                             goodput_rows=goodput_rows, slo_text=slo_text, pct=pct, load_text=load_text,
                             num=lambda v: "-" if v is None else f"{v:.2f}")
 

@@ -220,3 +220,103 @@ def test_junit_fails_the_speculation_case_when_it_did_not_run():
     cases = junit_cases(report)
     assert cases["speculation-ran"].result[0].message.startswith("speculation did not run")
     assert not cases["lossless-config"].result
+
+
+# ------------------------------------------------------------------------------ run until decided, rendered
+
+def decided_report(stopped="decided", verdict="faster", margin=None, fail_divergences=None, gate=True):
+    """make_report's level as the rule left it (design and outcome set by hand)."""
+    from specadapt.records import RatioCI
+    from specadapt.records.sequential import SequentialDesign, SequentialOutcome
+
+    report = make_report()
+    report.settings.sequential = SequentialDesign(alpha=0.05, phi=1.0, max_units=40, first_look=6, min_units=4,
+                                                  margin=margin, fail_divergences=fail_divergences)
+    interval = {"decided": RatioCI(point=1.62, low=1.21, high=2.17, n=7, method="cs", min_n=5),
+                "cap": RatioCI(point=1.01, low=0.91, high=1.12, n=40, method="cs", min_n=5),
+                "identity": RatioCI(point=1.8, n=3, method="cs", min_n=5, too_few=True)}[stopped]
+    units = interval.n
+    report.levels[0].sequential = SequentialOutcome(verdict=verdict, stopped=stopped, units=units,
+                                                    requests=2 * units, fixed_requests=72, interval=interval,
+                                                    text="(the analysis' sentence)")
+    if gate:
+        apply_gate(report, max_suspect=1, min_speedup=1.0)
+    return report
+
+
+DESIGN_LINE = ("run until decided: after each unit, the anytime-valid 95% t confidence sequence of the TPOT ratio "
+               "(alpha 0.05, valid at any stop; normal mixture, phi 1) decides faster or slower (no equivalence "
+               "margin); first look after 6 units; cap 40 units per level; floor 4 units per level; E2E and tokens/s have their own sequences "
+               "at alpha 0.05, each valid at the stop on its own; for all three ratios at once the error rate is at "
+               "most 3 x alpha = 0.15 (alpha/3 = 0.0167 each for 0.05 together)")
+DECIDED = ("concurrency 1: TPOT 1.62x [1.21, 2.17] faster: decided after 7 of at most 40 pairs (anytime-valid 95% "
+           "interval, alpha 0.05: valid at any stop); 14 requests against 72 for the fixed design")
+
+
+def test_the_design_and_each_levels_outcome_stand_beside_the_verdict_in_every_format():
+    from rich.console import Console
+
+    from specadapt.report.compare_render import render_console, sequential_lines
+
+    report = decided_report()
+    assert sequential_lines(report) == [DESIGN_LINE, DECIDED]
+    console = Console(record=True, width=400)
+    render_console(report, console)
+    text = " ".join(console.export_text().split())  # long lines wrap
+    assert DESIGN_LINE in text and DECIDED in text
+    assert "anytime-valid 95% intervals (confidence sequences)" in text and "95% t interval" not in text
+    md = to_markdown(report)
+    assert f"\nDesign: {DESIGN_LINE}.\n\n- {DECIDED}\n" in md
+    assert md.index("| concurrency / rate |") < md.index("Design: ") < md.index("Identity: ")
+    html = to_html(report)
+    plain = re.sub(r"\s+", " ", html)
+    from html import unescape
+    assert f'<p class="sequential">Design: {DESIGN_LINE}.</p>' in unescape(plain)
+    assert f"<li>{DECIDED}</li>" in unescape(plain)
+    case = junit_cases(report)["speedup"]
+    assert case.system_out == f"{DESIGN_LINE}\n{DECIDED}"
+
+
+@pytest.mark.parametrize("stopped, verdict, margin, fail, line", [
+    ("cap", "no clear difference", None, None,
+     "concurrency 1: TPOT no clear difference: interval [0.91, 1.12] at the cap of 40 pairs; 80 requests against 72 "
+     "for the fixed design"),
+    ("decided", "equivalent", 0.05, None,
+     "concurrency 1: TPOT 1.62x [1.21, 2.17] equivalent within +-5%: decided after 7 of at most 40 pairs "
+     "(anytime-valid 95% interval, alpha 0.05: valid at any stop); 14 requests against 72 for the fixed design"),
+    # make_report: p3 suspect (p1 a near-tie does not count against the gate)
+    ("identity", "no clear difference", None, 1,
+     "concurrency 1: stopped to fail after 3 of at most 40 pairs: 1 prompt diverged (the gate cannot pass); "
+     "6 requests against 72 for the fixed design"),
+])
+def test_the_cap_the_margin_and_the_stop_to_fail_in_one_sentence_each(stopped, verdict, margin, fail, line):
+    from specadapt.report.compare_render import sequential_lines
+
+    report = decided_report(stopped, verdict, margin, fail)
+    design, *levels = sequential_lines(report)
+    assert levels == [line]
+    assert ("equivalent within +-5%; first look" in design) == (margin is not None)
+    assert ("; stops to fail once 1 prompt diverged;" in design) == (fail is not None)
+    assert line in to_markdown(report) and junit_cases(report)["speedup"].system_out.endswith(line)
+
+
+def test_without_a_speed_gate_the_rules_verdicts_are_a_passing_speed_case():
+    report = decided_report(gate=False)
+    cases = junit_cases(report)
+    assert not cases["speed"].result and cases["speed"].system_out == f"{DESIGN_LINE}\n{DECIDED}"
+    assert cases["speed"].classname == "specadapt.speed" and "speedup" not in cases
+
+
+def test_a_fixed_design_report_says_nothing_of_the_rule():
+    from specadapt.report.compare_render import INTERVAL_NOTE, interval_note, sequential_lines
+
+    report = make_report()
+    apply_gate(report)
+    assert report.settings.sequential is None and sequential_lines(report) == []
+    assert interval_note(report) == INTERVAL_NOTE
+    assert "Design:" not in to_markdown(report) and 'class="sequential"' not in to_html(report)
+    assert "speed" not in junit_cases(report)
+    # the rule set but no level has its outcome yet (a run stopped before any): the design line only
+    decided = decided_report(gate=False)
+    decided.levels[0].sequential = None
+    assert sequential_lines(decided) == [DESIGN_LINE]
