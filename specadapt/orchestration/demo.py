@@ -10,6 +10,10 @@ through two interleaved comparisons against the one spec-off server (orchestrati
 n-gram vs off, then the draft model vs off. Identity is checked token by token in both, each
 divergence triaged in float64 with the embedded model.
 
+Each run stops as soon as its verdict is decided (``demo_design``: run until decided, the anytime-valid
+interval of the TPOT ratio after every pair), after every prompt once and at most the pairs of the fixed
+design, so it never sends more than the fixed design would; ``DemoOptions.fixed`` keeps the fixed design.
+
 The first prompt is the lesson's example: a short factual question whose answer restates the
 question's words ("The capital of France is Paris."), so the n-gram draft proposes "capital of
 France is", the target accepts all of it in one pass and adds "Paris" itself. Each run names the
@@ -36,6 +40,7 @@ from specadapt.adapters.base import LaunchPlan, Server
 from specadapt.adapters.hardware import STARTED_HERE, local_hardware, resolve_auto_dtype
 from specadapt.adapters.placement import usable_cpus
 from specadapt.adapters.vllm import VLLMBackend, VLLMLaunch, spec_json
+from specadapt.analysis.sequential import fewest_units_to_decide
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import UsageError
 from specadapt.load.progress import Progress
@@ -44,6 +49,7 @@ from specadapt.orchestration.compare import run_compare, total_requests
 from specadapt.orchestration.servers import off_and_on_halves
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, Prompt, RequestSettings
 from specadapt.records.demo import DemoReport, DemoRun, DemoTimings
+from specadapt.records.sequential import SequentialDesign
 from specadapt.wire.http import Wire
 from specadapt.workloads.prompts import lesson_prompts, load_builtin
 
@@ -96,6 +102,8 @@ class DemoOptions:
     server_args: tuple[str, ...] = ()
     compile: bool = False
     """False: every server runs with --enforce-eager (no torch.compile at start-up)."""
+    fixed: bool = False
+    """True: the fixed design (every prompt ``repeat`` times); False: each run stops once decided (``demo_design``)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,28 @@ def pick_prompts(ids: Sequence[str] = PROMPT_IDS) -> list[Prompt]:
     return [by_id[i] for i in ids]
 
 
+def demo_design(prompts: int, repeat: int) -> SequentialDesign:
+    """Run until decided within the fixed design: at most its prompts x ``repeat`` pairs (so a run never sends
+    more than the fixed design), and every prompt at least once before a stop (its identity is checked)."""
+    design = SequentialDesign(max_units=prompts * repeat, min_units=prompts)
+    least = fewest_units_to_decide(design)
+    if design.max_units < least:
+        raise UsageError(f"--repeat {repeat} with {prompts} prompts gives at most {design.max_units} pairs: the rule "
+                         f"needs at least {least} to decide (give a larger --repeat, or --fixed)")
+    return design
+
+
+def design_note(design: SequentialDesign | None, prompts: int, repeat: int) -> str:
+    """What the runs' design is, in one sentence for the report's notes."""
+    if design is None:
+        return (f"fixed design (--fixed): each run sends every prompt {repeat} times ({prompts * repeat} pairs), "
+                "whatever the intervals show")
+    return (f"each run stops as soon as its TPOT ratio is decided (run until decided: anytime-valid "
+            f"{1 - design.alpha:.0%} interval after every pair, error rate {design.alpha:g} whenever it stops), "
+            f"after every prompt once and at most the {design.max_units} pairs of the fixed design (every prompt "
+            f"{repeat} times; --fixed sends them all)")
+
+
 def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) -> DemoPlan:
     """Check every option and decide the servers, prompts and settings; start and write nothing.
     ``check``: also ask the backend whether it can start each server (the interpreter has vLLM)."""
@@ -149,6 +179,8 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     if opts.max_tokens < 1 or opts.repeat < 2:
         raise UsageError(f"--repeat {opts.repeat}: give at least 2 (intervals need independent pairs)"
                          if opts.repeat < 2 else f"--max-tokens {opts.max_tokens}: give at least 1")
+    prompts = pick_prompts()
+    design = None if opts.fixed else demo_design(len(prompts), opts.repeat)
     dtype, reason, hardware = resolve_dtype(opts.dtype)
     draft_dir = truncated_model_dir(model, opts.draft_layers)
     runs = [
@@ -174,6 +206,7 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
                      "in minutes; each decode step is slower, alike on every side)")
     off_cpus, on_cpus, placed = off_and_on_halves(usable_cpus(), *ON_SERVERS)
     notes.append(placed)
+    notes.append(design_note(design, len(prompts), opts.repeat))
     launch = {"spec-off": VLLMLaunch(model=str(model), spec_config=None, python=opts.python, dtype=dtype,
                                      extra_args=extra, cpus=off_cpus)}
     for run in runs:
@@ -188,9 +221,10 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     # show=0: each run's compare draws no answer of its own choosing; the demo names its own (SHOWN_PROMPT_IDS)
     settings = CompareSettings(concurrency=[1], repeat=opts.repeat, warmup=1, request=request,
                                prompts_source=f"built-in, input-grounded: {', '.join(PROMPT_IDS)}", dtype=dtype,
-                               triage=True, reference=str(model), interleaved=True, interference_check=True, show=0)
+                               triage=True, reference=str(model), interleaved=True, interference_check=True, show=0,
+                               sequential=design)
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
-                    dtype_reason=reason, hardware=hardware, prompts=pick_prompts(), settings=settings, runs=runs,
+                    dtype_reason=reason, hardware=hardware, prompts=prompts, settings=settings, runs=runs,
                     launch=launch, startup_timeout_s=opts.startup_timeout_s, notes=notes)
 
 

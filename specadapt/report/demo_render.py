@@ -4,7 +4,8 @@ Each run is a compare report and is rendered by the compare renderers under a he
 own; the demo adds what each run is there to show, its diagnosis where the report has one,
 and a closing block: per run the headline (was the response faster and by how much, was the
 text the same; analysis/headline.py), the speed ratios with their intervals and why they
-disagree where they do, the diagnosis headline, then the machine and dtype the figures belong to.
+disagree where they do, the diagnosis headline, and, where the run stopped once decided, the requests it sent
+against the fixed design's and the share saved; then the machine and dtype the figures belong to.
 
 The lesson, pass by pass: the answers each run names (``DemoRun.shown_prompts``: the lesson's
 example and one grounded prompt) drawn pass by pass for every run side by side (each pass: the
@@ -26,14 +27,14 @@ from rich.markup import escape
 from rich.text import Text
 
 from specadapt.analysis.headline import headline
-from specadapt.analysis.passes import tokens_in_passes
+from specadapt.analysis.passes import first_answer, tokens_in_passes
 from specadapt.analysis.sections import section_data
 from specadapt.records import RequestRecord
 from specadapt.records.demo import DemoReport, DemoRun
 from specadapt.records.passes import RequestPasses, SpeculationSeen
 from specadapt.records.reports import atomic_write_text
 from specadapt.report import compare_render, passes_render
-from specadapt.report.compare_render import ci, junit_text, level_verdict
+from specadapt.report.compare_render import all_levels, ci, junit_text, level_verdict
 from specadapt.report.hardware import hardware_text
 from specadapt.report.html import STYLE, compare_body_html, environment
 from specadapt.report.passes_render import answer_text, pass_title, pass_tokens, visible
@@ -69,11 +70,43 @@ def lead_text(run: DemoRun) -> str:
             + (f" (they disagree: {h.why_not})" if h.why_not else ""))
 
 
+def requests_used(run: DemoRun) -> tuple[int, int] | None:
+    """(requests the run sent, requests the fixed design would have sent) over its levels where the rule ran
+    and the fixed design's count is known; None for a run of the fixed design."""
+    outs = [lv.sequential for lv in all_levels(run.compare)
+            if lv.sequential is not None and lv.sequential.fixed_requests is not None]
+    if run.compare.settings.sequential is None or not outs:
+        return None
+    return sum(o.requests for o in outs), sum(o.fixed_requests for o in outs)
+
+
+def saved_text(used: int, fixed: int) -> str:
+    """``12 requests against 20 for the fixed design (40% saved)``."""
+    share = max(fixed - used, 0) / fixed if fixed else 0.0
+    return f"{used} requests against {fixed} for the fixed design ({share:.0%} saved)"
+
+
+def saving_text(run: DemoRun) -> str | None:
+    """The run's requests against the fixed design's and the share saved; None for a fixed-design run."""
+    used = requests_used(run)
+    return None if used is None else saved_text(*used)
+
+
+def total_saving_line(report: DemoReport) -> str | None:
+    """All runs' requests against the fixed design's, where any run stopped by the rule."""
+    used = [u for u in (requests_used(run) for run in report.runs) if u is not None]
+    if not used:
+        return None
+    return "run until decided: " + saved_text(sum(u for u, _ in used), sum(f for _, f in used)) + " in all"
+
+
 def run_line(run: DemoRun) -> str:
     """One line per run for the closing block."""
     d = run.compare.diagnosis
+    saving = saving_text(run)
     return (f"{run.name}: {lead_text(run)}"
-            + (f"; diagnosis: {d.headline}" if d is not None else ""))
+            + (f"; diagnosis: {d.headline}" if d is not None else "")
+            + (f"; {saving}" if saving else ""))
 
 
 def machine_line(report: DemoReport) -> str:
@@ -88,7 +121,8 @@ def timing_line(report: DemoReport) -> str:
 
 
 def closing_lines(report: DemoReport) -> list[str]:
-    return [run_line(run) for run in report.runs] + [machine_line(report), MACHINE_NOTE]
+    total = total_saving_line(report)
+    return [run_line(run) for run in report.runs] + ([total] if total else []) + [machine_line(report), MACHINE_NOTE]
 
 
 # --- the lesson, pass by pass --------------------------------------------------------------------
@@ -133,10 +167,9 @@ def shown_answer(run: DemoRun, prompt_id: str) -> ShownAnswer:
         return ShownAnswer(run, prompt_id, why=why)
     if not seen.available:
         return ShownAnswer(run, prompt_id, why=seen.source_note or "per-request acceptance not available")
-    mine = [a for a in seen.requests if a.prompt_id == prompt_id]
-    if not mine:
+    a = first_answer(seen, prompt_id)  # the one the compare read back in words (CompareSettings.draw_prompts)
+    if a is None:
         return ShownAnswer(run, prompt_id, why=f"no spec-on answer of {prompt_id} was read")
-    a = next((a for a in mine if a.passes), mine[0])
     requests = run.compare.requests
     record = requests[a.index] if 0 <= a.index < len(requests) else None
     return ShownAnswer(run, prompt_id, a, record)
@@ -231,6 +264,8 @@ def to_markdown(report: DemoReport) -> str:
     out = ["# specadapt demo: speculative decoding on this machine", "", machine_line(report) + ".", "",
            "## What the runs show", ""]
     out += [f"- {line}" for line in (run_line(run) for run in report.runs)]
+    total = total_saving_line(report)
+    out += ["", total + "."] if total else []
     out += ["", MACHINE_NOTE, ""]
     out += lesson_markdown(report)
     for i, run in enumerate(report.runs, 1):
@@ -253,10 +288,11 @@ PAGE = """{% extends "base.html" %}
 <p>{{ machine }}. Model {{ d.model }}; prompts {{ d.prompts|join(", ") }}; created {{ d.created_at }} by specadapt
 {{ d.specadapt_version }}.</p>
 <h2>What the runs show</h2>
-<table><tr><th>run</th><th>draft</th><th>what it did, at concurrency 1</th><th>identity</th><th>diagnosis</th></tr>
+<table><tr><th>run</th><th>draft</th><th>what it did, at concurrency 1</th><th>identity</th><th>diagnosis</th>{% if total_saving %}<th>requests</th>{% endif %}</tr>
 {% for run in d.runs %}<tr><td>{{ run.name }}</td><td>{{ run.draft }}</td><td>{{ lead_text(run) }}</td>
-<td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td></tr>{% endfor %}
-</table>
+<td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td>{% if total_saving %}<td class="saving">{{ saving_text(run) or "fixed design" }}</td>{% endif %}</tr>{% endfor %}
+</table>{% if total_saving %}
+<p class="saving">{{ total_saving }}.</p>{% endif %}
 <p>{{ machine_note }}</p>
 {% if lesson %}<section class="speculation lesson"><h2>{{ lesson_heading }}</h2>
 <p class="legend"><span class="pass"><span class="tok draft">accepted draft tokens</span><span class="tok own">the target's own token</span></span>
@@ -289,7 +325,7 @@ line allowed to break between two boxes."""
 def to_html(report: DemoReport) -> str:
     env = environment(**{"demo.html": PAGE, "demo_answer.html": ANSWER})
     env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text,
-                       tokens_in_passes=tokens_in_passes, title=pass_title, visible=visible)
+                       saving_text=saving_text, tokens_in_passes=tokens_in_passes, title=pass_title, visible=visible)
     answer_t = env.get_template("demo_answer.html")
 
     def answer_html(s: ShownAnswer) -> Markup:
@@ -301,7 +337,8 @@ def to_html(report: DemoReport) -> str:
     return env.get_template("demo.html").render(d=report, bodies=bodies, machine=machine_line(report),
                                                 machine_note=MACHINE_NOTE, timing=timing_line(report),
                                                 lesson=lesson_rows(report), lesson_heading=LESSON_HEADING,
-                                                lesson_sentence=LESSON, lesson_read=LESSON_READ)
+                                                lesson_sentence=LESSON, lesson_read=LESSON_READ,
+                                                total_saving=total_saving_line(report))
 
 
 # --- JUnit ---------------------------------------------------------------------------------------

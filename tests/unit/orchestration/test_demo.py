@@ -295,3 +295,53 @@ def test_ctrl_c_stops_the_servers_and_exits_130(model_dir, monkeypatch, tmp_path
     assert INTERRUPTED in result.output and rec.events[-1] == "stopped"
 
 
+
+
+# --- run until decided ------------------------------------------------------------------------------
+def test_each_run_stops_once_decided_within_the_fixed_designs_pairs(model_dir):
+    plan = demo.plan_demo(demo.DemoOptions(repeat=3), check=False)
+    design = plan.settings.sequential
+    # 5 prompts x 3 repeats: never more pairs than the fixed design; every prompt once before a stop
+    assert (design.max_units, design.min_units, design.primary, design.alpha) == (15, 5, "tpot", 0.05)
+    assert design.margin is None and design.fail_divergences is None
+    assert plan.settings.repeat == 3  # the fixed design stays the cap's measure
+    assert plan.notes[-1] == ("each run stops as soon as its TPOT ratio is decided (run until decided: anytime-valid "
+                              "95% interval after every pair, error rate 0.05 whenever it stops), after every prompt "
+                              "once and at most the 15 pairs of the fixed design (every prompt 3 times; --fixed "
+                              "sends them all)")
+    rec = Recorder()
+    demo.run_demo(plan, Steps(), launcher=rec.launcher, compare=rec.compare, make_draft=rec.make_draft)
+    assert [s.sequential for _, _, _, s in rec.compares] == [design, design]
+
+
+def test_fixed_keeps_the_fixed_design(model_dir):
+    plan = demo.plan_demo(demo.DemoOptions(fixed=True), check=False)
+    assert plan.settings.sequential is None and plan.settings.repeat == 2
+    assert plan.notes[-1] == ("fixed design (--fixed): each run sends every prompt 2 times (10 pairs), whatever the "
+                              "intervals show")
+
+
+def test_a_cap_below_what_the_rule_needs_is_refused_with_the_least_that_decides():
+    design = demo.SequentialDesign(max_units=2)
+    # the rule's first look (6 units) comes after its first interval (phi 0.1, alpha 0.05: r^(n-1) < alpha^2 first
+    # at n = 3, (0.1/3.1)^2 = 0.00104 < 0.0025 < (0.1/2.1) = 0.048)
+    assert (design.phi, design.first_look) == (0.1, 6)
+    assert demo.demo_design(3, 2).max_units == 6
+    with pytest.raises(UsageError) as err:
+        demo.demo_design(5, 1)
+    assert str(err.value) == ("--repeat 1 with 5 prompts gives at most 5 pairs: the rule needs at least 6 to decide "
+                              "(give a larger --repeat, or --fixed)")
+    one_each = demo.demo_design(7, 1)  # the floor (every prompt once) never passes the cap: both count prompts
+    assert (one_each.min_units, one_each.max_units) == (7, 7)
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels found")  # the stand-in runs have nothing to plot
+@pytest.mark.parametrize("argv, sequential", [([], True), (["--fixed"], False)])
+def test_the_command_runs_until_decided_unless_fixed(model_dir, monkeypatch, tmp_path, argv, sequential):
+    rec = Recorder()
+    with_launcher(monkeypatch, rec.launcher, compare=rec.compare)
+    result = CliRunner().invoke(cli, ["demo", "--out", str(tmp_path / "o"), *argv])
+    assert result.exit_code == 0, result.output
+    assert [s.sequential is not None for _, _, _, s in rec.compares] == [sequential, sequential]
+    saved = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert [r["compare"]["settings"].get("sequential") is not None for r in saved["runs"]] == [sequential] * 2

@@ -395,3 +395,63 @@ def test_the_answers_drawn_are_those_the_analysis_read_from_the_streamed_chunks(
     for caption, passes in DRAWN.values():
         assert caption.replace("(x)", "(rag)") in text and passes in text.replace("\n", "")
     assert text.count("[The][ capital of France is| Paris][.]") == 1  # the compares draw none of their own
+
+
+# --- run until decided: the requests each run saved ---------------------------------------------
+def decided_demo_report(fixed_second: bool = False) -> DemoReport:
+    """demo_report's runs as the rule left them: the n-gram run decided after 6 of at most 12 pairs, the
+    draft-model run after 8 (or, ``fixed_second``, ran the fixed design); the fixed design: 24 requests each."""
+    from specadapt.records import RatioCI
+    from specadapt.records.sequential import SequentialDesign, SequentialOutcome
+
+    report = demo_report()
+    for run, units, verdict in zip(report.runs, (6, 8), ("faster", "slower"), strict=True):
+        if fixed_second and run.name == "draft-model":
+            continue
+        run.compare.settings.sequential = SequentialDesign(max_units=12, min_units=4)
+        cs = RatioCI(point=1.9 if verdict == "faster" else 0.45, low=1.5 if verdict == "faster" else 0.3,
+                     high=2.4 if verdict == "faster" else 0.7, n=units, method="cs", min_n=5)
+        run.compare.levels[0].sequential = SequentialOutcome(verdict=verdict, stopped="decided", units=units,
+                                                             requests=2 * units, fixed_requests=24, interval=cs,
+                                                             text="(the analysis' sentence)")
+    return report
+
+
+def test_each_run_says_the_requests_it_sent_against_the_fixed_designs_and_the_share_saved():
+    report = decided_demo_report()
+    ngram, draft = report.runs
+    # 6 pairs: 12 of 24 requests, half saved; 8 pairs: 16 of 24, a third saved; 28 of 48 in all: 20/48 = 41.7%
+    assert demo_render.saving_text(ngram) == "12 requests against 24 for the fixed design (50% saved)"
+    assert demo_render.saving_text(draft) == "16 requests against 24 for the fixed design (33% saved)"
+    assert demo_render.run_line(ngram).endswith("; 12 requests against 24 for the fixed design (50% saved)")
+    assert demo_render.run_line(draft).endswith("is 2.2x slower: the draft is almost never accepted.; "
+                                                "16 requests against 24 for the fixed design (33% saved)")
+    total = "run until decided: 28 requests against 48 for the fixed design (42% saved) in all"
+    assert demo_render.total_saving_line(report) == total
+    closing = demo_render.closing_lines(report)
+    assert closing[2] == total and closing[3].startswith("machine: ")
+    text = " ".join(console_text(report).split())
+    assert total in text and "(50% saved)" in text and "(33% saved)" in text
+    md = demo_render.to_markdown(report)
+    assert f"\n{total}.\n" in md and md.index(total) < md.index("## Run 1:")
+    assert "- ngram: the response came" in md and "(50% saved)\n" in md
+    html = unescape(demo_render.to_html(report))
+    assert "<th>requests</th>" in html
+    assert '<td class="saving">12 requests against 24 for the fixed design (50% saved)</td>' in html
+    assert '<td class="saving">16 requests against 24 for the fixed design (33% saved)</td>' in html
+    assert f'<p class="saving">{total}.</p>' in html
+    # each run's compare body states the design and its outcome beside the verdict
+    assert html.count('<p class="sequential">Design: run until decided') == 2
+
+
+def test_a_fixed_design_run_saves_nothing_and_says_so():
+    report = decided_demo_report(fixed_second=True)
+    assert demo_render.saving_text(report.runs[1]) is None
+    assert "saved" not in demo_render.run_line(report.runs[1])
+    assert demo_render.total_saving_line(report) == ("run until decided: 12 requests against 24 for the fixed "
+                                                     "design (50% saved) in all")
+    assert '<td class="saving">fixed design</td>' in unescape(demo_render.to_html(report))
+    old = demo_report()  # no run stopped by the rule: nothing of the rule anywhere
+    assert demo_render.total_saving_line(old) is None
+    assert "saved" not in demo_render.to_markdown(old) and "saved" not in console_text(old)
+    assert "<th>requests</th>" not in demo_render.to_html(old)
