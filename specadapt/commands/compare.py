@@ -11,14 +11,17 @@ import click
 from rich.console import Console
 
 from specadapt.analysis.gate import apply_gate
+from specadapt.analysis.sequential import smallest_deciding_units
 from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options, show_option
 from specadapt.commands._server import ServerOptions, server_options
 from specadapt.commands._workload import load_workload, workload_options
 from specadapt.errors import UsageError
+from specadapt.load.engine import turns_of
 from specadapt.orchestration.ab import compare_servers
+from specadapt.orchestration.compare import ONE_AFTER_THE_OTHER
 from specadapt.orchestration.servers import ab_sides, plan_servers
-from specadapt.records import CompareSettings, RequestSettings, WorkloadInfo
+from specadapt.records import CompareSettings, Prompt, RequestSettings, SequentialDesign, WorkloadInfo
 from specadapt.report.compare_render import render_console
 from specadapt.report.outputs import write_outputs
 
@@ -32,6 +35,16 @@ def parse_levels(value: str) -> list[int]:
     if not levels or levels[0] < 1:
         raise UsageError(f"--concurrency {value!r}: every level must be an integer >= 1")
     return levels
+
+
+# equiv --sampling defaults (commands/sampling.py runs it)
+SAMPLES = 8
+ALPHA = 0.01
+TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+MAX_UNITS = SequentialDesign.model_fields["max_units"].default  # --max-units by default
+RULE_ALPHA = SequentialDesign.model_fields["alpha"].default  # --alpha of --until-decided by default
+RULE_OPTIONS = (("max_units", "--max-units"), ("equivalence_margin", "--equivalence-margin"), ("alpha", "--alpha"))
 
 
 def ab_options(f):
@@ -55,6 +68,21 @@ def ab_options(f):
                      help="After the warm-up of a run with fewer than 10 pairs at concurrency 1, 20 short requests "
                           "that tell whether the two servers stall each other's first token (see docs/compare.md)."),
         click.option("--draft-cost", type=click.FloatRange(0), help="Draft/target cost ratio c for theory (ngram: 0)."),
+        click.option("--until-decided", is_flag=True,
+                     help="Run until decided: after each unit (an off/on pair at concurrency 1, one repeat's off "
+                          "block + on block above 1 and at request rates) the anytime-valid confidence sequence of "
+                          "the TPOT ratio decides faster, slower or equivalent (--equivalence-margin); at "
+                          "--max-units, no clear difference with the interval reached. --repeat then sets only "
+                          "the fixed design the requests are set against. See docs/compare.md."),
+        click.option("--max-units", type=click.IntRange(1), metavar="N",
+                     help=f"With --until-decided: most units per level [default: {MAX_UNITS}; equiv: at least "
+                          "one pass over the prompts at concurrency 1]."),
+        click.option("--equivalence-margin", type=float, metavar="DELTA",
+                     help="With --until-decided: 'equivalent' when the interval lies within 1/(1+DELTA) and "
+                          "1+DELTA (0.05: +-5%); 0 < DELTA < 1."),
+        click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+                     help=f"Error rate. With --until-decided: the rule's, below 0.5 [default: {RULE_ALPHA}]; with "
+                          f"equiv --sampling: the family-wise false-alarm rate of the tests [default: {ALPHA}]."),
         click.option("--on-temperature", type=click.FloatRange(0), hidden=True,
                      help="Drill: sample the spec-on side at this temperature (the gate must catch it)."),
         show_option,
@@ -72,6 +100,52 @@ def ab_options(f):
     for opt in reversed(opts):
         f = opt(f)
     return workload_options(load_options(f))
+
+
+def check_rule_options(kw: dict[str, Any]) -> None:
+    """The options of --until-decided, checked before anything runs (one line each)."""
+    if not kw.get("until_decided"):
+        given = [flag for name, flag in RULE_OPTIONS if kw.get(name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} to --until-decided: add "
+                             "--until-decided, or leave them out")
+        return
+    alpha = RULE_ALPHA if kw.get("alpha") is None else kw["alpha"]
+    if not 0 < alpha < 0.5:
+        raise UsageError(f"--alpha {alpha:g}: the rule's error rate must be between 0 and 0.5, exclusive (e.g. 0.05)")
+    margin = kw.get("equivalence_margin")
+    if margin is not None and not 0 < margin < 1:
+        raise UsageError(f"--equivalence-margin {margin:g}: give a margin between 0 and 1, exclusive (0.05 for "
+                         "+-5%)")
+    least = smallest_deciding_units(alpha, SequentialDesign(alpha=alpha).phi)
+    cap = kw.get("max_units")
+    if cap is not None and cap < least:
+        raise UsageError(f"--max-units {cap} cannot decide: the rule needs at least {least} units (at --alpha "
+                         f"{alpha:g})")
+
+
+def sequential_design(kw: dict[str, Any], prompts: list[Prompt], gate: dict | None) -> SequentialDesign | None:
+    """The run-until-decided rule of --until-decided (None without it). For equiv's gate (``gate``):
+    a floor of one pass over the prompts at concurrency 1 (identity answers each prompt alone once;
+    the cap is raised to it unless given), and a stop to fail once more prompts diverged than the
+    gate allows (with --max-near-tie: a divergence is a suspect or a near-tie, so at max_suspect +
+    max_near_tie + 1 of them it cannot pass; without it near-ties are unlimited and no count fails)."""
+    if not kw.get("until_decided"):
+        return None
+    alpha = RULE_ALPHA if kw.get("alpha") is None else kw["alpha"]
+    cap = kw.get("max_units")
+    floor, fail = 0, None
+    if gate is not None:
+        if 1 in parse_levels(kw["concurrency"]):
+            floor = sum(turns_of(p) for p in prompts)
+        if cap is not None and cap < floor:
+            raise UsageError(f"--max-units {cap} is below the {floor} pairs that answer each prompt once at "
+                             f"concurrency 1, which equiv's identity check needs: give at least {floor}")
+        if gate.get("max_near_tie") is not None:
+            fail = gate["max_suspect"] + gate["max_near_tie"] + 1
+    return SequentialDesign(alpha=alpha, margin=kw.get("equivalence_margin"),
+                            max_units=cap if cap is not None else max(MAX_UNITS, floor), min_units=floor,
+                            fail_divergences=fail)
 
 
 def _settings(kw: dict[str, Any], dtype: str | None, interleaved: bool,
@@ -97,8 +171,13 @@ def _run(server_opts: ServerOptions, off_url: str | None, on_url: str | None, la
         raise UsageError("to start the servers, give the spec-on side's --spec-config (or --off and --on URLs)")
     if kw["reference"] and not (Path(kw["reference"]) / "config.json").is_file():
         raise UsageError(f"--reference {kw['reference']} is not a local HF model directory (no config.json)")
+    check_rule_options(kw)
+    interleaved = connect or launch != "sequential"
+    if kw.get("until_decided") and not interleaved:
+        raise UsageError(ONE_AFTER_THE_OTHER)
     prompts, workload = load_workload(**kw["workload_opts"])
-    settings = _settings(kw, server_opts.dtype, interleaved=connect or launch != "sequential", workload=workload)
+    settings = _settings(kw, server_opts.dtype, interleaved=interleaved, workload=workload)
+    settings.sequential = sequential_design(kw, prompts, gate)
     with ConsoleRun() as console:
         plan = plan_servers(server_opts, ab_sides(off_url, on_url), console.messages, launch=launch)
         settings = settings.model_copy(update={"dtype": plan.dtype})  # --dtype auto as the started servers run it
@@ -129,12 +208,6 @@ def compare(server_opts: ServerOptions, off_url, on_url, launch, **kw) -> None:
 
 # equiv's greedy gate: each prompt alone and inside batches of 4 (a concurrency-only fault shows there)
 EQUIV_CONCURRENCY = "1,4"
-# equiv --sampling defaults (commands/sampling.py runs it)
-SAMPLES = 8
-ALPHA = 0.01
-TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
-
-
 @click.command("equiv")
 @server_options(sides=2)
 @ab_options
@@ -148,8 +221,6 @@ TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
                    "prompt_logprobs, or --reference in float64). See docs/sampling.md.")
 @click.option("--samples", type=click.IntRange(1), default=SAMPLES, show_default=True,
               help="With --sampling: completions per prompt (seeds --seed, --seed + 1, ...).")
-@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=ALPHA,
-              show_default=True, help="With --sampling: family-wise false-alarm rate of the tests.")
 @click.option("--top-logprobs", type=click.IntRange(1), default=TOP_LOGPROBS, show_default=True,
               help="With --sampling: K, the source's top-K log-probabilities per position (vLLM allows up to "
                    "its --max-logprobs, default 20).")
@@ -193,6 +264,13 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     from specadapt.commands import sampling as sampling_command  # scipy: only when asked for
 
     ctx = click.get_current_context()
+    rule = [flag for name, flag in (("until_decided", "--until-decided"), ("max_units", "--max-units"),
+                                    ("equivalence_margin", "--equivalence-margin"))
+            if kw.get(name) not in (None, False)]
+    if rule and (sampling or features_ or list_features):
+        raise UsageError(f"{', '.join(rule)} belong{'s' if len(rule) == 1 else ''} to compare and equiv's identity "
+                         "gate, not to --sampling or --features (they decide on their own samples)")
+    rule_alpha, alpha = alpha, ALPHA if alpha is None else alpha  # the rule's --alpha; the tests' by default
     if allow_inactive and require_active:
         raise UsageError("--allow-inactive and --require-active ask for opposite things: give one of them")
     if max_suspect_rate is not None and not 0 < max_suspect_rate < 1:
@@ -215,10 +293,25 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     if sampling:
         sys.exit(sampling_command.run_sampling(ctx, server_opts, off_url, on_url, launch,
                                                dict(kw, samples=samples, alpha=alpha, top_logprobs=top_logprobs)))
-    sampling_command.refuse_sampling_options(ctx)
+    _refuse_sampling_options(ctx, kw["until_decided"])
+    kw["alpha"] = rule_alpha
     if not sampling_command._given(ctx, "concurrency"):
         kw["concurrency"] = EQUIV_CONCURRENCY
     sys.exit(_run(server_opts, off_url, on_url, launch, kw,
                   gate=dict(max_suspect=max_suspect, max_near_tie=max_near_tie, min_speedup=min_speedup,
                             max_suspect_rate=max_suspect_rate, allow_inactive=allow_inactive,
                             allow_lossy=allow_lossy)))
+
+
+def _refuse_sampling_options(ctx: click.Context, until_decided: bool) -> None:
+    """Without --sampling its own options are a mistake; --alpha too, unless --until-decided takes it."""
+    from specadapt.commands import sampling as sampling_command
+
+    if not until_decided:
+        sampling_command.refuse_sampling_options(ctx)
+        return
+    given = [sampling_command._flag(ctx, name) for name in ("samples", "top_logprobs")
+             if sampling_command._given(ctx, name)]
+    if given:
+        raise UsageError(f"{', '.join(given)} belong{'s' if len(given) == 1 else ''} to --sampling: add --sampling, "
+                         "or leave them out")
