@@ -73,7 +73,8 @@ def design_text(design: SequentialDesign) -> str:
 
 
 def _diverged(report: CompareReport) -> int:
-    return sum(1 for p in report.identity if p.divergence is not None and p.verdict in ("suspect", "unknown"))
+    """Prompts that diverged, as the stop to fail counts them (any divergence, before triage)."""
+    return sum(1 for p in report.identity if p.divergence is not None)
 
 
 def requests_text(out: SequentialOutcome) -> str:
@@ -92,9 +93,11 @@ def outcome_text(report: CompareReport, lv: LevelResult) -> str | None:
     cs = out.interval
     if out.stopped == "identity":
         n = _diverged(report) or design.fail_divergences
-        head = (f"stopped to fail after {out.units} of at most {design.max_units} {unit}: "
-                + (f"{n} prompt{'s' if n != 1 else ''} diverged" if n else "prompts diverged")
-                + " (the gate cannot pass)")
+        why = (f"{n} prompt{'s' if n != 1 else ''} diverged" if n else "prompts diverged") + " (the gate cannot pass)"
+        if out.units == 0:
+            return f"not run: the run stopped to fail before this level: {why}"
+        head = (f"stopped to fail after {out.units} of at most {design.max_units} {unit}: {why}; "
+                f"{name} {ci(cs)} so far")
     elif out.stopped == "cap":
         reached = (f"interval [{cs.low:.2f}, {cs.high:.2f}]" if cs.low is not None and cs.high is not None
                    else "no interval yet")

@@ -284,10 +284,10 @@ def test_the_design_and_each_levels_outcome_stand_beside_the_verdict_in_every_fo
     ("decided", "equivalent", 0.05, None,
      "concurrency 1: TPOT 1.62x [1.21, 2.17] equivalent within +-5%: decided after 7 of at most 40 pairs "
      "(anytime-valid 95% interval, alpha 0.05: valid at any stop); 14 requests against 72 for the fixed design"),
-    # make_report: p3 suspect (p1 a near-tie does not count against the gate)
+    # make_report: p1 (a near-tie) and p3 (suspect) diverged; the stop counts every divergence, before triage
     ("identity", "no clear difference", None, 1,
-     "concurrency 1: stopped to fail after 3 of at most 40 pairs: 1 prompt diverged (the gate cannot pass); "
-     "6 requests against 72 for the fixed design"),
+     "concurrency 1: stopped to fail after 3 of at most 40 pairs: 2 prompts diverged (the gate cannot pass); "
+     "TPOT 1.80x (too few pairs, n = 3 < 5) so far; 6 requests against 72 for the fixed design"),
 ])
 def test_the_cap_the_margin_and_the_stop_to_fail_in_one_sentence_each(stopped, verdict, margin, fail, line):
     from specadapt.report.compare_render import sequential_lines
@@ -298,6 +298,18 @@ def test_the_cap_the_margin_and_the_stop_to_fail_in_one_sentence_each(stopped, v
     assert ("equivalent within +-5%; first look" in design) == (margin is not None)
     assert ("; stops to fail once 1 prompt diverged;" in design) == (fail is not None)
     assert line in to_markdown(report) and junit_cases(report)["speedup"].system_out.endswith(line)
+
+
+def test_a_level_the_stop_to_fail_came_before_says_it_was_not_run():
+    from specadapt.records import RatioCI
+    from specadapt.report.compare_render import outcome_text
+
+    report = decided_report("identity", "no clear difference", None, 1)
+    lv = report.levels[0]
+    lv.sequential = lv.sequential.model_copy(update={"units": 0, "requests": 0,
+                                                     "interval": RatioCI(point=None, method="cs", min_n=5)})
+    assert outcome_text(report, lv) == ("not run: the run stopped to fail before this level: 2 prompts diverged "
+                                        "(the gate cannot pass)")
 
 
 def test_without_a_speed_gate_the_rules_verdicts_are_a_passing_speed_case():
