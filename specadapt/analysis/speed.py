@@ -22,7 +22,7 @@ from specadapt.analysis.interference import detected_interference, duration
 from specadapt.analysis.latency import latency_summary, tpot_ns
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.pass_notes import compare_findings_notes
-from specadapt.analysis.sequential import cs_ratio, decide, interval_decision
+from specadapt.analysis.sequential import cs_ratio, decide
 from specadapt.analysis.send_lag import send_lag_blocks
 from specadapt.analysis.sides import side_notes
 from specadapt.analysis.slo import compare_goodput
@@ -182,7 +182,7 @@ def units_sent(records: list[RequestRecord], level: int, rate: float | None = No
 def level_design(design: SequentialDesign, level: int, rate: float | None = None) -> SequentialDesign:
     """The rule at one level. Its floor (``min_units``: each prompt answered once, for identity)
     counts pairs at concurrency 1; a block at N > 1 or at a rate sends the prompt set itself, and
-    the rule cannot decide before its second block anyway, so there the floor is none."""
+    the rule cannot decide before its first look (several blocks) anyway, so there the floor is none."""
     if unit_name(level, rate) == "pairs" or not design.min_units:
         return design
     return design.model_copy(update={"min_units": 0})
@@ -220,8 +220,9 @@ def _requests_text(requests: int, fixed: int | None) -> str:
 def sequential_outcome(records: list[RequestRecord], level: int, rate: float | None, design: SequentialDesign,
                        fixed_requests: int | None = None) -> SequentialOutcome:
     """How the rule ended at one level, from its records: decided (the interval gave a verdict, the
-    floor reached), at the cap, or neither: the run was stopped on identity (the only other way a
-    level ends early), which leaves the verdict its interval gives, if any."""
+    first look and the floor reached), at the cap, or neither: the run was stopped on identity (the
+    only other way a level ends early), which leaves the verdict the interval gives from the first
+    look on, if any."""
     d = level_design(design, level, rate)
     unit = unit_name(level, rate)
     units = units_sent(records, level, rate)
@@ -237,9 +238,11 @@ def sequential_outcome(records: list[RequestRecord], level: int, rate: float | N
     elif units >= d.max_units:
         stopped, verdict = "cap", "no clear difference"
         text = f"no clear difference at the cap of {d.max_units} {unit}: {name} {_interval_text(ci)}; {spent}"
-    else:
+    else:  # the run's own floor did not hold the interval back when the run stopped: the first look does
         stopped = "identity"
-        verdict = interval_decision(ci.low, ci.high, d.margin) or "no clear difference"
+        unfloored = d.model_copy(update={"min_units": 0})
+        verdict = decide(unit_logs(records, level, rate)[d.primary], unfloored, capped=False,
+                         unit=unit).verdict or "no clear difference"
         text = ("not run: the run stopped on identity before this level" if units == 0 else
                 f"{verdict} when the run stopped on identity after {units} {unit}: {name} {_interval_text(ci)}; "
                 f"{spent}")

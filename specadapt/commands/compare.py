@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from specadapt.analysis.gate import apply_gate
-from specadapt.analysis.sequential import smallest_deciding_units
+from specadapt.analysis.sequential import fewest_units_to_decide
 from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._load import load_options, show_option
 from specadapt.commands._server import ServerOptions, server_options
@@ -117,7 +117,7 @@ def check_rule_options(kw: dict[str, Any]) -> None:
     if margin is not None and not 0 < margin < 1:
         raise UsageError(f"--equivalence-margin {margin:g}: give a margin between 0 and 1, exclusive (0.05 for "
                          "+-5%)")
-    least = smallest_deciding_units(alpha, SequentialDesign(alpha=alpha).phi)
+    least = fewest_units_to_decide(SequentialDesign(alpha=alpha))
     cap = kw.get("max_units")
     if cap is not None and cap < least:
         raise UsageError(f"--max-units {cap} cannot decide: the rule needs at least {least} units (at --alpha "
