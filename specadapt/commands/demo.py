@@ -95,12 +95,13 @@ class ConsoleProgress(DemoProgress):
                    "and never past the fixed design's pairs; the reports say the requests it saved.")
 def demo(out_dir: Path, dtype: str, max_tokens: int, repeat: int, draft_layers: int, python: str,
          startup_timeout: float, server_args: tuple[str, ...], compile_: bool, fixed: bool) -> None:
-    """Speculative decoding, what it buys and what it costs, on this machine: spec off against a
-    well-matched draft (vLLM n-gram, k=4) and against a poorly-matched one (the embedded model cut
-    to its first layers, k=3), on input-grounded prompts; speed with intervals, identity token by
-    token, and the report's diagnosis; each run stops once decided (--fixed: the fixed design); the
-    lesson's example (a short factual question whose answer restates its words) and one grounded answer drawn pass by pass for both drafts. Starts three vLLM servers side by side (the embedded model,
-    the CPU build works). Exit 0 when both runs completed: the verdicts are information, not a gate."""
+    """Speculative decoding, what it buys and what it costs, on this machine: spec off against a well-matched draft
+    (vLLM n-gram, k=4) and against a poorly-matched one (the embedded model cut to its first layers, k=3), on
+    input-grounded prompts; speed with intervals, identity token by token, and the report's diagnosis; each run
+    stops once decided (--fixed: the fixed design); the lesson's example (a short factual question whose answer
+    restates its words) and one grounded answer drawn pass by pass for both drafts. Starts three vLLM servers
+    side by side (the embedded model, the CPU build works). Exit 0 when both runs completed: the verdicts are
+    information, not a gate."""
     opts = DemoOptions(dtype=dtype, max_tokens=max_tokens, repeat=repeat, draft_layers=draft_layers, python=python,
                        startup_timeout_s=startup_timeout, server_args=server_args, compile=compile_, fixed=fixed)
     plan = plan_demo(opts)

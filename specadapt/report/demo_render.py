@@ -105,8 +105,8 @@ def run_line(run: DemoRun) -> str:
     d = run.compare.diagnosis
     saving = saving_text(run)
     return (f"{run.name}: {lead_text(run)}"
-            + (f"; diagnosis: {d.headline}" if d is not None else "")
-            + (f"; {saving}" if saving else ""))
+            + (f"; {saving}" if saving else "")
+            + (f"; diagnosis: {d.headline}" if d is not None else ""))
 
 
 def machine_line(report: DemoReport) -> str:
@@ -288,9 +288,11 @@ PAGE = """{% extends "base.html" %}
 <p>{{ machine }}. Model {{ d.model }}; prompts {{ d.prompts|join(", ") }}; created {{ d.created_at }} by specadapt
 {{ d.specadapt_version }}.</p>
 <h2>What the runs show</h2>
-<table><tr><th>run</th><th>draft</th><th>what it did, at concurrency 1</th><th>identity</th><th>diagnosis</th>{% if total_saving %}<th>requests</th>{% endif %}</tr>
+<table><tr><th>run</th><th>draft</th><th>what it did, at concurrency 1</th><th>identity</th><th>diagnosis</th>
+{%- if total_saving %}<th>requests</th>{% endif %}</tr>
 {% for run in d.runs %}<tr><td>{{ run.name }}</td><td>{{ run.draft }}</td><td>{{ lead_text(run) }}</td>
-<td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td>{% if total_saving %}<td class="saving">{{ saving_text(run) or "fixed design" }}</td>{% endif %}</tr>{% endfor %}
+<td>{{ identity_counts(run) }}</td><td>{{ run.compare.diagnosis.headline if run.compare.diagnosis else "-" }}</td>
+{%- if total_saving %}<td class="saving">{{ saving_text(run) or "fixed design" }}</td>{% endif %}</tr>{% endfor %}
 </table>{% if total_saving %}
 <p class="saving">{{ total_saving }}.</p>{% endif %}
 <p>{{ machine_note }}</p>

@@ -165,7 +165,8 @@ def environment(**templates: str) -> Environment:
     return page.environment({"compare_body.html": BODY, "compare.html": PAGE, **templates},
                             ci=ci, identity_line=identity_line, activity_lines=activity_lines,
                             concurrency_text=concurrency_text, level_verdict=level_verdict,
-                            interval_note=interval_note, sequential_lines=sequential_lines, level_name=level_name, lag_text=lag_text,
+                            interval_note=interval_note, sequential_lines=sequential_lines,
+                            level_name=level_name, lag_text=lag_text,
                             goodput_rows=goodput_rows, slo_text=slo_text, pct=pct, load_text=load_text,
                             num=lambda v: "-" if v is None else f"{v:.2f}")
 

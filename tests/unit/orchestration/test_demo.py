@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from specadapt.errors import ServerStartError, UsageError
 from specadapt.models import COMPLETE_MARKER, decoder_layers, truncated_model_dir
 from specadapt.orchestration import demo
 from specadapt.records import CompareReport, CompareSettings, HardwareInfo, ServerInfo
+# the fake sides of the run-until-decided tests: exact TPOTs per side, prompt and repeat, no HTTP
+from tests.unit.orchestration.test_compare_sequential import wired  # noqa: F401
 
 HW = HardwareInfo(source="this machine (specadapt started the server here)", cpu_model="Some CPU", cores=2,
                   cpu_flags=["avx2", "avx512f", "avx512_bf16"], native_dtypes=["float32", "bfloat16"])
@@ -345,3 +348,40 @@ def test_the_command_runs_until_decided_unless_fixed(model_dir, monkeypatch, tmp
     assert [s.sequential is not None for _, _, _, s in rec.compares] == [sequential, sequential]
     saved = json.loads((tmp_path / "o" / "report.json").read_text())
     assert [r["compare"]["settings"].get("sequential") is not None for r in saved["runs"]] == [sequential] * 2
+
+
+NOISE = [0.03, -0.02, 0.04, -0.03, 0.01, -0.02, 0.03, -0.04, 0.0, 0.02]
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_the_demo_through_the_real_compare_sends_fewer_requests_once_decided(model_dir, wired, fixed):
+    """Spec on at half the spec-off TPOT (noise sd about 0.03 in log): at the first look (6 pairs) the
+    interval is about exp(log 2 +- 4.9 x 0.028 / sqrt(6)) = [1.88, 2.12] (phi 0.1, alpha 0.05: r = 0.1/6.1,
+    A = (r alpha^2)^(1/6) = 0.186, factor sqrt(5 (1 - A) / (A - r)) = 4.9), so each run stops there: 12
+    requests against the fixed design's 5 prompts x 2 repeats x 2 sides = 20."""
+    from specadapt.report import demo_render
+
+    plan = demo.plan_demo(demo.DemoOptions(fixed=fixed), check=False)
+    ids = [p.id for p in plan.prompts]
+
+    def tpot(side, pid, repeat):
+        return 20.0 if side == "off" else 10.0 * math.exp(NOISE[(repeat * len(ids) + ids.index(pid)) % len(NOISE)])
+
+    off, on, wire = wired(tpot)
+    report = demo.run_demo(plan, launcher=lambda opts, timeout, on_plan: contextlib.nullcontext([off, on, on]),
+                           make_draft=lambda src, layers, dest: dest)
+    sent = [sum(1 for r in run.compare.requests if not r.warmup) for run in report.runs]
+    if fixed:
+        assert sent == [20, 20] and [run.compare.levels[0].pairs for run in report.runs] == [10, 10]
+        assert demo_render.total_saving_line(report) is None
+        return
+    assert sent == [12, 12]
+    for run in report.runs:
+        (lv,) = run.compare.levels
+        assert (lv.pairs, lv.sequential.units, lv.sequential.verdict, lv.sequential.stopped) == (6, 6, "faster",
+                                                                                                  "decided")
+        assert (lv.sequential.requests, lv.sequential.fixed_requests) == (12, 20)
+        assert lv.sequential.interval.low == pytest.approx(1.88, abs=0.01)
+        assert "; 12 requests against 20 for the fixed design (40% saved)" in demo_render.run_line(run)
+    assert demo_render.total_saving_line(report) == ("run until decided: 24 requests against 40 for the fixed "
+                                                     "design (40% saved) in all")

@@ -246,9 +246,9 @@ def decided_report(stopped="decided", verdict="faster", margin=None, fail_diverg
 
 DESIGN_LINE = ("run until decided: after each unit, the anytime-valid 95% t confidence sequence of the TPOT ratio "
                "(alpha 0.05, valid at any stop; normal mixture, phi 1) decides faster or slower (no equivalence "
-               "margin); first look after 6 units; cap 40 units per level; floor 4 units per level; E2E and tokens/s have their own sequences "
-               "at alpha 0.05, each valid at the stop on its own; for all three ratios at once the error rate is at "
-               "most 3 x alpha = 0.15 (alpha/3 = 0.0167 each for 0.05 together)")
+               "margin); first look after 6 units; cap 40 units per level; floor 4 units per level; E2E and "
+               "tokens/s have their own sequences at alpha 0.05, each valid at the stop on its own; for all three "
+               "ratios at once the error rate is at most 3 x alpha = 0.15 (alpha/3 = 0.0167 each for 0.05 together)")
 DECIDED = ("concurrency 1: TPOT 1.62x [1.21, 2.17] faster: decided after 7 of at most 40 pairs (anytime-valid 95% "
            "interval, alpha 0.05: valid at any stop); 14 requests against 72 for the fixed design")
 

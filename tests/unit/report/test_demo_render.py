@@ -424,8 +424,9 @@ def test_each_run_says_the_requests_it_sent_against_the_fixed_designs_and_the_sh
     assert demo_render.saving_text(ngram) == "12 requests against 24 for the fixed design (50% saved)"
     assert demo_render.saving_text(draft) == "16 requests against 24 for the fixed design (33% saved)"
     assert demo_render.run_line(ngram).endswith("; 12 requests against 24 for the fixed design (50% saved)")
-    assert demo_render.run_line(draft).endswith("is 2.2x slower: the draft is almost never accepted.; "
-                                                "16 requests against 24 for the fixed design (33% saved)")
+    assert demo_render.run_line(draft).endswith("; 16 requests against 24 for the fixed design (33% saved); "
+                                                "diagnosis: Spec on is 2.2x slower: the draft is almost never "
+                                                "accepted.")
     total = "run until decided: 28 requests against 48 for the fixed design (42% saved) in all"
     assert demo_render.total_saving_line(report) == total
     closing = demo_render.closing_lines(report)
