@@ -407,3 +407,18 @@ def test_without_the_rule_the_run_keeps_its_repeats_and_no_outcome(wired):
     assert len(wire.log) == 2 * 2 * len(PROMPTS)
     assert report.levels[0].sequential is None and report.levels[0].speed.tpot.method == "t"
     assert "sequential" not in report.model_dump(mode="json")["settings"]
+
+
+def test_compare_servers_refuses_the_rule_one_after_the_other_before_any_server(monkeypatch):
+    from specadapt.orchestration import ab
+    from specadapt.orchestration.servers import ServerPlan
+    from specadapt.orchestration.servers import Side as PlanSide
+
+    opened = []
+    monkeypatch.setattr(ab, "open_servers", lambda *a, **kw: opened.append(a))
+    plan = ServerPlan(backend_name="fake", backend=None, sides=(PlanSide(label="spec-off"), PlanSide(label="spec-on")),
+                      launch=(None, None), api_key=None, verify=True, startup_timeout_s=1)
+    s = settings_of().model_copy(update={"interleaved": False})
+    with pytest.raises(UsageError, match="needs both servers up at once"):
+        ab.compare_servers(plan, PROMPTS, s)
+    assert opened == []
