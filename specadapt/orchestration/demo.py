@@ -222,6 +222,7 @@ def plan_demo(opts: DemoOptions, model: Path | None = None, check: bool = True) 
     settings = CompareSettings(concurrency=[1], repeat=opts.repeat, warmup=1, request=request,
                                prompts_source=f"built-in, input-grounded: {', '.join(PROMPT_IDS)}", dtype=dtype,
                                triage=True, reference=str(model), interleaved=True, interference_check=True, show=0,
+                               draw_prompts=list(SHOWN_PROMPT_IDS),
                                sequential=design)
     return DemoPlan(model=model, layers=layers, draft_dir=draft_dir, draft_layers=opts.draft_layers, dtype=dtype,
                     dtype_reason=reason, hardware=hardware, prompts=prompts, settings=settings, runs=runs,

@@ -78,6 +78,7 @@ def test_the_plan_has_three_servers_the_lessons_prompt_four_grounded_ones_and_on
            ([1], 3, 64, "bfloat16", str(model_dir), True)
     assert s.draft_cost is None  # a draft model's cost is read from its config.json and the target's
     assert s.show == 0  # the demo names the answers it draws (SHOWN_PROMPT_IDS), not each compare
+    assert s.draw_prompts == list(demo.SHOWN_PROMPT_IDS)  # and the compare reads those back in words
     compiled = demo.plan_demo(demo.DemoOptions(compile=True, server_args=("--max-num-seqs=4",)), check=False)
     assert all(o.extra_args == ["--max-num-seqs=4"] for o in compiled.launch.values())
 
