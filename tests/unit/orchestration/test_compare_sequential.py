@@ -317,6 +317,16 @@ def test_at_an_arrival_rate_the_rule_decides_after_each_repeats_blocks(wired):
     assert {r for _, _, _, r, _ in wire.log if r is not None} >= set(range(cap))
 
 
+def test_at_an_arrival_rate_a_clear_speedup_stops_at_the_first_look(wired):
+    _, _, wire = wired(block_tpot(1.5))
+    load = LoadSettings(request_rates=[float("inf")])
+    report = run_compare(*wire.servers, PROMPTS, settings_of(concurrency=[1], max_units=40, load=load))
+    assert reference_stop([math.log(1.5) - NOISE[r % len(NOISE)] for r in range(40)], cap=40) == (LEAST, "faster")
+    seq = report.rate_levels[0].sequential
+    assert (seq.verdict, seq.stopped, seq.units, seq.interval.unit) == ("faster", "decided", LEAST, "blocks")
+    assert report.levels[0].sequential.units == LEAST  # concurrency 1 before it: its own rule, its own stop
+
+
 # ------------------------------------------------------------------ identity: stop to fail
 
 def test_the_run_stops_on_identity_at_the_stated_count_of_diverged_prompts(wired):
