@@ -44,21 +44,20 @@ METHOD = "cs"
 
 
 def _half_width_factor(n, alpha: float, phi: float):
-    """sqrt(nu (1 - A) / (A - r)) per n (array-like); nan where no interval exists yet (A <= r)."""
-    n = np.asarray(n, dtype=float)
-    nu = n - 1.0
+    """sqrt(nu (1 - A) / (A - r)) per n (array-like); nan where no interval exists yet (A <= r,
+    which includes n = 1)."""
+    n = np.asarray(n)
     r = phi / (phi + n)
     a = (r * alpha * alpha) ** (1.0 / n)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = nu * (1.0 - a) / (a - r)
-        return np.where((n >= 2) & (a > r), np.sqrt(q), np.nan)
+    q = np.divide((n - 1) * (1.0 - a), a - r, out=np.full(np.shape(a), np.nan), where=a > r)
+    return np.sqrt(q)
 
 
 def cs_bounds(logs, alpha: float, phi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low, mean, high) of the confidence sequence for the mean at n = the last axis' length,
     vectorised over the leading axes (as stats.t_bounds); low/high are nan where the rule gives
     no interval yet (n < smallest_deciding_units)."""
-    x = np.asarray(logs, dtype=float)
+    x = np.asarray(logs)
     n = x.shape[-1]
     mean = x.mean(axis=-1)
     if n < 2:
@@ -79,7 +78,7 @@ def smallest_deciding_units(alpha: float, phi: float) -> int:
 def cs_ratio(log_ratios: Sequence[float | None], unit: str, design: SequentialDesign) -> RatioCI:
     """The ratio exp(mean d) over the units' log ratios d (None or non-finite ones left out), with
     the confidence sequence from smallest_deciding_units on (point only below)."""
-    x = np.array([v for v in log_ratios if v is not None and math.isfinite(v)], dtype=float)
+    x = np.array([v for v in log_ratios if v is not None and math.isfinite(v)])
     n = int(x.size)
     min_n = smallest_deciding_units(design.alpha, design.phi)
     common = dict(n=n, unit=unit, method=METHOD, level=1.0 - design.alpha, min_n=min_n, too_few=n < min_n)

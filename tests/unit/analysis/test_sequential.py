@@ -119,6 +119,22 @@ def test_the_smallest_deciding_units_by_hand():
     assert smallest_deciding_units(0.05, 0.1) == 3
 
 
+def test_where_the_factors_bound_equals_one_over_alpha_there_is_no_interval_yet():
+    # phi 1, n 3: r = 1/4; alpha 1/4: A = (1/4 * 1/16)^(1/3) = 1/4 = r exactly, and the factor's
+    # bound r^(-nu/2) = 4 = 1/alpha is approached, never reached
+    assert smallest_deciding_units(0.25, 1.0) == 4
+    low, _, high = cs_bounds([0.1, 0.2, 0.4], 0.25, 1.0)
+    assert np.isnan(low) and np.isnan(high)
+
+
+def test_no_numerical_warning_before_the_first_interval(recwarn):
+    x = np.random.default_rng(4).normal(0, 1, (5, 3))
+    for n in (1, 2, 3):
+        low, _, high = cs_bounds(x[:, :n], 0.05, 4.0)
+        assert np.all(np.isnan(low)) and np.all(np.isnan(high))
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_one_unit_gives_no_interval():
     low, mean, high = cs_bounds(np.array([[0.4], [0.2]]), 0.05, 0.1)
     assert np.all(np.isnan(low)) and np.all(np.isnan(high))
@@ -151,6 +167,19 @@ def test_cs_ratio_leaves_out_missing_and_infinite_units():
     assert clean.min_n == smallest_deciding_units(0.05, design.phi) and not clean.too_few
 
 
+def test_cs_ratio_from_the_first_interval_on_at_the_designs_level():
+    # r^(n-1) < alpha^2 = 0.01 fails at n = 6 ((4/10)^5 = 0.0102) and holds at 7 ((4/11)^6 = 0.0023)
+    design = SequentialDesign(phi=4.0, alpha=0.1)
+    n = smallest_deciding_units(0.1, 4.0)
+    assert n == 7
+    logs = [0.1, 0.2, 0.3, 0.2, 0.1, 0.3, 0.25, 0.15][:n]
+    ratio = cs_ratio(logs, "pairs", design)
+    assert not ratio.too_few and ratio.n == n == ratio.min_n
+    assert ratio.level == pytest.approx(0.9)
+    want_low, want_high = solved_bounds(logs, 0.1, 4.0)
+    assert (ratio.low, ratio.high) == pytest.approx((math.exp(want_low), math.exp(want_high)), rel=1e-9)
+
+
 def test_cs_ratio_below_the_first_interval_gives_the_point_only():
     design = SequentialDesign(phi=4.0, alpha=0.05)  # first interval at 7 units
     ratio = cs_ratio([0.1, 0.2, 0.3, 0.2, 0.1, 0.3], "blocks", design)
@@ -166,6 +195,7 @@ def test_cs_ratio_below_the_first_interval_gives_the_point_only():
     (0.97, 1.04, 0.05, "equivalent"), (1 / 1.05, 1.04, 0.05, None), (0.97, 1.05, 0.05, None),
     (1 / 1.05 + 1e-9, 1.05 - 1e-9, 0.05, "equivalent"), (0.97, 1.04, None, None),
     (1.01, 1.04, 0.05, "faster"), (0.97, 0.99, 0.05, "slower"), (None, None, 0.05, None),
+    (None, 0.9, None, None), (1.1, None, None, None),
 ])
 def test_the_interval_decides_at_its_boundaries(low, high, margin, want):
     assert interval_decision(low, high, margin) == want
