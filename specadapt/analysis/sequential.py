@@ -43,20 +43,20 @@ from specadapt.records.sequential import SequentialDesign
 METHOD = "cs"
 
 
-def _half_width_factor(n, alpha: float, phi: float):
-    """sqrt(nu (1 - A) / (A - r)) per n (array-like); nan where no interval exists yet (A <= r,
-    which includes n = 1)."""
-    n = np.asarray(n)
+def _half_width_factor(n: int, alpha: float, phi: float) -> float:
+    """sqrt(nu (1 - A) / (A - r)) at n >= 1 units; nan where no interval exists yet (A <= r, which
+    includes n = 1)."""
     r = phi / (phi + n)
     a = (r * alpha * alpha) ** (1.0 / n)
-    q = np.divide((n - 1) * (1.0 - a), a - r, out=np.full(np.shape(a), np.nan), where=a > r)
-    return np.sqrt(q)
+    if a <= r:
+        return math.nan
+    return math.sqrt((n - 1) * (1.0 - a) / (a - r))
 
 
 def cs_bounds(logs, alpha: float, phi: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(low, mean, high) of the confidence sequence for the mean at n = the last axis' length,
-    vectorised over the leading axes (as stats.t_bounds); low/high are nan where the rule gives
-    no interval yet (n < smallest_deciding_units)."""
+    """(low, mean, high) of the confidence sequence for the mean at n = the last axis' length (at
+    least 1), vectorised over the leading axes (as stats.t_bounds); low/high are nan where the
+    rule gives no interval yet (n < smallest_deciding_units)."""
     x = np.asarray(logs)
     n = x.shape[-1]
     mean = x.mean(axis=-1)
@@ -70,7 +70,7 @@ def cs_bounds(logs, alpha: float, phi: float) -> tuple[np.ndarray, np.ndarray, n
 def smallest_deciding_units(alpha: float, phi: float) -> int:
     """The least n >= 2 at which the sequence gives an interval (A > r, that is r^(n-1) < alpha^2)."""
     n = 2
-    while not np.isfinite(_half_width_factor(n, alpha, phi)):
+    while math.isnan(_half_width_factor(n, alpha, phi)):
         n += 1
     return n
 
