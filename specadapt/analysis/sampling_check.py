@@ -7,12 +7,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specadapt.analysis.sampling_stats import TokenDraw, sampling_verdict
+from specadapt.analysis.sampling_stats import TokenDraw, look_alphas, sampling_verdict
 from specadapt.analysis.sides import side_notes
 from specadapt.records import AcceptanceSummary, Prompt, ServerInfo
 from specadapt.records.reports import PassGate
 from specadapt.records.sampling import SamplingStats
-from specadapt.records.sampling_report import PromptTokens, SamplingReport, SamplingSettings
+from specadapt.records.sampling_report import (
+    PromptTokens,
+    SamplingLook,
+    SamplingLooks,
+    SamplingReport,
+    SamplingSettings,
+)
+
+LOOKS = 4  # looks of `equiv --sampling --until-decided`
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,67 @@ def plan_samples(inputs: Sequence[PromptInput], samples: int, seed: int) -> list
     """(input, global index, seed) of every sample: ``samples`` per prompt, seed = base seed + index."""
     per_sample = [inp for inp in inputs for _ in range(samples)]
     return [(inp, n, seed + n) for n, inp in enumerate(per_sample)]
+
+
+def look_batches(inputs: Sequence[PromptInput], samples: int, seed: int,
+                 looks: int) -> list[list[tuple[PromptInput, int, int]]]:
+    """The samples of ``plan_samples`` (same indices, same seeds) in ``looks`` batches of equal size
+    (sizes differ by at most one): taken round the prompts (each prompt's first sample, then each
+    one's second, ...), so every batch draws on every prompt as evenly as the counts allow. Fewer
+    batches when there are fewer samples than looks (no batch is empty)."""
+    planned = plan_samples(inputs, samples, seed)
+    order = sorted(range(len(planned)), key=lambda n: (n % samples, n // samples))  # n = prompt * samples + j
+    k = min(looks, len(order))
+    bounds = [len(order) * i // k for i in range(k + 1)]
+    return [[planned[n] for n in order[bounds[i]:bounds[i + 1]]] for i in range(k)]
+
+
+def by_index(samples: Sequence[Sample],
+             draws: Sequence[Sequence[TokenDraw]]) -> tuple[list[Sample], list[Sequence[TokenDraw]]]:
+    """Samples and their draws in the order of their index: the fixed design's order, so the last look
+    of a run with looks tests the very tokens (and PIT draws) the fixed design would."""
+    pairs = sorted(zip(samples, draws, strict=True), key=lambda sd: sd[0].index)
+    return [s for s, _ in pairs], [d for _, d in pairs]
+
+
+def look_stats(settings: SamplingSettings, samples: Sequence[Sample], draws: Sequence[Sequence[TokenDraw]],
+               alpha: float) -> SamplingStats:
+    """The verdict at one look on every sample scored so far, at the look's ``alpha``."""
+    _, ordered = by_index(samples, draws)
+    return sampling_verdict([d for ds in ordered for d in ds], alpha=alpha, bins=settings.bins, seed=settings.seed,
+                            power=settings.power, tv_targets=tuple(settings.tv_targets))
+
+
+def look_record(look: int, samples: int, alpha: float, stats: SamplingStats) -> SamplingLook:
+    return SamplingLook(look=look, samples=samples, tokens=stats.n_tokens, alpha=alpha, status=stats.status,
+                        smallest_p=min((t.p_value for t in stats.tests), default=None))
+
+
+def stops(look: int, looks: int, stats: SamplingStats) -> bool:
+    """Whether the run stops after this look: at the last, or when the look rejects."""
+    return look >= looks or stats.status == "inconsistent"
+
+
+def looks_outcome(alpha: float, planned_looks: int, fixed: int, history: Sequence[SamplingLook]) -> SamplingLooks:
+    """The design (``planned_looks`` looks, the alpha of each; ``fixed``: the fixed design's samples)
+    and where the run stopped (the last look of ``history``)."""
+    alphas = look_alphas(alpha, planned_looks)
+    last = history[-1]
+    split = (f"alpha {alpha:g} split over {planned_looks} looks: "
+             + (f"{alphas[0]:.3g} at each of looks 1-{planned_looks - 1} and {alphas[-1]:.3g} at the last"
+                if planned_looks > 1 else f"{alphas[0]:.3g} at the only look"))
+    if last.look < planned_looks:
+        where = (f"stopped at look {last.look} of {planned_looks}: the sampling distribution differs "
+                 f"(p={last.smallest_p:.3g} <= {last.alpha / 3:.3g})" if last.smallest_p is not None
+                 and last.smallest_p <= last.alpha / 3 else
+                 f"stopped at look {last.look} of {planned_looks}: a sampled token has probability zero under "
+                 "the source")
+    else:
+        where = f"ran all {planned_looks} looks (an interim look only rejects; acceptance is decided at the last)"
+    text = (f"{where}, after {last.samples:,} of the fixed design's {fixed:,} samples; {split} (each look's three "
+            "tests at a third of its alpha; at most alpha in all)")
+    return SamplingLooks(looks=planned_looks, alphas=alphas, stopped_at=last.look, samples=last.samples,
+                         fixed_samples=fixed, history=list(history), text=text)
 
 
 def inputs_for(prompts: Sequence[Prompt], ids: Sequence[Sequence[int]], max_tokens: int) -> list[PromptInput]:
@@ -104,14 +173,20 @@ def source_text(settings: SamplingSettings, source_info: ServerInfo | None) -> s
 
 def sampling_report(settings: SamplingSettings, on_info: ServerInfo, source_info: ServerInfo | None,
                     inputs: Sequence[PromptInput], samples: Sequence[Sample],
-                    draws: Sequence[Sequence[TokenDraw]], acceptance: AcceptanceSummary | None = None) -> SamplingReport:
-    """The verdict on all sampled tokens, per-prompt counts, notes and the gate."""
-    stats = sampling_verdict([d for ds in draws for d in ds], alpha=settings.alpha, bins=settings.bins,
-                             seed=settings.seed, power=settings.power, tv_targets=tuple(settings.tv_targets))
+                    draws: Sequence[Sequence[TokenDraw]], acceptance: AcceptanceSummary | None = None,
+                    looks: tuple[SamplingStats, SamplingLooks] | None = None) -> SamplingReport:
+    """The verdict on all sampled tokens, per-prompt counts, notes and the gate; ``looks``: with
+    --until-decided, the verdict of the look the run stopped at and the course of the looks."""
+    if looks is None:
+        stats = sampling_verdict([d for ds in draws for d in ds], alpha=settings.alpha, bins=settings.bins,
+                                 seed=settings.seed, power=settings.power, tv_targets=tuple(settings.tv_targets))
+    else:
+        stats = looks[0]
+        samples, draws = by_index(samples, draws)
     return SamplingReport(settings=settings, on_server=on_info, source_server=source_info,
                           source=source_text(settings, source_info), stats=stats,
                           prompts=prompt_counts(inputs, samples, draws), acceptance=acceptance,
                           notes=[*side_notes(source_info, on_info, differences=source_info is not None
                                             and source_info.base_url != on_info.base_url),
                                  *sampling_notes(acceptance, samples, spec_looks_off=on_info.spec_enabled is False)],
-                          gate=sampling_gate(stats))
+                          gate=sampling_gate(stats), looks=looks[1] if looks else None)

@@ -310,3 +310,17 @@ def sampling_verdict(draws: Sequence[TokenDraw], alpha: float = 0.01, bins: int 
     """Whether ``draws`` come from the source distribution (see the module docstring)."""
     return verdict_from_arrays(encode_draws(draws), alpha=alpha, bins=bins, seed=seed, power=power,
                                tv_targets=tv_targets)
+
+
+def look_alphas(alpha: float, looks: int) -> list[float]:
+    """The false-alarm rate spent at each look of a run that looks ``looks`` times and stops only to
+    reject: alpha / (2 (looks - 1)) at each interim look and alpha / 2 at the last (alpha itself with
+    one look). They add up to alpha, so by the union bound the chance that a correct sampler is
+    rejected at any look is at most alpha, however the looks depend on each other."""
+    if not 0 < alpha < 1:
+        raise UsageError(f"alpha must be between 0 and 1, got {alpha}: give a false-alarm rate such as 0.01")
+    if isinstance(looks, bool) or not isinstance(looks, int) or looks < 1:
+        raise UsageError(f"looks must be an integer of at least 1, got {looks!r}")
+    if looks == 1:
+        return [alpha]
+    return [alpha / (2 * (looks - 1))] * (looks - 1) + [alpha / 2]

@@ -267,6 +267,8 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     rule = [flag for name, flag in (("until_decided", "--until-decided"), ("max_units", "--max-units"),
                                     ("equivalence_margin", "--equivalence-margin"))
             if kw.get(name) not in (None, False)]
+    if sampling and not (features_ or list_features):  # --sampling --until-decided: stop early only to reject
+        rule = [flag for flag in rule if flag != "--until-decided"]
     if rule and (sampling or features_ or list_features):
         raise UsageError(f"{', '.join(rule)} belong{'s' if len(rule) == 1 else ''} to compare and equiv's identity "
                          "gate, not to --sampling or --features (they decide on their own samples)")

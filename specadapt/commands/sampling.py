@@ -79,7 +79,8 @@ def run_sampling(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
                                 seed=kw["seed"], request_timeout_s=kw["request_timeout"],
                                 prompts_source=workload.source,
                                 source="reference" if reference else "server",
-                                reference=str(reference) if reference else None, tokenizer=tokenizer)
+                                reference=str(reference) if reference else None, tokenizer=tokenizer,
+                                looks=sampling.LOOKS if kw.get("until_decided") else None)
     with ConsoleRun() as console:
         plan = plan_servers(server_opts, sides, console.messages, launch=launch)
         report = sampling.check_sampling(plan, prompts, settings, ref, sequential, console.bars, console.messages)

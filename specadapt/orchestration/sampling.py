@@ -37,8 +37,20 @@ from typing import Any
 
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.features import Setting, draw_from_top, draw_from_vocab
-from specadapt.analysis.sampling_check import PromptInput, Sample, inputs_for, plan_samples, sampling_report
-from specadapt.analysis.sampling_stats import TokenDraw
+from specadapt.analysis.sampling_check import (
+    LOOKS,
+    PromptInput,
+    Sample,
+    inputs_for,
+    look_batches,
+    look_record,
+    look_stats,
+    looks_outcome,
+    plan_samples,
+    sampling_report,
+    stops,
+)
+from specadapt.analysis.sampling_stats import TokenDraw, look_alphas
 from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import Progress, ProgressBars, no_bars
@@ -55,7 +67,8 @@ from specadapt.orchestration.sampling_requests import (
 )
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, Side, open_servers
 from specadapt.records import AcceptanceSummary, Prompt, RequestRecord
-from specadapt.records.sampling_report import SamplingReport, SamplingSettings
+from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling_report import SamplingLook, SamplingLooks, SamplingReport, SamplingSettings
 from specadapt.wire.http import Transport, Wire, fault_kind
 from specadapt.wire.openai import error_message, parse_tokenize, tokenize_body
 
@@ -119,10 +132,12 @@ def finished(prompt_id: str, category: str, output_tokens: int, finish_reason: s
 async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: int, seed: int, concurrency: int,
                        timeout_s: float, progress: Progress | None = None,
                        transport: Transport | None = None,
-                       requests: TokenRequests = ASKED, sampling: dict[str, Any] | None = None) -> list[Sample]:
+                       requests: TokenRequests = ASKED, sampling: dict[str, Any] | None = None,
+                       planned: Sequence[tuple[PromptInput, int, int]] | None = None) -> list[Sample]:
     """``samples`` completions per prompt from the spec-on server, ``concurrency`` in flight;
     ``requests``: how the server's backend is asked for the sampled ids; ``sampling``: settings
-    other than temperature 1, top_p 1 (``equiv --features``)."""
+    other than temperature 1, top_p 1 (``equiv --features``); ``planned``: only these samples of
+    ``plan_samples`` (one look's batch, ``look_batches``) instead of all of them."""
     async with Wire.for_server(server, timeout_s=timeout_s, concurrency=concurrency, transport=transport) as client:
         async def one(inp: PromptInput, index: int, s: int) -> Sample:
             status, data, msg = await _post(client, "/v1/completions",
@@ -137,7 +152,8 @@ async def draw_samples(server: Server, inputs: Sequence[PromptInput], samples: i
             return Sample(prompt_id=inp.prompt.id, index=index, seed=s, prompt_ids=inp.ids, tokens=tuple(tokens),
                           finish_reason=finish)
 
-        jobs = [lambda a=a: one(*a) for a in plan_samples(inputs, samples, seed)]
+        todo = plan_samples(inputs, samples, seed) if planned is None else planned
+        jobs = [lambda a=a: one(*a) for a in todo]
         return await _bounded(jobs, concurrency)
 
 
@@ -241,6 +257,8 @@ def check_sampling(plan: ServerPlan, prompts: list[Prompt], settings: SamplingSe
         raise ValueError("check_sampling without a spec-off side needs the reference distribution")
     requests = plan.backend.token_requests
     check_token_requests(plan.backend_name, requests, scoring=reference is None)
+    if settings.looks is not None and sequential and len(labels) == 2:
+        raise UsageError(ONE_AFTER_THE_OTHER)
     if sequential and len(labels) == 2:
         with open_servers(plan.only("spec-on"), messages) as (on,):
             inputs = prompt_inputs(on, prompts, settings)
@@ -253,10 +271,51 @@ def check_sampling(plan: ServerPlan, prompts: list[Prompt], settings: SamplingSe
         by = dict(zip(labels, opened, strict=True))
         off, on = by.get("spec-off"), by["spec-on"]
         inputs = prompt_inputs(off or reference, prompts, settings)
-        samples, acceptance = sample_on(on, inputs, settings, bars, requests)
-        draws = score(reference or off, samples, settings, bars, requests)
+        if settings.looks is not None:
+            samples, draws, acceptance, looks = sample_and_score_in_looks(on, reference or off, inputs, settings, bars,
+                                                                           requests)
+        else:
+            samples, acceptance = sample_on(on, inputs, settings, bars, requests)
+            draws, looks = score(reference or off, samples, settings, bars, requests), None
         return sampling_report(settings, on.describe(), off.describe() if off else None, inputs, samples, draws,
-                               acceptance)
+                               acceptance, looks)
+
+
+ONE_AFTER_THE_OTHER = ("--until-decided needs both servers up at once (each look's samples are scored as they "
+                       "come): leave out --launch sequential, or --until-decided")
+
+
+def sample_and_score_in_looks(on: Server, source: Server | ReferenceTarget, inputs: Sequence[PromptInput],
+                              settings: SamplingSettings, bars: ProgressBars = no_bars,
+                              requests: TokenRequests = ASKED,
+                              ) -> tuple[list[Sample], list[list[TokenDraw]], AcceptanceSummary,
+                                         tuple[SamplingStats, SamplingLooks]]:
+    """The samples in ``settings.looks`` batches (``look_batches``): each batch drawn on the spec-on
+    server and scored on ``source``, then the test on everything so far at the look's alpha
+    (``look_alphas``); an interim look that rejects stops the run, and the last look, on every
+    sample of the fixed design, decides either way. The bars count against the fixed design."""
+    if settings.looks is None:
+        raise ValueError("sample_and_score_in_looks needs settings.looks")
+    batches = look_batches(inputs, settings.samples, settings.seed, settings.looks)
+    alphas = look_alphas(settings.alpha, len(batches))
+    total = sum(len(b) for b in batches)
+    sampled, scored = bars("sampling", total), bars("scoring", total)
+    samples: list[Sample] = []
+    draws: list[list[TokenDraw]] = []
+    history: list[SamplingLook] = []
+    with counter_window(on) as window:
+        for look, (batch, alpha) in enumerate(zip(batches, alphas, strict=True), start=1):
+            new = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
+                                        settings.request_timeout_s, sampled, requests=requests, sampling=RAW.body(),
+                                        planned=batch))
+            samples += new
+            draws += run_loop(score_samples(source, new, RAW, settings.top_logprobs, settings.concurrency,
+                                            settings.request_timeout_s, scored, requests))
+            stats = look_stats(settings, samples, draws, alpha)
+            history.append(look_record(look, len(samples), alpha, stats))
+            if stops(look, len(batches), stats):
+                break
+    return samples, draws, window.acceptance, (stats, looks_outcome(settings.alpha, len(batches), total, history))
 
 
 def prompt_inputs(tokenizer: Server | ReferenceTarget, prompts: Sequence[Prompt],

@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from specadapt.records.metrics import AcceptanceSummary
 from specadapt.records.reports import PassGate, ReportEnvelope
-from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling import SamplingStats, SamplingStatus
 from specadapt.records.server import ServerInfo
 
 
@@ -30,6 +30,9 @@ class SamplingSettings(BaseModel):
     bins: int = 20
     power: float = 0.8
     tv_targets: list[float] = Field(default_factory=lambda: [0.01, 0.02, 0.05])
+    looks: int | None = Field(
+        None, description="With --until-decided: the samples are sent in this many equal batches and tested after "
+                          "each; an interim look stops the run only to reject. None: all samples, one test.")
 
 
 class PromptTokens(BaseModel):
@@ -41,6 +44,31 @@ class PromptTokens(BaseModel):
     samples: int
     tokens: int
     in_top_k: int = Field(description="Sampled tokens that were among the source's top K at their position.")
+
+
+class SamplingLook(BaseModel):
+    """One look of a run with --until-decided: the test on every sample sent so far."""
+
+    look: int = Field(description="1, 2, ...")
+    samples: int = Field(description="Samples sent and scored so far.")
+    tokens: int
+    alpha: float = Field(description="The false-alarm rate this look spends (its three tests at a third each).")
+    status: SamplingStatus = Field(description="The verdict at this look's alpha; at an interim look only "
+                                               "inconsistent stops the run.")
+    smallest_p: float | None = Field(None, description="The smallest p-value of the look's tests (None: too few "
+                                                       "tokens to test).")
+
+
+class SamplingLooks(BaseModel):
+    """The design and course of a run with --until-decided."""
+
+    looks: int = Field(description="K: looks planned, the last one on every sample of the fixed design.")
+    alphas: list[float] = Field(description="The false-alarm rate of each look; they add up to the run's alpha.")
+    stopped_at: int = Field(description="The look the run stopped at (K unless an interim look rejected).")
+    samples: int = Field(description="Samples sent (and scored).")
+    fixed_samples: int = Field(description="Samples the fixed design (--samples per prompt) sends.")
+    history: list[SamplingLook] = Field(default_factory=list)
+    text: str = Field(description="The design and where it stopped, in one sentence.")
 
 
 SamplingGate = PassGate  # the one pass/fail gate (records/reports.py)
@@ -60,3 +88,5 @@ class SamplingReport(ReportEnvelope):
                           "means the run did not exercise speculation.")
     notes: list[str] = Field(default_factory=list)
     gate: SamplingGate
+    looks: SamplingLooks | None = Field(None, description="With --until-decided: the looks, their alphas and where "
+                                                          "the run stopped; None for the fixed design.")

@@ -32,6 +32,13 @@ def workload_line(report: SamplingReport) -> str:
             f"against the top {s.top_logprobs}")
 
 
+def looks_line(report: SamplingReport) -> str | None:
+    """With --until-decided: the looks, their alphas, where the run stopped and the samples it used."""
+    if report.looks is None:
+        return None
+    return f"until decided: {report.looks.text}"
+
+
 def acceptance_line(report: SamplingReport) -> str | None:
     a = report.acceptance
     if a is None:
@@ -50,8 +57,14 @@ def power_lines(report: SamplingReport) -> list[str]:
     n_tests = len(st.tests)
     family = (f"over {n_tests} tests, each at {st.per_test_alpha:.3g}" if n_tests
               else "no test was run")
-    lines = [f"false-alarm rate: alpha = {st.alpha:g} family-wise ({family}): a correct server fails about "
-             f"1 run in {round(1 / st.alpha):,}"]
+    if report.looks is not None:
+        overall = report.settings.alpha
+        lines = [f"false-alarm rate: alpha = {overall:g} over {report.looks.looks} look"
+                 f"{'s' if report.looks.looks != 1 else ''} (the look that decided: {st.alpha:.3g} family-wise, "
+                 f"{family}): a correct server fails at most 1 run in {round(1 / overall):,}"]
+    else:
+        lines = [f"false-alarm rate: alpha = {st.alpha:g} family-wise ({family}): a correct server fails about "
+                 f"1 run in {round(1 / st.alpha):,}"]
     if st.detectable_tv is not None:
         lines.append(f"power: with {st.n_tokens:,} tokens this run catches a PIT total-variation distance of "
                      f"{st.detectable_tv:.3f} or more with {st.power:.0%} probability")
@@ -75,6 +88,9 @@ def render_console(report: SamplingReport, console: Console) -> None:
                   soft_wrap=True)
     console.print(source_line(report), soft_wrap=True, markup=False)
     console.print(workload_line(report), soft_wrap=True)
+    looks = looks_line(report)
+    if looks:
+        console.print(looks, soft_wrap=True, markup=False)
     acc = acceptance_line(report)
     if acc:
         console.print(acc)
@@ -117,6 +133,9 @@ def to_markdown(report: SamplingReport) -> str:
            + ("" if report.gate.passed else " - " + "; ".join(report.gate.reasons)), "",
            f"Spec-on `{report.on_server.model_id}` at {_server(report.on_server)}; {source_line(report)}.", "",
            workload_line(report) + ".", ""]
+    looks = looks_line(report)
+    if looks:
+        out += [looks[0].upper() + looks[1:] + ".", ""]
     acc = acceptance_line(report)
     if acc:
         out += [acc[0].upper() + acc[1:] + ".", ""]
