@@ -18,9 +18,11 @@ from typing import Literal
 
 import numpy as np
 
+from specadapt.analysis.sequential import cs_ratio
 from specadapt.analysis.text import k_text
-from specadapt.records import AcceptanceSummary, LevelResult, RatioCI
+from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, SequentialDesign, SequentialOutcome
 from specadapt.records.tune import (
+    CellOutcome,
     FitPoint,
     HonourCheck,
     LevelChoice,
@@ -421,3 +423,76 @@ def units_problem(concurrency: Sequence[int], requests_per_set: int, repeat: int
         return (f"--concurrency 1 gives {units} unit{'' if units == 1 else 's'} (prompts x --repeat); "
                 f"intervals need {min_units}: {fix}.")
     return None
+
+
+# --- run until decided: the sweep's cells ---------------------------------------------------------
+RATIO_NAMES = {"tpot": "TPOT", "e2e": "E2E", "throughput": "tokens/s"}
+
+
+def best_cell(cells: Sequence[tuple[str, RatioCI | None]]) -> tuple[str, RatioCI] | None:
+    """The (label, interval) whose low end is highest among ``cells`` (earlier cells of one batch
+    size); those without an interval are left out; ties: the first. None: no interval yet."""
+    best: tuple[str, RatioCI] | None = None
+    for label, r in cells:
+        if r is None or r.low is None or r.high is None:
+            continue
+        if best is None or r.low > best[1].low:
+            best = (label, r)
+    return best
+
+
+def drop_interval(log_ratios: Sequence[float | None], design: SequentialDesign, unit: str,
+                  best: RatioCI | None) -> RatioCI | None:
+    """The cell's interval (the design's confidence sequence over its units' log ratios) when it
+    cannot beat ``best``: from the rule's first look and floor on, its high end below best's low
+    end. None: go on (no best, no interval yet, before the first look, or the intervals overlap)."""
+    if best is None or best.low is None:
+        return None
+    interval = cs_ratio(log_ratios, unit, design)
+    if interval.n < max(design.first_look, design.min_units) or interval.high is None:
+        return None
+    return interval if interval.high < best.low else None
+
+
+def requests_text(requests: int, fixed: int | None) -> str:
+    """'12 requests against 50 for the fixed design (76% fewer)' (or 'more'); without a fixed
+    count, '12 requests'."""
+    if fixed is None or fixed <= 0:
+        return f"{requests} requests"
+    saved = 1 - requests / fixed
+    how = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
+    return f"{requests} requests against {fixed} for the fixed design ({how})"
+
+
+def _cs_text(r: RatioCI) -> str:
+    if r.point is None:
+        return "no unit measured"
+    if r.low is None or r.high is None:
+        return f"{r.point:.2f}x (no interval yet)"
+    return f"{r.point:.2f}x [{r.low:.2f}, {r.high:.2f}]"
+
+
+def cell_outcome(concurrency: int, outcome: SequentialOutcome, objective: Objective,
+                 dropped_by: tuple[str, RatioCI] | None = None) -> CellOutcome:
+    """One cell's outcome from its level's ``outcome`` (compare's rule), and, when the sweep dropped
+    it, the (label, interval) of the cell it could not beat: then stopped 'dropped' and verdict 'no
+    clear difference' (against spec-off nothing was decided), the text naming both intervals."""
+    name, ci = RATIO_NAMES[objective], outcome.interval
+    spent = requests_text(outcome.requests, outcome.fixed_requests)
+    common = dict(concurrency=concurrency, units=outcome.units, requests=outcome.requests,
+                  fixed_requests=outcome.fixed_requests, interval=ci)
+    if dropped_by is None:
+        return CellOutcome(stopped=outcome.stopped, verdict=outcome.verdict, text=outcome.text, **common)
+    label, best = dropped_by
+    text = (f"dropped after {outcome.units} {ci.unit}: {name} {_cs_text(ci)} lies below {label}'s {_cs_text(best)} "
+            f"at this batch size, so it cannot beat it; {spent}")
+    return CellOutcome(stopped="dropped", verdict="no clear difference", best_label=label, best_interval=best,
+                       text=text, **common)
+
+
+def sweep_requests(cells: Sequence[CellOutcome]) -> tuple[int, int | None]:
+    """(requests the cells sent, what the fixed design would have sent there; None when a cell's
+    fixed count is unknown)."""
+    sent = sum(c.requests for c in cells)
+    fixed = None if any(c.fixed_requests is None for c in cells) else sum(c.fixed_requests for c in cells)
+    return sent, fixed

@@ -17,14 +17,14 @@ from specadapt.commands._console import ConsoleRun, say
 from specadapt.commands._load import spread_options
 from specadapt.commands._server import ServerOptions, sweep_server_options
 from specadapt.commands._workload import load_workload, workload_options
-from specadapt.commands.compare import parse_levels
+from specadapt.commands.compare import MAX_UNITS, RULE_ALPHA, check_rule_options, parse_levels
 from specadapt.configs.spec import SpecConfig
 from specadapt.configs.spec_input import neutral_form
 from specadapt.errors import ServerDied, ServerError, UsageError
 from specadapt.load.engine import turns_of
 from specadapt.orchestration import tune_run
 from specadapt.orchestration.tune import exit_code
-from specadapt.records import RequestSettings
+from specadapt.records import RequestSettings, SequentialDesign
 from specadapt.records.schedule import read_schedule, schedule_problems
 from specadapt.records.tune import TuneReport, TuneSettings
 from specadapt.report.tune_render import render_console, write_tune_outputs
@@ -86,12 +86,25 @@ def parse_on(value: str) -> tuple[int | None, str]:
 @click.option("--near-tie-threshold", type=click.FloatRange(0), help="Nats (default: by --dtype).")
 @click.option("--no-triage", is_flag=True, help="Do not ask the spec-off server for logprobs at divergences.")
 @click.option("--no-verify", is_flag=True, help="Write the recommendation without running the verification.")
+@click.option("--until-decided", is_flag=True,
+              help="Run until decided: each (k, batch size) cell stops once the anytime-valid confidence sequence of "
+                   "its --objective ratio against spec-off decides faster, slower or equivalent "
+                   "(--equivalence-margin), at --max-units, or once its interval lies below the best cell's so far "
+                   "at that batch size (dropped). The verification keeps the fixed design (--repeat). See "
+                   "docs/tune.md.")
+@click.option("--max-units", type=click.IntRange(1), metavar="N",
+              help=f"With --until-decided: most units per cell [default: {MAX_UNITS}].")
+@click.option("--equivalence-margin", type=float, metavar="DELTA",
+              help="With --until-decided: 'equivalent' when the interval lies within 1/(1+DELTA) and 1+DELTA.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True),
+              help=f"With --until-decided: the rule's error rate, below 0.5 [default: {RULE_ALPHA}].")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Write report.json, summary.md, report.html and the configs here.")
 @spread_options
 def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts, ks, ngram_max, concurrency, repeat,
          warmup, max_tokens, seed, request_timeout, objective, max_batch_size, given_schedule, near_tie_threshold,
-         no_triage, no_verify, out_dir, workers, ray_address) -> None:
+         no_triage, no_verify, until_decided, max_units, equivalence_margin, alpha, out_dir, workers,
+         ray_address) -> None:
     """Measure draft lengths at each load level, choose the best k per batch size (off where
     speculation loses), write it as a vLLM speculative config and a TensorRT-LLM YAML, then run
     the emitted configuration and verify speed, output identity and that the server honoured it.
@@ -104,7 +117,8 @@ def tune(server_opts: ServerOptions, off_url, on_urls, verify_url, workload_opts
         ks=ks, ngram_max=ngram_max, concurrency=concurrency, repeat=repeat, warmup=warmup, max_tokens=max_tokens,
         seed=seed, request_timeout=request_timeout, objective=objective, max_batch_size=max_batch_size,
         given_schedule=given_schedule, near_tie_threshold=near_tie_threshold, no_triage=no_triage,
-        no_verify=no_verify, out_dir=out_dir, workers=workers, ray_address=ray_address)))
+        no_verify=no_verify, out_dir=out_dir, workers=workers, ray_address=ray_address, until_decided=until_decided,
+        max_units=max_units, equivalence_margin=equivalence_margin, alpha=alpha)))
 
 
 def _base_spec(opts: ServerOptions) -> SpecConfig:
@@ -131,8 +145,20 @@ def parse_schedule(value: str, ks: list[int]) -> list[tuple[int, int, int]]:
     return ranges
 
 
+def sequential_design(kw: dict[str, Any]) -> SequentialDesign | None:
+    """The rule of --until-decided (None without it), checked as compare checks it (one line each);
+    its primary ratio is the --objective."""
+    check_rule_options(kw)
+    if not kw.get("until_decided"):
+        return None
+    return SequentialDesign(alpha=RULE_ALPHA if kw.get("alpha") is None else kw["alpha"],
+                            margin=kw.get("equivalence_margin"), primary=kw.get("objective") or "tpot",
+                            max_units=MAX_UNITS if kw.get("max_units") is None else kw["max_units"])
+
+
 def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verify_url: str | None,
              workload_opts: dict[str, Any], kw: dict[str, Any]) -> int:
+    design = sequential_design(kw)
     base = _base_spec(opts)
     ks = parse_ks(kw["ks"])
     windows = sorted(set(parse_levels(kw["ngram_max"]))) if kw["ngram_max"] else []
@@ -155,7 +181,8 @@ def run_tune(opts: ServerOptions, off_url: str | None, on_urls: list[str], verif
                             objective=kw["objective"], prompts_source=workload.source, workload=workload,
                             near_tie_threshold=kw["near_tie_threshold"], dtype=opts.dtype, triage=not kw["no_triage"],
                             verify=not kw["no_verify"], max_batch_size=kw["max_batch_size"],
-                            given_schedule=given_schedule, workers=kw["workers"], ray_address=kw["ray_address"])
+                            given_schedule=given_schedule, workers=kw["workers"], ray_address=kw["ray_address"],
+                            sequential=design)
 
     out_dir: Path = kw["out_dir"]
     plan = None

@@ -8,6 +8,13 @@ concurrency level, per-position acceptance from the candidate's counters, identi
 triage). A candidate whose server fails or dies is recorded with the reason and the sweep goes
 on; if the spec-off server dies the sweep stops and what was measured is kept (partial).
 
+Run until decided (``settings.sequential``). Each candidate's A/B runs under compare's rule, so
+each (k, batch size) cell stops as soon as its objective ratio against spec-off is decided
+(faster, slower, equivalent) or at the cap; besides, a cell stops ("dropped") once its interval's
+high end lies below the best low end found so far at the same batch size among the earlier
+candidates of its variant (no suspect divergence): it cannot beat that cell. Both intervals are
+anytime-valid, so the drop holds whenever it is made. The verification keeps the fixed design.
+
 The choice (analysis/tune_model.py). Per level, a cost model fitted to the candidates (shown
 with its fit quality), and the best *measured* k (0 = off included), with how sure that is.
 Candidates with suspect divergences cannot be chosen. With several variants (lookup windows),
@@ -21,22 +28,26 @@ server drafted fewer tokens where the schedule says so (tune_model.honour_check)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ContextManager
 
 from specadapt.adapters.base import Server
 from specadapt.analysis import tune_model as tm
 from specadapt.analysis.diagnosis import diagnose_tune
+from specadapt.analysis.speed import level_design, unit_logs, unit_name
 from specadapt.analysis.tune_model import ranges_text
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
-from specadapt.load.progress import ProgressBars
-from specadapt.orchestration.compare import run_compare
+from specadapt.load.client import run as run_loop
+from specadapt.load.executors import executor_for
+from specadapt.load.progress import Progress, ProgressBars
+from specadapt.orchestration.compare import ABRunner, finish_compare, run_compare
+from specadapt.orchestration.counters import counting
 from specadapt.orchestration.probe import exit_reason
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI
 from specadapt.records.schedule import k_for_batch
-from specadapt.records.tune import Candidate, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
+from specadapt.records.tune import Candidate, CellOutcome, LevelChoice, LevelVerify, Recommendation, TuneReport, Verification
 
 OpenServer = Callable[["SweepCandidate"], ContextManager[Server]]
 
@@ -80,11 +91,86 @@ def _copy(settings: CompareSettings) -> CompareSettings:
     return settings.model_copy(deep=True)
 
 
+Best = tuple[str, RatioCI]
+"""(label, objective interval) of the best cell so far at one batch size."""
+
+
+class CellRunner(ABRunner):
+    """compare's runner (its order, its rule) with the sweep's drop: after a unit that the rule
+    does not stop on, the level stops too when its interval cannot beat ``bests[level]``
+    (tune_model.drop_interval); ``dropped`` records {level: the cell it could not beat}."""
+
+    def __init__(self, *args, bests: Mapping[int, Best], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bests, self.dropped = bests, {}
+
+    def _unit_done(self, level_out, unit, level, rate=None) -> bool:
+        if super()._unit_done(level_out, unit, level, rate):
+            return True
+        design, best = self.settings.sequential, self.bests.get(level)
+        if design is None or best is None or rate is not None:
+            return False
+        d = level_design(design, level, rate)
+        logs = unit_logs(level_out, level, rate)[d.primary]
+        if tm.drop_interval(logs, d, unit_name(level, rate), best[1]) is None:
+            return False
+        self.dropped[level] = best
+        return True
+
+
+def run_cells(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings, progress: Progress | None,
+              bests: Mapping[int, Best]) -> tuple[CompareReport, dict[int, Best]]:
+    """One candidate's A/B as run_compare runs it, through CellRunner: (its report, {level: the cell
+    each dropped level could not beat})."""
+    settings.concurrency = sorted(set(settings.concurrency))
+    off_info, on_info = off.describe(), on.describe()
+    with counting(off, on), executor_for(settings.workers, settings.ray_address) as executor:
+        runner = CellRunner(off, on, prompts, settings, progress, executor, bests=bests)
+        records, on_counters, off_counters = run_loop(runner.run())
+    done = sum(1 for r in records if r.ok)
+    exits = [exit_reason(server, label, f"{done} of {len(records)} requests had succeeded")
+             for label, server in (("spec-off", off), ("spec-on", on))
+             if server.process is not None and not server.process.alive()]
+    report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
+                           counters_on=on_counters, counters_off=off_counters,
+                           counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"],
+                           interference_check=runner.interference_check, server_exits=exits,
+                           notes=[runner.identity_stop] if runner.identity_stop else [])
+    return finish_compare(report, off, prompts, runner.req_off), runner.dropped
+
+
+def bests_so_far(report: TuneReport, variant: str) -> dict[int, Best]:
+    """{level: the best cell so far} among the variant's measured candidates without a suspect
+    divergence (the ones that may be chosen): the highest low end of the objective ratio."""
+    out = {}
+    for level in report.settings.concurrency:
+        cells = [(c.label, tm.objective_ratio(lv, report.settings.objective))
+                 for c in _measured(report, variant) if not c.suspect and (lv := level_of(c.compare, level))]
+        best = tm.best_cell(cells)
+        if best is not None:
+            out[level] = best
+    return out
+
+
+def cell_outcomes(compare: CompareReport, dropped: Mapping[int, Best], objective: str) -> list[CellOutcome]:
+    """Each level's outcome as a cell of the sweep; a dropped level's compare outcome says so too."""
+    cells = []
+    for lv in compare.levels:
+        if lv.sequential is None:
+            continue
+        cell = tm.cell_outcome(lv.concurrency, lv.sequential, objective, dropped.get(lv.concurrency))
+        if cell.stopped == "dropped":
+            lv.sequential = lv.sequential.model_copy(update={"text": cell.text})
+        cells.append(cell)
+    return cells
+
+
 def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandidate], open_candidate: OpenServer,
               prompts: list[Prompt], settings: CompareSettings, bars: ProgressBars,
               requests_per_side: int) -> None:
     """Measure every candidate beside ``off`` (one bar each), appending to ``report.candidates`` as each
-    ends (so an interrupted run keeps what it measured). Marks the report partial when ``off`` dies."""
+    ends (so an interrupted run keeps what it measured). Marks the report partial when ``off`` dies.
+    With ``settings.sequential`` each cell runs until decided, or until dropped (CellRunner)."""
     for i, cand in enumerate(candidates):
         if cand.k == 0:
             report.candidates.append(Candidate(label="off", variant=cand.variant, k=0, status="baseline",
@@ -96,7 +182,12 @@ def run_sweep(report: TuneReport, off: Server, candidates: Sequence[SweepCandida
             with open_candidate(cand) as server:
                 tick = bars(f"{cand.label} vs off", 2 * requests_per_side)
                 entry.url = server.base_url
-                compare = run_compare(off, server, prompts, _copy(settings), tick)
+                if settings.sequential is None:
+                    compare = run_compare(off, server, prompts, _copy(settings), tick)
+                else:
+                    compare, dropped = run_cells(off, server, prompts, _copy(settings), tick,
+                                                 bests_so_far(report, cand.variant))
+                    entry.cells = cell_outcomes(compare, dropped, report.settings.objective)
                 if died(server):
                     raise ServerError(exit_reason(server, cand.label))
         except ServerError as err:

@@ -77,12 +77,17 @@ class TunePlan:
         return [c for c in self.candidates if c.k > 0 and not c.url]
 
     def compare_settings(self) -> CompareSettings:
-        """The settings of each candidate's A/B against the spec-off server (interleaved)."""
+        """The settings of each candidate's A/B against the spec-off server (interleaved; with
+        --until-decided, under the rule)."""
         s = self.settings
         return CompareSettings(concurrency=list(s.concurrency), repeat=s.repeat, warmup=s.warmup, request=s.request,
                                prompts_source=s.prompts_source, near_tie_threshold=s.near_tie_threshold,
                                dtype=s.dtype, triage=s.triage, interleaved=True, workload=s.workload,
-                               workers=s.workers, ray_address=s.ray_address)
+                               workers=s.workers, ray_address=s.ray_address, sequential=s.sequential)
+
+    def verify_settings(self) -> CompareSettings:
+        """The verification's settings: the sweep's, in the fixed design (--repeat) as today."""
+        return self.compare_settings().model_copy(update={"sequential": None})
 
 
 def plan_tune(opts: ServerOptions, base: SpecConfig, settings: TuneSettings, off_url: str | None = None,
@@ -171,9 +176,10 @@ def run_tune(plan: TunePlan, prompts: list[Prompt], bars: ProgressBars = no_bars
     settings = plan.compare_settings()
     per_side = total_requests(len(prompts), settings, prompts) // 2
     measured = [c for c in plan.candidates if c.k > 0]
+    most = "at most " if settings.sequential is not None else ""
     messages.say(f"tune: {len(measured)} candidate(s) ({', '.join(c.label for c in measured)}) beside the spec-off "
-                 f"server, one at a time, at concurrency {','.join(map(str, plan.settings.concurrency))}; {per_side} "
-                 f"requests per server ({len(plan.to_start)} candidate server(s) to start)")
+                 f"server, one at a time, at concurrency {','.join(map(str, plan.settings.concurrency))}; {most}"
+                 f"{per_side} requests per server ({len(plan.to_start)} candidate server(s) to start)")
     try:
         _sweep_and_verify(report, plan, prompts, settings, per_side, bars, messages)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; SIGTERM/SIGHUP arrive as SystemExit
@@ -219,7 +225,9 @@ def _sweep_and_verify(report: TuneReport, plan: TunePlan, prompts: list[Prompt],
             report.verification = Verification(status="not run", reason="--no-verify")
         else:
             messages.say(f"verifying the emitted configuration: {_describe(report)}")
-            run_verification(report, off, open_verify, spec, prompts, settings, bars, per_side)
+            verify = plan.verify_settings()
+            run_verification(report, off, open_verify, spec, prompts, verify, bars,
+                             total_requests(len(prompts), verify, prompts) // 2)
         settle_recommendation(report)
 
 

@@ -19,6 +19,7 @@ from specadapt.records.diagnosis import Diagnosis
 from specadapt.records.metrics import RatioCI
 from specadapt.records.reports import CompareReport, ReportEnvelope
 from specadapt.records.requests import RequestSettings
+from specadapt.records.sequential import SequentialDesign
 from specadapt.records.server import ServerInfo
 from specadapt.records.workload import WorkloadInfo
 
@@ -53,6 +54,29 @@ class TuneSettings(BaseModel):
                                                          "highest level; the engines carry its k beyond).")
     workers: int = Field(1, description="Worker processes (with ray_address: Ray actors) that sent each block.")
     ray_address: str | None = None
+    sequential: SequentialDesign | None = Field(
+        None, description="--until-decided: each (k, batch size) cell of the sweep runs until its objective ratio "
+                          "against spec-off is decided, or is dropped once it cannot beat the best cell so far at its "
+                          "batch size (its primary is the objective); the verification keeps the fixed design. "
+                          "None: the fixed design (--repeat) everywhere.")
+
+
+class CellOutcome(BaseModel):
+    """How run until decided ended one (k, batch size) cell of the sweep."""
+
+    concurrency: int
+    stopped: Literal["decided", "cap", "dropped", "identity"] = Field(
+        description="decided: its interval against spec-off decided; cap: --max-units reached undecided; dropped: "
+                    "its interval lay wholly below the best cell's so far at the same batch size; identity: the "
+                    "run stopped on divergences.")
+    verdict: Literal["faster", "slower", "equivalent", "no clear difference"]
+    units: int
+    requests: int = Field(description="Measured requests the cell sent, both sides.")
+    fixed_requests: int | None = Field(None, description="What the fixed design (--repeat) would have sent there.")
+    interval: RatioCI = Field(description="The objective ratio's confidence sequence at the stop.")
+    best_label: str | None = Field(None, description="Dropped: the cell it could not beat (same batch size).")
+    best_interval: RatioCI | None = Field(None, description="Dropped: that cell's interval.")
+    text: str = Field(description="The outcome in one sentence.")
 
 
 class Candidate(BaseModel):
@@ -67,6 +91,8 @@ class Candidate(BaseModel):
     url: str | None = Field(None, description="Where it ran (given with --on, or started).")
     compare: CompareReport | None = Field(None, description="Its A/B against the spec-off server (k > 0).")
     suspect: int = Field(0, description="Prompts whose divergence is not a near-tie: the candidate is excluded.")
+    cells: list[CellOutcome] = Field(default_factory=list, description="Run until decided: how each level (cell) "
+                                                                       "ended; empty in the fixed design.")
 
 
 class FitPoint(BaseModel):

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specadapt.analysis.text import k_text, pct
-from specadapt.analysis.tune_model import objective_ratio, ranges_text
+from specadapt.analysis.tune_model import objective_ratio, ranges_text, requests_text, sweep_requests
 from specadapt.records import RatioCI
 from specadapt.records.reports import atomic_write_text, write_report
 from specadapt.records.tune import Candidate, LevelChoice, LevelFit, TuneReport
@@ -150,6 +150,24 @@ def _candidates(report: TuneReport) -> Section:
                                                       "note"], rows)])
 
 
+def _cells(report: TuneReport) -> list[Section]:
+    """Run until decided: the design in one line, the requests against the fixed design's, and one
+    line per (k, batch size) cell (why it stopped); nothing in the fixed design."""
+    design = report.settings.sequential
+    if design is None:
+        return []
+    cells = [(c, cell) for c in report.candidates for cell in c.cells]
+    parts: list[Line | Grid] = [Line(f"Design: {design.rule}; a cell also stops, dropped, once its interval lies "
+                                     f"below the best cell's so far at its batch size (both at "
+                                     f"{1 - design.alpha:.0%}: it cannot beat it); the verification keeps the fixed "
+                                     f"design (--repeat {report.settings.repeat}).")]
+    if cells:
+        sent, fixed = sweep_requests([cell for _, cell in cells])
+        parts.append(Line(f"The sweep: {requests_text(sent, fixed)}.", strong=True))
+    parts += [Line(f"{c.label} at concurrency {cell.concurrency}: {cell.text}", bullet=True) for c, cell in cells]
+    return [Section("Run until decided", parts)]
+
+
 def _speed(report: TuneReport) -> Section:
     obj = report.settings.objective
     order = [obj, *(o for o in RATIO_ORDER if o != obj)]
@@ -275,7 +293,8 @@ def _diagnosis(report: TuneReport) -> list[Section]:
 
 def sections(report: TuneReport) -> list[Section]:
     """The report's content, in reading order, for every renderer."""
-    out = [_header(report), _recommendation(report), _candidates(report), _speed(report), _fits(report),
+    out = [_header(report), _recommendation(report), _candidates(report), *_cells(report), _speed(report),
+           _fits(report),
            _choices(report), *_diagnosis(report), _configs(report), _verification(report)]
     if report.notes:
         out.append(Section("Notes", [Line(n, bullet=True) for n in report.notes]))
