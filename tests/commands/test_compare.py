@@ -224,10 +224,12 @@ def test_the_rule_is_refused_with_the_servers_one_after_the_other(command):
     assert ONE_AFTER_THE_OTHER.startswith("--until-decided needs both servers up at once")
 
 
-@pytest.mark.parametrize("check", [["--sampling"], ["--features", "all"]])
-def test_equiv_s_sampling_and_features_refuse_the_rule(check):
+@pytest.mark.parametrize(("check", "refused"), [(["--sampling"], "--max-units belongs"),
+                                                (["--features", "all"], "--until-decided, --max-units belong")])
+def test_equiv_s_sampling_and_features_refuse_the_rule(check, refused):
+    """--sampling takes --until-decided (it stops early only to reject) but not the speed rule's cap."""
     assert error_lines("equiv", *OFF_ON, *check, "--until-decided", "--max-units", "12") == [
-        "error: --until-decided, --max-units belong to compare and equiv's identity gate, not to --sampling or "
+        f"error: {refused} to compare and equiv's identity gate, not to --sampling or "
         "--features (they decide on their own samples)"]
 
 
