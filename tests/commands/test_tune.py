@@ -140,3 +140,30 @@ def test_dtype_auto_is_resolved_before_the_servers_start(tmp_path, monkeypatch, 
     assert ("dtype auto: float32 (this CPU (AMD EPYC) has no AVX512-BF16 or AMX: bfloat16 would be emulated, so "
             "float32)") in result.stderr.splitlines()
     assert started == ["float32"], result.output
+
+
+# --- --until-decided: refused in one line as compare refuses it ----------------------------------------------
+
+@pytest.mark.parametrize("args, line", [
+    (["--until-decided", "--max-units", "3"],
+     "error: --max-units 3 cannot decide: the rule needs at least 6 units (at --alpha 0.05)"),
+    (["--max-units", "12"], "error: --max-units belongs to --until-decided: add --until-decided, or leave them out"),
+    (["--alpha", "0.1", "--equivalence-margin", "0.05"],
+     "error: --equivalence-margin, --alpha belong to --until-decided: add --until-decided, or leave them out"),
+    (["--until-decided", "--equivalence-margin", "1.5"],
+     "error: --equivalence-margin 1.5: give a margin between 0 and 1, exclusive (0.05 for +-5%)"),
+])
+def test_the_rule_options_are_refused_in_one_line(tmp_path, args, line):
+    assert error_lines(tmp_path, "--spec-config", NGRAM, *args) == [line]
+
+
+def test_the_rule_decides_on_the_objective_with_the_options_given():
+    from specadapt.commands.tune import sequential_design
+
+    kw = dict(until_decided=True, max_units=12, equivalence_margin=0.05, alpha=0.02, objective="e2e")
+    design = sequential_design(kw)
+    assert (design.primary, design.max_units, design.margin, design.alpha) == ("e2e", 12, 0.05, 0.02)
+    plain = sequential_design(dict(until_decided=True, max_units=None, equivalence_margin=None, alpha=None,
+                                   objective="tpot"))
+    assert (plain.primary, plain.max_units, plain.margin, plain.alpha) == ("tpot", 40, None, 0.05)
+    assert sequential_design(dict(until_decided=False, objective="tpot")) is None

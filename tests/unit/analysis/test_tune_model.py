@@ -682,3 +682,67 @@ def test_ranges_text_in_each_form(form, text):
 
 def test_ranges_text_without_ranges():
     assert (tm.ranges_text([]), tm.ranges_text([], "report"), tm.ranges_text([], "summary")) == ("", "-", "-")
+
+
+# --- run until decided: the sweep's cells (expected values by hand) ------------------------------------------
+
+def test_best_cell_is_the_highest_low_end_and_skips_cells_without_an_interval():
+    assert tm.best_cell([]) is None
+    assert tm.best_cell([("k=1", None), ("k=2", ci(1.5))]) is None
+    cells = [("k=1", ci(1.3, 1.2, 1.4)), ("k=2", ci(1.6, 1.1, 2.1)), ("k=3", None), ("k=4", ci(1.35, 1.25, 1.45)),
+             ("k=5", ci(1.3, 1.25, 1.35))]
+    label, r = tm.best_cell(cells)
+    assert (label, r.low) == ("k=4", 1.25)  # the highest low end (not the highest point); ties: the first
+
+
+def test_drop_interval_from_the_first_look_when_the_high_end_is_below_the_best_low_end():
+    from specadapt.records import SequentialDesign
+
+    design = SequentialDesign()  # alpha 0.05, phi 0.1, first look 6
+    # logs +-0.1 over 6 units: mean 0, sd sqrt(0.06 / 5), se sd / sqrt(6); r = 0.1 / 6.1, A = (r 0.05^2)^(1/6)
+    # = 0.18568, half-width factor sqrt(5 (1 - A) / (A - r)) = 4.9042: high = exp(0.2193) = 1.24523
+    logs = [0.1, -0.1] * 3
+    dropped = tm.drop_interval(logs, design, "pairs", ci(1.4, 1.25, 1.55))
+    assert (dropped.n, dropped.high, dropped.unit) == (6, pytest.approx(1.24523, abs=1e-5), "pairs")
+    assert tm.drop_interval(logs, design, "pairs", ci(1.4, 1.24, 1.55)) is None  # the intervals overlap
+    assert tm.drop_interval(logs[:5], design, "pairs", ci(9.0, 8.0, 10.0)) is None  # before the first look
+    assert tm.drop_interval([None, *logs], design, "pairs", ci(1.4, 1.25, 1.55)).n == 6  # None left out
+    floored = design.model_copy(update={"min_units": 7})
+    assert tm.drop_interval(logs, floored, "pairs", ci(9.0, 8.0, 10.0)) is None  # below the run's floor
+    assert tm.drop_interval(logs, design, "pairs", None) is None
+    assert tm.drop_interval(logs, design, "pairs", ci(1.4)) is None  # a best without an interval
+    early = design.model_copy(update={"first_look": 2})
+    assert tm.drop_interval([0.0, 0.0], early, "pairs", ci(9.0, 8.0, 10.0)) is None  # no interval yet at 2
+
+
+def test_requests_text_and_the_sweep_total():
+    assert tm.requests_text(12, 50) == "12 requests against 50 for the fixed design (76% fewer)"
+    assert tm.requests_text(60, 50) == "60 requests against 50 for the fixed design (20% more)"
+    assert tm.requests_text(12, None) == tm.requests_text(12, 0) == "12 requests"
+    from specadapt.records.tune import CellOutcome
+
+    def cell(requests, fixed):
+        return CellOutcome(concurrency=1, stopped="cap", verdict="no clear difference", units=1, requests=requests,
+                           fixed_requests=fixed, interval=ci(1.0), text="")
+
+    assert tm.sweep_requests([cell(12, 50), cell(20, 30)]) == (32, 80)
+    assert tm.sweep_requests([cell(12, 50), cell(20, None)]) == (32, None)
+    assert tm.sweep_requests([]) == (0, 0)
+
+
+def test_cell_outcome_keeps_the_rule_s_outcome_or_says_it_was_dropped_with_both_intervals():
+    from specadapt.records import SequentialOutcome
+
+    outcome = SequentialOutcome(verdict="faster", stopped="decided", units=6, requests=12, fixed_requests=30,
+                                interval=ci(1.5, 1.2, 1.8).model_copy(update={"unit": "pairs"}), text="T")
+    kept = tm.cell_outcome(1, outcome, "tpot")
+    assert (kept.stopped, kept.verdict, kept.units, kept.requests, kept.fixed_requests, kept.text,
+            kept.best_label) == ("decided", "faster", 6, 12, 30, "T", None)
+    undecided = outcome.model_copy(update={"verdict": "no clear difference", "stopped": "identity",
+                                           "interval": ci(1.01, 0.9, 1.12).model_copy(update={"unit": "blocks"})})
+    cell = tm.cell_outcome(4, undecided, "e2e", ("k=2", ci(1.5, 1.2, 1.8)))
+    assert (cell.concurrency, cell.stopped, cell.verdict, cell.best_label, cell.best_interval.low) == (
+        4, "dropped", "no clear difference", "k=2", 1.2)
+    assert cell.text == ("dropped after 6 blocks: E2E 1.01x [0.90, 1.12] lies below k=2's 1.50x [1.20, 1.80] at "
+                         "this batch size, so it cannot beat it; 12 requests against 30 for the fixed design "
+                         "(60% fewer)")
