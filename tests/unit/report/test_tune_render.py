@@ -465,3 +465,34 @@ def test_every_form_says_the_hardware_and_a_candidate_on_other_hardware(form):
     assert f"Candidate {measured.label} ran on other hardware: {hardware_text(other)}" in text
     unknown = RENDERERS[form](make_tune_report())
     assert "Hardware of the spec-off server: not known." in unknown and "ran on other hardware" not in unknown
+
+
+def rule_report() -> TuneReport:
+    """make_tune_report under --until-decided: k=2's cell at concurrency 1 decided, k=4's dropped."""
+    from specadapt.records import SequentialDesign
+    from specadapt.records.tune import CellOutcome
+
+    report = make_tune_report()
+    report.settings.sequential = SequentialDesign(max_units=20)
+    cand = [c for c in report.candidates if c.compare is not None]
+    cand[0].cells = [CellOutcome(concurrency=1, stopped="decided", verdict="faster", units=6, requests=12,
+                                 fixed_requests=30, interval=r(1.5, 1.2, 1.8), text="faster after 6 pairs: T1")]
+    cand[-1].cells = [CellOutcome(concurrency=1, stopped="dropped", verdict="no clear difference", units=7,
+                                  requests=14, fixed_requests=30, interval=r(1.0, 0.9, 1.1), best_label="k=2",
+                                  best_interval=r(1.5, 1.2, 1.8), text="dropped after 7 pairs: T2")]
+    return report
+
+
+@pytest.mark.parametrize("form", RENDERERS)
+def test_the_rule_s_design_total_and_one_line_per_cell(form):
+    report = rule_report()
+    labels = [c.label for c in report.candidates if c.cells]
+    text = RENDERERS[form](report)
+    assert "Run until decided" in text
+    assert "Design: run until decided: after each unit the anytime-valid 95% t confidence sequence" in text
+    assert "at most 20 units per level" in text and "the verification keeps the fixed design (--repeat" in text
+    # 12 + 14 = 26 of 30 + 30 = 60: 57% fewer
+    assert "The sweep: 26 requests against 60 for the fixed design (57% fewer)." in text
+    assert f"{labels[0]} at concurrency 1: faster after 6 pairs: T1" in text
+    assert f"{labels[1]} at concurrency 1: dropped after 7 pairs: T2" in text
+    assert "Run until decided" not in RENDERERS[form](make_tune_report())  # the fixed design: no such section
