@@ -154,3 +154,13 @@ def test_the_verification_keeps_the_fixed_design():
     assert plan.compare_settings().sequential == design
     assert plan.verify_settings().sequential is None
     assert plan.verify_settings().repeat == 5
+
+
+def test_a_cell_the_rule_decides_is_decided_even_where_it_could_also_be_dropped(monkeypatch):
+    """k=4 at 0.6x after k=2 at 2x: at the first look its interval lies below 1 (slower) and below k=2's
+    low end; the rule's verdict against spec-off comes first."""
+    units, verdict = reference_stop(pair_logs(0.6, 1.0, 40), cap=40)
+    assert (units, verdict) == (FIRST_LOOK, "slower")
+    report, _ = sweep(monkeypatch, {"k2": 2.0, "k4": 0.6}, [2, 4])
+    cell = report.candidates[2].cells[0]
+    assert (cell.stopped, cell.verdict, cell.units, cell.best_label) == ("decided", "slower", units, None)
