@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from collections.abc import Iterable
 
 from specadapt.adapters.base import Server, TokenRequests
@@ -335,12 +336,15 @@ class ABRunner:
 
 
 def run_compare(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings,
-                progress: Progress | None = None) -> CompareReport:
-    """The whole A/B with both servers up: interleaved runs, then analysis and identity."""
+                progress: Progress | None = None,
+                runner_for: Callable[..., ABRunner] = ABRunner) -> CompareReport:
+    """The whole A/B with both servers up: interleaved runs, then analysis and identity.
+    ``runner_for``: makes the runner from (off, on, prompts, settings, progress, executor); tune's
+    runner also drops cells that cannot beat the best."""
     settings.concurrency = sorted(set(settings.concurrency))
     off_info, on_info = off.describe(), on.describe()
     with counting(off, on), executor_for(settings.workers, settings.ray_address) as executor:
-        runner = ABRunner(off, on, prompts, settings, progress, executor)
+        runner = runner_for(off, on, prompts, settings, progress, executor)
         records, on_counters, off_counters = run_loop(runner.run())
     done = sum(1 for r in records if r.ok)
     exits = [exit_reason(server, label, f"{done} of {len(records)} requests had succeeded")

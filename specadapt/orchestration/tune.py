@@ -39,11 +39,8 @@ from specadapt.analysis.speed import level_design, unit_logs, unit_name
 from specadapt.analysis.tune_model import ranges_text
 from specadapt.configs.spec import SpecConfig
 from specadapt.errors import ServerError
-from specadapt.load.client import run as run_loop
-from specadapt.load.executors import executor_for
 from specadapt.load.progress import Progress, ProgressBars
-from specadapt.orchestration.compare import ABRunner, finish_compare, run_compare
-from specadapt.orchestration.counters import counting
+from specadapt.orchestration.compare import ABRunner, run_compare
 from specadapt.orchestration.probe import exit_reason
 from specadapt.records import CompareReport, CompareSettings, LevelResult, Prompt, RatioCI
 from specadapt.records.schedule import k_for_batch
@@ -120,23 +117,16 @@ class CellRunner(ABRunner):
 
 def run_cells(off: Server, on: Server, prompts: list[Prompt], settings: CompareSettings, progress: Progress | None,
               bests: Mapping[int, Best]) -> tuple[CompareReport, dict[int, Best]]:
-    """One candidate's A/B as run_compare runs it, through CellRunner: (its report, {level: the cell
-    each dropped level could not beat})."""
-    settings.concurrency = sorted(set(settings.concurrency))
-    off_info, on_info = off.describe(), on.describe()
-    with counting(off, on), executor_for(settings.workers, settings.ray_address) as executor:
-        runner = CellRunner(off, on, prompts, settings, progress, executor, bests=bests)
-        records, on_counters, off_counters = run_loop(runner.run())
-    done = sum(1 for r in records if r.ok)
-    exits = [exit_reason(server, label, f"{done} of {len(records)} requests had succeeded")
-             for label, server in (("spec-off", off), ("spec-on", on))
-             if server.process is not None and not server.process.alive()]
-    report = CompareReport(settings=settings, off_server=off_info, on_server=on_info, requests=records,
-                           counters_on=on_counters, counters_off=off_counters,
-                           counters_on_rate=runner.rate_counters["on"], counters_off_rate=runner.rate_counters["off"],
-                           interference_check=runner.interference_check, server_exits=exits,
-                           notes=[runner.identity_stop] if runner.identity_stop else [])
-    return finish_compare(report, off, prompts, runner.req_off), runner.dropped
+    """One candidate's A/B, run_compare with CellRunner: (its report, {level: the cell each dropped
+    level could not beat})."""
+    runners: list[CellRunner] = []
+
+    def runner_for(*args) -> CellRunner:
+        runners.append(CellRunner(*args, bests=bests))
+        return runners[-1]
+
+    report = run_compare(off, on, prompts, settings, progress, runner_for=runner_for)
+    return report, runners[-1].dropped
 
 
 def bests_so_far(report: TuneReport, variant: str) -> dict[int, Best]:
@@ -160,7 +150,7 @@ def cell_outcomes(compare: CompareReport, dropped: Mapping[int, Best], objective
             continue
         cell = tm.cell_outcome(lv.concurrency, lv.sequential, objective, dropped.get(lv.concurrency))
         if cell.stopped == "dropped":
-            lv.sequential = lv.sequential.model_copy(update={"text": cell.text})
+            lv.sequential = lv.sequential.model_copy(update={"stopped": "dropped", "text": cell.text})
         cells.append(cell)
     return cells
 

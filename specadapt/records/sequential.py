@@ -81,9 +81,10 @@ class SequentialOutcome(BaseModel):
     verdict: Literal["faster", "slower", "equivalent", "no clear difference"] = Field(
         description="faster: the primary ratio's interval lies above 1; slower: below 1; equivalent: within the "
                     "margin; no clear difference: the cap (or the identity stop) came first.")
-    stopped: Literal["decided", "cap", "identity"] = Field(
+    stopped: Literal["decided", "cap", "identity", "dropped"] = Field(
         description="decided: the interval decided; cap: max_units reached undecided; identity: the run stopped "
-                    "to fail on divergences.")
+                    "to fail on divergences; dropped: a tune cell whose interval could not beat the best cell so "
+                    "far at its batch size.")
     units: int = Field(description="Units measured at the level when it stopped.")
     requests: int = Field(description="Measured requests sent at the level, both sides.")
     fixed_requests: int | None = Field(None, description="Measured requests today's fixed design (prompts x "

@@ -116,7 +116,7 @@ def test_a_cell_that_cannot_beat_the_best_so_far_is_dropped_and_says_why(monkeyp
                             f"at this batch size, so it cannot beat it; {2 * drop_at} requests against 18 for the "
                             f"fixed design ({1 - 2 * drop_at / 18:.0%} fewer)")
     level = report.candidates[2].compare.levels[0]
-    assert level.sequential.text == dropped.text  # the candidate's own A/B says so too, not "stopped on identity"
+    assert (level.sequential.stopped, level.sequential.text) == ("dropped", dropped.text)  # its own A/B says so too
     assert f"- k=4 at concurrency 1: {dropped.text}" in render_markdown(report)
     # the choice is as today, from the measured figures: the dropped k cannot be it
     tuning.analyse(report)
