@@ -218,7 +218,8 @@ EQUIV_CONCURRENCY = "1,4"
 @click.option("--sampling", is_flag=True,
               help="Check the sampling distribution instead of greedy identity: sample the spec-on server at "
                    "temperature 1 and test the tokens against the target's distribution (the spec-off server's "
-                   "prompt_logprobs, or --reference in float64). See docs/sampling.md.")
+                   "prompt_logprobs, or --reference in float64). With --until-decided: in 4 looks, stopping early "
+                   "only to reject (alpha split over the looks). See docs/sampling.md.")
 @click.option("--samples", type=click.IntRange(1), default=SAMPLES, show_default=True,
               help="With --sampling: completions per prompt (seeds --seed, --seed + 1, ...).")
 @click.option("--top-logprobs", type=click.IntRange(1), default=TOP_LOGPROBS, show_default=True,
