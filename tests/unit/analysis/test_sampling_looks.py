@@ -180,3 +180,32 @@ def test_without_the_rule_the_report_has_no_looks():
     report = C.sampling_report(settings(looks=None), on, None, inp, samples, draws)
     assert report.looks is None and report.settings.looks is None
     assert report.stats.alpha == 0.01
+
+
+# --- the split holds the run's false-alarm rate -----------------------------------------------------------
+def test_a_correct_sampler_looked_at_four_times_is_rejected_at_most_alpha_of_the_time():
+    """Seeded simulation of the real verdict under the null: tokens from fixed 12-token distributions,
+    400 per run, looks after 100, 200, 300, 400 at look_alphas(0.3, 4). The union bound caps the rate
+    at 0.3; spending the whole 0.3 at every look instead rejects well above it (the same runs)."""
+    from specadapt.analysis.sampling_stats import DrawArrays, verdict_from_arrays
+
+    rng = np.random.default_rng(2024)
+    logits = rng.normal(size=(4, 12)) * 1.5
+    dists = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    split, naive, runs = 0, 0, 200
+    for r in range(runs):
+        p = dists[rng.integers(0, 4, 400)]
+        tokens = np.minimum((p.cumsum(axis=1) < rng.random((400, 1))).sum(axis=1), 11)
+        order = np.argsort(-p, axis=1, kind="stable")
+        probs = np.take_along_axis(p, order, axis=1)[:, :8]
+        rank = np.argmax(order == tokens[:, None], axis=1)
+        arrays = DrawArrays(probs, np.where(rank < 8, rank, -1), np.zeros(400, dtype=bool))
+
+        def rejects(n: int, alpha: float) -> bool:
+            part = DrawArrays(arrays.probs[:n], arrays.rank[:n], arrays.zero_probability[:n])
+            return verdict_from_arrays(part, alpha=alpha, seed=r).status == "inconsistent"
+
+        split += any(rejects(100 * (i + 1), a) for i, a in enumerate(look_alphas(0.3, 4)))
+        naive += any(rejects(100 * (i + 1), 0.3) for i in range(4))
+    assert split / runs <= 0.3
+    assert naive / runs > 0.3  # the test can tell a split that does not hold alpha
