@@ -16,7 +16,15 @@ import numpy as np
 import pytest
 from scipy.optimize import brentq
 
-from specadapt.analysis.speed import analyse, compare_notes, level_design, unit_logs, units_sent
+from specadapt.analysis.speed import (
+    analyse,
+    compare_notes,
+    level_design,
+    sequential_outcome,
+    should_stop,
+    unit_logs,
+    units_sent,
+)
 from specadapt.records import CompareReport, CompareSettings, RequestRecord, SequentialDesign, ServerInfo
 from specadapt.records.sequential import FIRST_LOOK, PHI
 
@@ -179,3 +187,73 @@ def test_reports_without_the_rule_read_and_write_as_before():
     back = CompareReport.model_validate_json(ruled.model_dump_json())
     assert back.settings.sequential == ruled.settings.sequential
     assert back.levels[0].sequential == ruled.levels[0].sequential
+
+
+RATE = 2.0
+
+
+def blocks_at_rate(on_tpot: list[float], prompts: int = 2) -> list[RequestRecord]:
+    """One off block + on block per entry of ``on_tpot`` at arrival rate RATE (concurrency 0), each
+    block ``prompts`` requests all sent at 0; the on block's requests all have that TPOT."""
+    out = []
+    for r, t in enumerate(on_tpot):
+        for i in range(prompts):
+            out += [rec(side, f"p{i}", r, tpot, level=0).model_copy(update={"request_rate": RATE})
+                    for side, tpot in (("off", OFF_TPOT), ("on", t))]
+    return out
+
+
+def test_at_a_rate_the_units_are_blocks_whatever_level_is_given():
+    # with a rate the level is the rate's (as level_records reads it): a block per repeat, never a pair
+    records = blocks_at_rate(ON_TPOT[:3])
+    # a block's requests all end at 10 + 10 tpot ms after the block's start: tokens/s on/off is 130 / (10 + 10 t)
+    tpot = [math.log(OFF_TPOT / t) for t in ON_TPOT[:3]]
+    rate = [math.log((10 + 10 * OFF_TPOT) / (10 + 10 * t)) for t in ON_TPOT[:3]]
+    for level in (0, 1):
+        logs = unit_logs(records, level, RATE)
+        assert logs["tpot"] == pytest.approx(tpot) and logs["throughput"] == pytest.approx(rate)
+        assert units_sent(records, level, RATE) == 3
+        assert level_design(SequentialDesign(min_units=20), level, RATE).min_units == 0
+
+
+def test_at_a_rate_the_rule_decides_on_blocks_without_the_floor():
+    n = 8
+    records = blocks_at_rate(ON_TPOT[:n])
+    low, high = reference_cs([math.log(OFF_TPOT / t) for t in ON_TPOT[:n]])
+    assert low > 1
+    design = SequentialDesign(max_units=40, min_units=50)  # a floor of pairs: none at a rate
+    for level in (0, 1):
+        assert should_stop(records, level, RATE, design) is True
+        seq = sequential_outcome(records, level, RATE, design)
+        assert (seq.verdict, seq.stopped, seq.units, seq.requests) == ("faster", "decided", n, 4 * n)
+        assert (seq.interval.unit, seq.interval.low, seq.interval.high) == ("blocks", pytest.approx(low),
+                                                                          pytest.approx(high))
+        assert seq.text.startswith(f"faster after {n} blocks: TPOT ")
+    assert should_stop(records[:4 * (FIRST_LOOK - 1)], 1, RATE, design) is False  # before the first look
+
+
+def test_a_rate_stopped_on_identity_reads_its_own_blocks_not_another_level_s():
+    # concurrency 1 would decide faster; the rate's 3 blocks are before the first look
+    records = pairs_at_1(8) + blocks_at_rate(ON_TPOT[:3])
+    seq = sequential_outcome(records, 1, RATE, SequentialDesign(max_units=40))
+    assert (seq.stopped, seq.verdict, seq.units, seq.interval.n) == ("identity", "no clear difference", 3, 3)
+    assert seq.text.startswith("no clear difference when the run stopped on identity after 3 blocks")
+
+
+def test_a_level_of_failed_pairs_has_no_unit_measured_and_the_requests_against_the_fixed_design():
+    records = []
+    for i in range(2):
+        records += [rec("off", f"p{i}", 0, OFF_TPOT), rec("on", f"p{i}", 0, 8.0, ok=False)]
+    design = SequentialDesign(max_units=2)
+
+    def text(fixed):
+        seq = sequential_outcome(records, 1, None, design, fixed)
+        assert (seq.stopped, seq.units, seq.requests, seq.interval.n) == ("cap", 2, 4, 0)
+        return seq.text
+
+    assert text(None) == text(0) == "no clear difference at the cap of 2 pairs: TPOT no unit measured; 4 requests"
+    # 4 sent: against 4, none saved; against 3, a third more; against 1, three times more
+    assert text(4).endswith("; 4 requests against 4 for the fixed design (0% fewer)")
+    assert text(3).endswith("; 4 requests against 3 for the fixed design (33% more)")
+    assert text(1).endswith("; 4 requests against 1 for the fixed design (300% more)")
+    assert text(8).endswith("; 4 requests against 8 for the fixed design (50% fewer)")

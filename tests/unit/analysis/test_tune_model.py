@@ -693,6 +693,9 @@ def test_best_cell_is_the_highest_low_end_and_skips_cells_without_an_interval():
              ("k=5", ci(1.3, 1.25, 1.35))]
     label, r = tm.best_cell(cells)
     assert (label, r.low) == ("k=4", 1.25)  # the highest low end (not the highest point); ties: the first
+    # a half interval (a low end, no high end) is no interval: left out, even with the highest low end
+    half = [("k=1", RatioCI(point=2.0, low=1.9)), ("k=2", ci(1.3, 1.2, 1.4)), ("k=3", RatioCI(point=2.0, high=2.1))]
+    assert tm.best_cell(half)[0] == "k=2"
 
 
 def test_drop_interval_from_the_first_look_when_the_high_end_is_below_the_best_low_end():
@@ -705,6 +708,8 @@ def test_drop_interval_from_the_first_look_when_the_high_end_is_below_the_best_l
     dropped = tm.drop_interval(logs, design, "pairs", ci(1.4, 1.25, 1.55))
     assert (dropped.n, dropped.high, dropped.unit) == (6, pytest.approx(1.24523, abs=1e-5), "pairs")
     assert tm.drop_interval(logs, design, "pairs", ci(1.4, 1.24, 1.55)) is None  # the intervals overlap
+    # its high end exactly at best's low end is not below it: the two intervals touch, the cell may tie
+    assert tm.drop_interval(logs, design, "pairs", ci(1.4, dropped.high, 1.55)) is None
     assert tm.drop_interval(logs[:5], design, "pairs", ci(9.0, 8.0, 10.0)) is None  # before the first look
     assert tm.drop_interval([None, *logs], design, "pairs", ci(1.4, 1.25, 1.55)).n == 6  # None left out
     floored = design.model_copy(update={"min_units": 7})
@@ -719,6 +724,9 @@ def test_requests_text_and_the_sweep_total():
     assert tm.requests_text(12, 50) == "12 requests against 50 for the fixed design (76% fewer)"
     assert tm.requests_text(60, 50) == "60 requests against 50 for the fixed design (20% more)"
     assert tm.requests_text(12, None) == tm.requests_text(12, 0) == "12 requests"
+    # as many as the fixed design: none saved, said "0% fewer"; a fixed count of 1 is still a count
+    assert tm.requests_text(50, 50) == "50 requests against 50 for the fixed design (0% fewer)"
+    assert tm.requests_text(2, 1) == "2 requests against 1 for the fixed design (100% more)"
     from specadapt.records.tune import CellOutcome
 
     def cell(requests, fixed):
