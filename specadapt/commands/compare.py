@@ -229,7 +229,8 @@ EQUIV_CONCURRENCY = "1,4"
               help="Check request features instead: a matrix of cells (stop strings, max/min tokens, penalties, "
                    "logit_bias, logprobs, structured output, prefix cache, long prompts, multi-turn, temperature/"
                    "top-p/top-k/min-p distributions, seeds), one verdict each; 'all', a group or names (see "
-                   "--list-features). See docs/features.md.")
+                   "--list-features). With --until-decided: each distribution cell in 4 looks, stopping early "
+                   "only to reject (alpha split over the looks). See docs/features.md.")
 @click.option("--list-features", is_flag=True, help="List the cells of --features and exit.")
 @click.option("--require-active", is_flag=True,
               help="With --features: a cell in which the spec-on server proposed no draft fails the gate.")
@@ -268,7 +269,7 @@ def equiv(server_opts: ServerOptions, off_url, on_url, launch, max_suspect, max_
     rule = [flag for name, flag in (("until_decided", "--until-decided"), ("max_units", "--max-units"),
                                     ("equivalence_margin", "--equivalence-margin"))
             if kw.get(name) not in (None, False)]
-    if sampling and not (features_ or list_features):  # --sampling --until-decided: stop early only to reject
+    if (sampling or features_) and not list_features:  # --sampling, --features: stop early only to reject
         rule = [flag for flag in rule if flag != "--until-decided"]
     if rule and (sampling or features_ or list_features):
         raise UsageError(f"{', '.join(rule)} belong{'s' if len(rule) == 1 else ''} to compare and equiv's identity "

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from specadapt.analysis.features import FEATURES, GROUPS, parse_features
 from specadapt.analysis.identity import default_threshold
+from specadapt.analysis.sampling_check import LOOKS
 from specadapt.commands._console import ConsoleRun, stderr
 from specadapt.commands._server import ServerOptions
 from specadapt.commands.sampling import _flag, _given, sampling_concurrency
@@ -64,7 +65,7 @@ def run_features(ctx: click.Context, server_opts: ServerOptions, off_url: str | 
             seed=kw["seed"], request_timeout_s=kw["request_timeout"],
             near_tie_threshold=threshold if threshold is not None else _planned_threshold(plan.dtype),
             source="reference" if reference else "server", reference=str(reference) if reference else None,
-            require_active=kw["require_active"])
+            require_active=kw["require_active"], looks=LOOKS if kw.get("until_decided") else None)
         report = features.check_features(plan, settings, ref, console.bars, console.messages)
     out = kw["out_dir"]
     written = write_feature_outputs(report, json_path=kw["json_out"] or (out / "report.json" if out else None),

@@ -14,7 +14,9 @@ ignored) and score every sampled token against the exact distribution of that se
 (orchestration/sampling.py ``score_samples``, as `equiv --sampling` does at temperature 1): from
 the target recomputed in float64 (``--reference DIR``: the whole vocabulary), or from the
 spec-off server's prompt logprobs where its top K holds the whole support (top_k <= K). Any other
-cell is refused as "not-exact", with the reason, rather than approximated.
+cell is refused as "not-exact", with the reason, rather than approximated. With --until-decided
+(``FeatureSettings.looks``) a distribution cell sends its samples in looks and stops early only to
+reject, as `equiv --sampling --until-decided` does (``sample_in_looks``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis import features as F
 from specadapt.analysis.identity import default_threshold
 from specadapt.analysis.lossy import lossy_reasons_of
-from specadapt.analysis.sampling_check import PromptInput
+from specadapt.analysis.sampling_check import (
+    PromptInput,
+    Sample,
+    by_index,
+    look_batches,
+    look_record,
+    looks_outcome,
+    stops,
+)
+from specadapt.analysis.sampling_stats import TokenDraw, look_alphas
 from specadapt.analysis.sides import side_notes
 from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
@@ -40,6 +51,8 @@ from specadapt.orchestration.sampling import draw_samples, finished, score_sampl
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import Divergence, Prompt, ServerInfo
 from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
+from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling_report import SamplingLook, SamplingLooks
 from specadapt.wire.http import Wire, fault_kind
 from specadapt.wire.openai import (
     detokenize_body,
@@ -289,13 +302,17 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
     problem = F.exactness_problem(setting, s.top_logprobs, s.source)
     if problem:
         return CellResult(**base, verdict="not-exact", reason=problem)
+    looks = None
     with counter_window(m.on.server) as window:
-        samples = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
-                                     requests=m.on.requests, sampling=setting.body())
-    scored = await score_samples(m.reference or m.off.server, samples, setting, s.top_logprobs, s.concurrency,
-                           s.request_timeout_s, requests=m.off.requests)
-    draws = [d for ds in scored for d in ds]
-    stats = sampling_verdict(draws, alpha=s.alpha, bins=SAMPLE_BINS, seed=s.seed)
+        if s.looks is not None:
+            samples, stats, looks = await sample_in_looks(m, setting, inputs)
+        else:
+            samples = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
+                                         requests=m.on.requests, sampling=setting.body())
+    if looks is None:
+        scored = await score_samples(m.reference or m.off.server, samples, setting, s.top_logprobs, s.concurrency,
+                                     s.request_timeout_s, requests=m.off.requests)
+        stats = sampling_verdict([d for ds in scored for d in ds], alpha=s.alpha, bins=SAMPLE_BINS, seed=s.seed)
     ok = stats.status == "consistent"
     detail = stats.summary if stats.status != "too-few" else (
         f"too few tokens to decide ({stats.n_tokens} sampled, {stats.min_tokens} needed): raise --samples")
@@ -305,7 +322,39 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
     activity = F.activity_of(window.acceptance)
     verdict, reason = F.cell_verdict(checks, activity, lossy=m.lossy)
     return CellResult(**base, verdict=verdict, reason=reason, checks=checks, activity=activity, stats=stats,
-                      requests=len(samples), tokens=sum(len(x.tokens) for x in samples))
+                      requests=len(samples), tokens=sum(len(x.tokens) for x in samples), looks=looks,
+                      notes=[f"until decided: {looks.text}"] if looks else [])
+
+
+async def sample_in_looks(m: Matrix, setting: F.Setting, inputs: Sequence[PromptInput],
+                          ) -> tuple[list[Sample], SamplingStats, SamplingLooks]:
+    """A distribution cell with --until-decided, as `equiv --sampling --until-decided` runs
+    (analysis/sampling_check.py): the cell's samples in ``settings.looks`` batches (``look_batches``),
+    each drawn on the spec-on server and scored before the next, then the test on every sample so far
+    at the look's alpha (``look_alphas``); an interim look that rejects stops the cell, and the last
+    look, on every sample of the fixed design in its order, decides either way."""
+    from specadapt.analysis.sampling_stats import sampling_verdict  # scipy
+
+    s = m.settings
+    if s.looks is None:
+        raise ValueError("sample_in_looks needs settings.looks")
+    batches = look_batches(inputs, s.samples, s.seed, s.looks)
+    alphas = look_alphas(s.alpha, len(batches))
+    samples: list[Sample] = []
+    draws: list[list[TokenDraw]] = []
+    history: list[SamplingLook] = []
+    for look, (batch, alpha) in enumerate(zip(batches, alphas, strict=True), start=1):
+        new = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
+                                 requests=m.on.requests, sampling=setting.body(), planned=batch)
+        samples += new
+        draws += await score_samples(m.reference or m.off.server, new, setting, s.top_logprobs, s.concurrency,
+                                     s.request_timeout_s, requests=m.off.requests)
+        _, ordered = by_index(samples, draws)  # the fixed design's order: the last look tests its very tokens
+        stats = sampling_verdict([d for ds in ordered for d in ds], alpha=alpha, bins=SAMPLE_BINS, seed=s.seed)
+        history.append(look_record(look, len(samples), alpha, stats))
+        if stops(look, len(batches), stats):
+            break
+    return samples, stats, looks_outcome(s.alpha, len(batches), sum(len(b) for b in batches), history)
 
 
 async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) -> CellResult:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from specadapt.records.metrics import AcceptanceSummary
 from specadapt.records.reports import PassGate, ReportEnvelope
 from specadapt.records.sampling import SamplingStats
+from specadapt.records.sampling_report import SamplingLooks
 from specadapt.records.server import ServerInfo
 
 CellKind = Literal["deterministic", "distribution", "seed"]
@@ -58,6 +59,9 @@ class CellResult(BaseModel):
     tokens: int = Field(0, description="Tokens the spec-on server generated for the cell's own requests.")
     stats: SamplingStats | None = Field(None, description="Distribution cells: the statistics of the sampled tokens.")
     seconds: float | None = Field(None, description="Wall time of the cell, derivation and scoring included.")
+    looks: SamplingLooks | None = Field(None, description=(
+        "Distribution cells with --until-decided: the looks, their alphas, the look the cell stopped at and the "
+        "samples it used against the fixed design's; None for the fixed design and for the other cells."))
     notes: list[str] = Field(default_factory=list)
 
 
@@ -78,6 +82,9 @@ class FeatureSettings(BaseModel):
     reference: str | None = None
     require_active: bool = Field(False, description="An inactive cell fails the gate.")
     prompts_source: str = "built-in"
+    looks: int | None = Field(None, description=(
+        "With --until-decided: each distribution cell sends its samples in this many equal batches and tests after "
+        "each; an interim look stops the cell only to reject. None: all samples, one test."))
 
 
 FeatureGate = PassGate  # the one pass/fail gate (records/reports.py)

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from specadapt.analysis.sampling_stats import look_alphas
 from specadapt.records.features import GATE_EFFECT, CellResult, FeatureReport
 from specadapt.records.server import ServerInfo
 from specadapt.report import page
@@ -44,9 +45,21 @@ def header_lines(report: FeatureReport) -> list[str]:
              f"{len(s.features)} cells{ran}; greedy cells up to {s.max_tokens} tokens; distribution cells "
              f"{s.samples} samples per prompt of {s.sample_tokens} tokens at alpha {s.alpha:g}, p from {source}; "
              f"near-tie threshold {s.near_tie_threshold:g} nats"]
+    if s.looks is not None:
+        lines.append(looks_line(s.alpha, s.looks))
     if report.lossy:
         lines.append(f"lossy by configuration: {report.lossy}")
     return lines
+
+
+def looks_line(alpha: float, looks: int) -> str:
+    """The design of --until-decided: the looks of each distribution cell and the alpha each spends."""
+    alphas = look_alphas(alpha, looks)
+    split = (f"{alphas[0]:.3g} at each of looks 1-{looks - 1} and {alphas[-1]:.3g} at the last" if looks > 1
+             else f"{alphas[0]:.3g} at the only look")
+    return (f"until decided: each distribution cell sends its samples in {looks} looks and stops early only to "
+            f"reject; alpha {alpha:g} split over the looks: {split} (at most alpha per cell in all); a pass is "
+            "decided at the last look only")
 
 
 def counts(report: FeatureReport) -> str:

@@ -225,9 +225,9 @@ def test_the_rule_is_refused_with_the_servers_one_after_the_other(command):
 
 
 @pytest.mark.parametrize(("check", "refused"), [(["--sampling"], "--max-units belongs"),
-                                                (["--features", "all"], "--until-decided, --max-units belong")])
+                                                (["--features", "all"], "--max-units belongs")])
 def test_equiv_s_sampling_and_features_refuse_the_rule(check, refused):
-    """--sampling takes --until-decided (it stops early only to reject) but not the speed rule's cap."""
+    """--sampling and --features take --until-decided (they stop early only to reject) but not the speed rule's cap."""
     assert error_lines("equiv", *OFF_ON, *check, "--until-decided", "--max-units", "12") == [
         f"error: {refused} to compare and equiv's identity gate, not to --sampling or "
         "--features (they decide on their own samples)"]
