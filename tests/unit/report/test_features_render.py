@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import io
+from html import unescape
 
 from junitparser import JUnitXml
 from rich.console import Console
 
 from specadapt.adapters.base import TokenRequests
+from specadapt.analysis.sampling_check import looks_outcome
 from specadapt.orchestration.features import lossy_of, parse_answer, request_body
 from specadapt.records import ServerInfo
 from specadapt.records.features import Activity, CellResult, FeatureGate, FeatureReport, FeatureSettings
+from specadapt.records.sampling_report import SamplingLook
 from specadapt.records.server import LaunchRecord
 from specadapt.report import features_render as R
 
@@ -103,3 +106,39 @@ def test_console_lists_the_reasons_of_cells_that_did_not_pass():
     text = out.getvalue()
     assert "b: speculation inactive: no drafts" in text and "a: pass" not in text
     assert "gate: FAIL: b: fail" in text
+
+
+def looked(settings_looks: int | None = 4) -> FeatureReport:
+    """A distribution cell rejected at look 1 of 4 (alpha 0.01) beside a deterministic cell."""
+    history = [SamplingLook(look=1, samples=6, tokens=192, alpha=0.01 / 6, status="inconsistent", smallest_p=1e-9)]
+    looks = looks_outcome(0.01, 4, 24, history)
+    dist = CellResult(name="top-k-20", kind="distribution", title="top_k 20", verdict="fail", reason="distribution: x",
+                      activity=Activity(state="active"), looks=looks, notes=[f"until decided: {looks.text}"])
+    r = report(dist, cell("a", "pass"))
+    r.settings.looks = settings_looks
+    return r
+
+
+SPLIT = ("until decided: each distribution cell sends its samples in 4 looks and stops early only to reject; alpha "
+         "0.01 split over the looks: 0.00167 at each of looks 1-3 and 0.005 at the last (at most alpha per cell in "
+         "all); a pass is decided at the last look only")
+
+
+def test_with_looks_every_form_states_the_split_and_where_each_distribution_cell_stopped():
+    r = looked()
+    assert R.header_lines(r)[-1] == SPLIT  # 0.01 / (2 * 3) = 0.001667, 0.01 / 2 = 0.005
+    out = io.StringIO()
+    R.render_console(r, Console(file=out, width=400))
+    text, md, html = out.getvalue(), R.to_markdown(r), unescape(R.to_html(r))
+    stop = "top-k-20: until decided: stopped at look 1 of 4"
+    for form in (text, md, html):
+        assert SPLIT in form and stop in form and "after 6 of the fixed design's 24 samples" in form
+    assert "a: until decided" not in text  # the deterministic cell has no looks
+
+
+def test_without_looks_no_form_mentions_them():
+    r = report(cell("a", "pass"), cell("b", "fail"))
+    out = io.StringIO()
+    R.render_console(r, Console(file=out, width=400))
+    for form in (out.getvalue(), R.to_markdown(r), R.to_html(r)):
+        assert "until decided" not in form and "looks" not in form
