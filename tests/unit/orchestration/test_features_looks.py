@@ -1,50 +1,20 @@
 """The distribution cells of `equiv --features --until-decided` in this process, on the loopback fake of
-vLLM's sampling and scoring API (tests/commands/test_sampling_cli.py) taught to apply the cell's
-temperature and top_k: a cell whose samples are grossly wrong stops at the first look, a correct one
+vLLM's sampling and scoring API taught to apply the cell's temperature and top_k
+(tests/commands/test_features_until_decided.py ``FilteredVLLM``): a cell whose samples are grossly wrong stops at the first look, a correct one
 runs every look, passes, and tests at its last look the very tokens of the fixed design at alpha / 2."""
 
 from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from commands.test_sampling_cli import VOCAB, FakeVLLM, _Handler, probs
+from commands.test_features_until_decided import FilteredVLLM
+from commands.test_sampling_cli import FakeVLLM
 
 from specadapt.analysis import features as F
 from specadapt.orchestration import features
 from specadapt.orchestration.servers import ServerOptions, ServerPlan, ab_sides, plan_servers
 from specadapt.records.features import FeatureSettings
-
-
-class _Filtered(_Handler):
-    """Samples the chain at the request's temperature and top_k, or with the fake's fault: "top-k
-    ignored" (the whole vocabulary, a filter skipped) or "cold" (at half the asked temperature)."""
-
-    def _sample(self, body):
-        fake = self.server.fake
-        rng = np.random.default_rng(body["seed"])
-        prev, out = body["prompt"][-1], []
-        temperature = body.get("temperature", 1.0) * (0.5 if fake.fault == "cold" else 1.0)
-        top_k = 0 if fake.fault == "top-k ignored" else body.get("top_k", 0)
-        for _ in range(body["max_tokens"]):
-            q = probs(prev) ** (1 / temperature)
-            if 0 < top_k < VOCAB:
-                q = np.where(q >= np.sort(q)[-top_k], q, 0.0)
-            prev = int(rng.choice(VOCAB, p=q / q.sum()))
-            out.append(prev)
-        with fake.lock:
-            fake.requests += 1
-            fake.generated += len(out)
-        return self._json({"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": {
-            "tokens": [f"token_id:{t}" for t in out], "token_logprobs": [0.0] * len(out)}}]})
-
-
-class FilteredVLLM(FakeVLLM):
-    def __init__(self, spec: bool, fault: str | None = None):
-        super().__init__(spec)
-        self.fault = fault
-        self.httpd.RequestHandlerClass = _Filtered
 
 
 def settings(**kw) -> FeatureSettings:
