@@ -84,11 +84,11 @@ SETTINGS = FeatureSettings(features=[], max_tokens=6, samples=1, sample_tokens=4
                            concurrency=1, seed=0, request_timeout_s=5, near_tie_threshold=0.01, source="server")
 
 
-def cell(name, on: Scripted, off: Scripted, max_model_len=None, inputs=()):
+def cell(name, on: Scripted, off: Scripted, max_model_len=None, inputs=(), settings=SETTINGS):
     async def go():
         async with Wire.for_server(on) as on_wire, Wire.for_server(off) as off_wire:
             m = Matrix(on=Endpoint("spec-on", on, on_wire, TokenRequests()),
-                       off=Endpoint("spec-off", off, off_wire, TokenRequests()), settings=SETTINGS, reference=None,
+                       off=Endpoint("spec-off", off, off_wire, TokenRequests()), settings=settings, reference=None,
                        lossy=None, max_model_len=max_model_len)
             return await run_cell(m, F.BY_NAME[name], list(inputs))
     return asyncio.run(go())
@@ -217,3 +217,17 @@ def test_a_long_prompt_is_sized_by_the_spec_off_tokenizer():
     assert on.bodies[0]["prompt"] == off.bodies[1]["prompt"] == [7, 8, 9] * 10 + [7, 8]
     assert on.bodies[0]["max_tokens"] == 8 and on.bodies[0]["ignore_eos"] is True
     assert (c.verdict, c.notes) == ("pass", ["prompt of 32 tokens, max_model_len 40"])
+
+
+@pytest.mark.parametrize("name", ["max-tokens", "seed"])
+def test_until_decided_leaves_the_cells_that_sample_no_distribution_as_they_are(name):
+    """--until-decided (settings.looks) changes the distribution cells only: a greedy cell and the seed
+    cell send the same requests and reach the same result with it as without."""
+    results, sent = [], []
+    for settings in (SETTINGS, SETTINGS.model_copy(update={"looks": 4})):
+        on, off = Scripted("on", chunks=[[1], [2], [3, 4, 5], [6]]), Scripted("off", spec=False)
+        inputs = [PromptInput(prompt=Prompt(id="p", prompt="x"), ids=(7, 8), max_tokens=4)]
+        results.append(cell(name, on, off, inputs=inputs, settings=settings).model_dump(exclude={"seconds"}))
+        sent.append((on.bodies, off.bodies))
+    assert results[0] == results[1] and sent[0] == sent[1]
+    assert results[1]["looks"] is None and results[1]["verdict"] == "pass" and sent[1][0]
