@@ -214,6 +214,9 @@ def test_at_a_rate_the_units_are_blocks_whatever_level_is_given():
         assert logs["tpot"] == pytest.approx(tpot) and logs["throughput"] == pytest.approx(rate)
         assert units_sent(records, level, RATE) == 3
         assert level_design(SequentialDesign(min_units=20), level, RATE).min_units == 0
+        # 3 blocks, before the first look: the rule stops at a cap of 3 blocks, not at 4
+        assert should_stop(records, level, RATE, SequentialDesign(max_units=3)) is True
+        assert should_stop(records, level, RATE, SequentialDesign(max_units=4)) is False
 
 
 def test_at_a_rate_the_rule_decides_on_blocks_without_the_floor():
