@@ -117,6 +117,21 @@ def test_a_run_through_all_looks_and_a_single_look():
                                "each of looks 1-3 and 0.025 at the last")
     one = C.looks_outcome(0.05, 1, 3, [look(1, 3, 0.05, "consistent", 0.3)])
     assert "alpha 0.05 split over 1 looks: 0.05 at the only look" in one.text
+    # two looks: an interim one and the last, alpha / 2 = 0.025 each; there is no "only look"
+    two = C.looks_outcome(0.05, 2, 16, [look(1, 8, 0.025, "consistent", 0.3), look(2, 16, 0.025, "consistent", 0.3)])
+    assert "alpha 0.05 split over 2 looks: 0.025 at each of looks 1-" in two.text
+    assert "0.025 at the last" in two.text and "only look" not in two.text
+
+
+@pytest.mark.parametrize("look_alpha, p, why", [
+    (0.03, 0.01, "the sampling distribution differs (p=0.01 <= 0.01)"),  # p at a third of alpha rejects
+    (0.01, 0.003, "the sampling distribution differs (p=0.003 <= 0.00333)"),  # 0.3 alpha: below a third
+    (0.01, 0.005, "a sampled token has probability zero under the source"),  # half alpha: above a third
+    (0.01, 0.02, "a sampled token has probability zero under the source"),
+])
+def test_an_early_stop_is_the_tests_when_a_p_value_is_at_most_a_third_of_the_looks_alpha(look_alpha, p, why):
+    out = C.looks_outcome(0.06, 4, 32, [look(1, 8, look_alpha, "inconsistent", p)])
+    assert out.text.startswith(f"stopped at look 1 of 4: {why}, after 8 of the fixed design's 32 samples")
 
 
 # --- the last look is the fixed design at its alpha ---------------------------------------------------------
@@ -156,6 +171,27 @@ def test_a_look_on_every_sample_in_any_order_is_the_fixed_designs_verdict_at_tha
     fixed = sampling_verdict([d for ds in draws for d in ds], alpha=0.005, seed=3)
     assert at_look.model_dump() == fixed.model_dump()
     assert at_look.per_test_alpha == pytest.approx(0.005 / 3)
+    # the run's own bins, power and TV targets, not sampling_verdict's defaults
+    own = {"bins": 10, "power": 0.9, "tv_targets": [0.03, 0.1]}
+    at_own = C.look_stats(settings(**own), samples, draws, 0.005)
+    fixed_own = sampling_verdict([d for ds in draws for d in ds], alpha=0.005, seed=3, bins=10, power=0.9,
+                                 tv_targets=(0.03, 0.1))
+    assert at_own.model_dump() == fixed_own.model_dump()
+    assert (at_own.bins, at_own.power, len(at_own.pit_histogram)) == (10, 0.9, 10)
+    for key, value in own.items():  # each setting on its own shows in the verdict
+        alone = sampling_verdict([d for ds in draws for d in ds], alpha=0.005, seed=3, **{key: value})
+        assert C.look_stats(settings(**{key: value}), samples, draws, 0.005).model_dump() == alone.model_dump()
+        assert alone.model_dump() != fixed.model_dump()
+
+
+def test_samples_and_draws_of_different_lengths_are_refused_not_cut_short():
+    samples, draws = simulated(3, 1.0)
+    ordered, ordered_draws = C.by_index(samples[::-1], draws[::-1])
+    assert [s.index for s in ordered] == [0, 1, 2] and ordered_draws == draws
+    with pytest.raises(ValueError):
+        C.by_index(samples, draws[:2])
+    with pytest.raises(ValueError):
+        C.look_stats(settings(), samples[:2], draws, 0.005)
 
 
 def test_the_report_of_a_run_with_looks_keeps_the_stopping_looks_verdict_and_counts_the_samples_sent():
