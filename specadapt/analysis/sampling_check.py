@@ -96,7 +96,8 @@ def looks_outcome(alpha: float, planned_looks: int, fixed: int, history: Sequenc
     last = history[-1]
     split = (f"alpha {alpha:g} split over {planned_looks} looks: "
              + (f"{alphas[0]:.3g} at each of looks 1-{planned_looks - 1} and {alphas[-1]:.3g} at the last"
-                if planned_looks > 1 else f"{alphas[0]:.3g} at the only look"))
+                if planned_looks > 2 else f"{alphas[0]:.3g} at look 1 and {alphas[-1]:.3g} at the last"
+                if planned_looks == 2 else f"{alphas[0]:.3g} at the only look"))
     if last.look < planned_looks:
         where = (f"stopped at look {last.look} of {planned_looks}: the sampling distribution differs "
                  f"(p={last.smallest_p:.3g} <= {last.alpha / 3:.3g})" if last.smallest_p is not None

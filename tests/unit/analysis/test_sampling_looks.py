@@ -119,7 +119,7 @@ def test_a_run_through_all_looks_and_a_single_look():
     assert "alpha 0.05 split over 1 looks: 0.05 at the only look" in one.text
     # two looks: an interim one and the last, alpha / 2 = 0.025 each; there is no "only look"
     two = C.looks_outcome(0.05, 2, 16, [look(1, 8, 0.025, "consistent", 0.3), look(2, 16, 0.025, "consistent", 0.3)])
-    assert "alpha 0.05 split over 2 looks: 0.025 at each of looks 1-" in two.text
+    assert "alpha 0.05 split over 2 looks: 0.025 at look 1 and 0.025 at the last" in two.text
     assert "0.025 at the last" in two.text and "only look" not in two.text
 
 
