@@ -131,3 +131,13 @@ def decide(log_ratios: Sequence[float | None], design: SequentialDesign, capped:
     if verdict is None and capped:
         verdict = "no clear difference"
     return Decision(verdict=verdict, interval=interval)
+
+
+def requests_text(requests: int, fixed: int | None) -> str:
+    """'12 requests against 50 for the fixed design (76% fewer)' (or 'more'); without a fixed
+    count, '12 requests'."""
+    if fixed is None or fixed <= 0:
+        return f"{requests} requests"
+    saved = 1 - requests / fixed
+    how = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
+    return f"{requests} requests against {fixed} for the fixed design ({how})"

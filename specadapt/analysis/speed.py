@@ -22,7 +22,7 @@ from specadapt.analysis.interference import detected_interference, duration
 from specadapt.analysis.latency import latency_summary, tpot_ns
 from specadapt.analysis.pairs import Pair, level_records, pair_records
 from specadapt.analysis.pass_notes import compare_findings_notes
-from specadapt.analysis.sequential import cs_ratio, decide
+from specadapt.analysis.sequential import cs_ratio, decide, requests_text
 from specadapt.analysis.send_lag import send_lag_blocks
 from specadapt.analysis.sides import side_notes
 from specadapt.analysis.slo import compare_goodput
@@ -209,14 +209,6 @@ def _interval_text(ci: RatioCI) -> str:
     return f"{ci.point:.2f}x, {ci.level:.0%} confidence sequence {ci.low:.2f}x-{ci.high:.2f}x"
 
 
-def _requests_text(requests: int, fixed: int | None) -> str:
-    if fixed is None or fixed <= 0:
-        return f"{requests} requests"
-    saved = 1 - requests / fixed
-    how = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
-    return f"{requests} requests against {fixed} for the fixed design ({how})"
-
-
 def sequential_outcome(records: list[RequestRecord], level: int, rate: float | None, design: SequentialDesign,
                        fixed_requests: int | None = None) -> SequentialOutcome:
     """How the rule ended at one level, from its records: decided (the interval gave a verdict, the
@@ -230,7 +222,7 @@ def sequential_outcome(records: list[RequestRecord], level: int, rate: float | N
     decision = decide(unit_logs(records, level, rate)[d.primary], d, capped=False, unit=unit)
     ci = decision.interval
     name = RATIO_NAMES[d.primary]
-    spent = _requests_text(requests, fixed_requests)
+    spent = requests_text(requests, fixed_requests)
     if decision.verdict is not None:
         stopped, verdict = "decided", decision.verdict
         said = f"equivalent within +-{d.margin:.0%}" if verdict == "equivalent" else verdict

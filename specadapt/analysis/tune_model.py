@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from specadapt.analysis.sequential import cs_ratio
+from specadapt.analysis.sequential import cs_ratio, requests_text
 from specadapt.analysis.text import k_text
 from specadapt.records import AcceptanceSummary, LevelResult, RatioCI, SequentialDesign, SequentialOutcome
 from specadapt.records.tune import (
@@ -452,16 +452,6 @@ def drop_interval(log_ratios: Sequence[float | None], design: SequentialDesign, 
     if interval.n < max(design.first_look, design.min_units) or interval.high is None:
         return None
     return interval if interval.high < best.low else None
-
-
-def requests_text(requests: int, fixed: int | None) -> str:
-    """'12 requests against 50 for the fixed design (76% fewer)' (or 'more'); without a fixed
-    count, '12 requests'."""
-    if fixed is None or fixed <= 0:
-        return f"{requests} requests"
-    saved = 1 - requests / fixed
-    how = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
-    return f"{requests} requests against {fixed} for the fixed design ({how})"
 
 
 def _cs_text(r: RatioCI) -> str:
