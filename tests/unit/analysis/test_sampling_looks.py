@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from specadapt.analysis import sampling_check as C
-from specadapt.analysis.sampling_stats import TokenDraw, look_alphas, sampling_verdict
+from specadapt.analysis.sampling_stats import look_alphas, sampling_verdict
 from specadapt.errors import UsageError
 from specadapt.records import Prompt, ServerInfo
 from specadapt.records.sampling import SamplingStats
 from specadapt.records.sampling_report import SamplingLook, SamplingSettings
+from tests.unit.orchestration.test_sampling import simulated as markov
 
 
 # --- the alpha split ----------------------------------------------------------------------------------------
@@ -137,24 +138,7 @@ def test_an_early_stop_is_the_tests_when_a_p_value_is_at_most_a_third_of_the_loo
 # --- the last look is the fixed design at its alpha ---------------------------------------------------------
 def simulated(n_samples: int, temperature: float, seed: int = 5):
     """Samples of a fixed 30-token Markov chain and the source's top 10 at each position."""
-    rng = np.random.default_rng(seed)
-    table = np.random.default_rng(11).normal(size=(30, 30)) * 2
-    samples, draws = [], []
-    for i in range(n_samples):
-        prev, tokens, ds = 0, [], []
-        for j in range(16):
-            p = np.exp(table[prev] - table[prev].max())
-            p /= p.sum()
-            q = p ** (1 / temperature)
-            tok = int(rng.choice(30, p=q / q.sum()))
-            order = np.argsort(-p)[:10]
-            ds.append(TokenDraw(top={int(t): math.log(p[t]) for t in order}, token=tok, logprob=math.log(p[tok]),
-                                position=j, prompt_id="p"))
-            tokens.append(tok)
-            prev = tok
-        samples.append(C.Sample("p", i, i, (0,), tuple(tokens)))
-        draws.append(ds)
-    return samples, draws
+    return markov(n_samples, temperature, seed=seed, chain_seed=11)
 
 
 def settings(**kw) -> SamplingSettings:

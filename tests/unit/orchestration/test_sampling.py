@@ -341,10 +341,11 @@ def test_side_notes_flag_speculation_on_the_wrong_side_and_other_models():
 
 
 # --- the whole verdict on simulated samplers ---------------------------------------------------------------
-def simulated(n_samples: int, temperature: float, seed: int = 3):
-    """Samples of a fixed 30-token Markov chain and the source's top 10, as the probe would get them."""
+def simulated(n_samples: int, temperature: float, seed: int = 3, chain_seed: int = 99):
+    """Samples of a fixed 30-token Markov chain (``chain_seed``) and the source's top 10, as the probe
+    would get them."""
     rng = np.random.default_rng(seed)
-    table = np.random.default_rng(99).normal(size=(30, 30)) * 2
+    table = np.random.default_rng(chain_seed).normal(size=(30, 30)) * 2
     samples, draws = [], []
     for i in range(n_samples):
         prev, tokens, ds = 0, [], []
