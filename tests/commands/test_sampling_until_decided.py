@@ -6,24 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
-from commands.test_sampling_cli import FakeVLLM
-
-from specadapt.cli import cli
-
-
-@pytest.fixture
-def prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    path.write_text('{"id": "chat", "messages": [{"role": "user", "content": "hi"}]}\n'
-                    '{"id": "text", "prompt": "a b"}\n')
-    return path
-
-
-def run(*args: str):
-    result = CliRunner().invoke(cli, ["equiv", "--sampling", *args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return result
+from commands.test_sampling_cli import FakeVLLM, prompts, run  # noqa: F401 (prompts: a fixture)
 
 
 def sampled(server: FakeVLLM) -> list[dict]:
