@@ -18,23 +18,12 @@ class _Filtered(_Handler):
     """Samples the chain at the request's temperature and top_k, or with the fake's fault: "top-k
     ignored" (the whole vocabulary, a filter skipped) or "cold" (at half the asked temperature)."""
 
-    def _sample(self, body):
+    def _weights(self, prev: int, body) -> np.ndarray:
         fake = self.server.fake
-        rng = np.random.default_rng(body["seed"])
-        prev, out = body["prompt"][-1], []
         temperature = body.get("temperature", 1.0) * (0.5 if fake.fault == "cold" else 1.0)
         top_k = 0 if fake.fault == "top-k ignored" else body.get("top_k", 0)
-        for _ in range(body["max_tokens"]):
-            q = probs(prev) ** (1 / temperature)
-            if 0 < top_k < VOCAB:
-                q = np.where(q >= np.sort(q)[-top_k], q, 0.0)
-            prev = int(rng.choice(VOCAB, p=q / q.sum()))
-            out.append(prev)
-        with fake.lock:
-            fake.requests += 1
-            fake.generated += len(out)
-        return self._json({"choices": [{"index": 0, "text": "", "finish_reason": "length", "logprobs": {
-            "tokens": [f"token_id:{t}" for t in out], "token_logprobs": [0.0] * len(out)}}]})
+        q = probs(prev) ** (1 / temperature)
+        return np.where(q >= np.sort(q)[-top_k], q, 0.0) if 0 < top_k < VOCAB else q
 
 
 class FilteredVLLM(FakeVLLM):

@@ -82,12 +82,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._score(body)
         return self._sample(body)
 
+    def _weights(self, prev: int, body) -> np.ndarray:
+        """The (unnormalised) chance of each next token after ``prev``: the chain at the fake's temperature."""
+        return probs(prev) ** (1 / self.server.fake.temperature)
+
     def _sample(self, body):
         fake = self.server.fake
         rng = np.random.default_rng(body["seed"])
         prev, out = body["prompt"][-1], []
         for _ in range(body["max_tokens"]):
-            q = probs(prev) ** (1 / fake.temperature)
+            q = self._weights(prev, body)
             prev = int(rng.choice(VOCAB, p=q / q.sum()))
             out.append(prev)
         with fake.lock:
