@@ -8,21 +8,13 @@ from commands.test_sampling_cli import FakeVLLM
 
 from specadapt.errors import UsageError
 from specadapt.orchestration import sampling
-from specadapt.orchestration.servers import ServerOptions, ServerPlan, plan_servers
-from specadapt.records import Prompt
 from specadapt.records.sampling_report import SamplingSettings
-
-PROMPTS = [Prompt(id="chat", messages=[{"role": "user", "content": "hi"}]), Prompt(id="text", prompt="a b")]
-
+from tests.unit.test_library_use import PROMPTS, plan_of  # the same two prompts, the same plan
 
 def settings(**kw) -> SamplingSettings:
     base = dict(samples=8, max_tokens=16, alpha=0.01, top_logprobs=20, concurrency=2, seed=40, request_timeout_s=30,
                 source="server", tokenizer="t", looks=4)
     return SamplingSettings(**{**base, **kw})
-
-
-def plan_of(off: FakeVLLM, on: FakeVLLM) -> ServerPlan:
-    return plan_servers(ServerOptions(), sampling.sampling_sides(off.url, on.url, None))
 
 
 class Bars:
