@@ -568,6 +568,17 @@ class Clock:
         self.now += ns
 
 
+def on_one_clock(wired, monkeypatch, off: Side, on: Side, step_ns: int) -> Clock:
+    """Wire ``off`` and ``on`` on one fake clock, every request taking ``step_ns`` of it to start; the
+    runner, the sending and the load engine read that clock."""
+    clock = Clock()
+    wired(off, on, clock=clock, step_ns=step_ns)
+    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter_ns=clock))
+    monkeypatch.setattr(spread, "time", types.SimpleNamespace(perf_counter_ns=clock))
+    monkeypatch.setattr(spread, "LoadEngine", lambda send, **kw: LoadEngine(send, clock=clock, **kw))
+    return clock
+
+
 PROMPTS_edge = [Prompt(id="p0", prompt="zero"), Prompt(id="p1", prompt="one")]
 
 
@@ -647,12 +658,8 @@ def test_a_duration_block_keeps_n_streams_busy_cycling_the_prompts_until_time_is
     requests start at 0, 10, ..., 50 ms of each block, so 6 per block (not the 2 copies of the
     prompt set a block without --duration holds), the prompts cycled, each pass a new copy; repeat 1
     starts the set at its second prompt (other partners and positions in the batches)."""
-    clock = Clock()
     off, on = Side("off"), Side("on")
-    wired(off, on, clock=clock, step_ns=10 * MS)
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter_ns=clock))
-    monkeypatch.setattr(spread, "time", types.SimpleNamespace(perf_counter_ns=clock))
-    monkeypatch.setattr(spread, "LoadEngine", lambda send, **kw: LoadEngine(send, clock=clock, **kw))
+    on_one_clock(wired, monkeypatch, off, on, 10 * MS)
     settings = CompareSettings(concurrency=[2], repeat=2, warmup=0, load=LoadSettings(duration_s=0.055))
     records, _, _ = asyncio.run(ABRunner(off, on, PROMPTS_edge, settings).run())
     blocks: list[tuple[str, int]] = []

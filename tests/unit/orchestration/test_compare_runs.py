@@ -16,7 +16,6 @@ import pytest
 from specadapt.analysis import sections as analyses
 from specadapt.analysis.activity import spec_activity
 from specadapt.load import spread
-from specadapt.load.engine import LoadEngine
 from specadapt.load.plan import RunResult
 from specadapt.orchestration import compare
 from specadapt.orchestration.compare import ABRunner, run_compare, run_one_side
@@ -27,10 +26,10 @@ from tests.unit.orchestration.test_compare import (  # noqa: F401 (fixtures)
     MIXED,
     MS,
     PROMPTS_edge as PROMPTS,
-    Clock,
     Side,
     answer,
     detokenizer,
+    on_one_clock,
     triager,
     wired,
 )
@@ -42,12 +41,8 @@ def test_every_request_of_a_run_is_timed_from_the_runs_start(wired, monkeypatch)
     """Every request takes 10 ms of the (fake) clock to start: the warm-up, the interleaved pairs at
     concurrency 1 and the blocks at concurrency 2 are sent at 0, 10, 20, ... ms of one timeline, the
     run's, not from each block's own start."""
-    clock = Clock()
     off, on = Side("off"), Side("on")
-    wired(off, on, clock=clock, step_ns=10 * MS)
-    monkeypatch.setattr(compare, "time", types.SimpleNamespace(perf_counter_ns=clock))
-    monkeypatch.setattr(spread, "time", types.SimpleNamespace(perf_counter_ns=clock))
-    monkeypatch.setattr(spread, "LoadEngine", lambda send, **kw: LoadEngine(send, clock=clock, **kw))
+    on_one_clock(wired, monkeypatch, off, on, 10 * MS)
     seen: list[RequestRecord] = []
     settings = CompareSettings(concurrency=[1, 2], repeat=1, warmup=1)
     records, _, _ = asyncio.run(ABRunner(off, on, PROMPTS, settings, seen.append).run())
