@@ -10,41 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specadapt.adapters.base import Server
-from specadapt.analysis.identity import token_id
 from specadapt.analysis.passes import drawn
 from specadapt.analysis.sections import section_data
-from specadapt.errors import SpecadaptError
+from specadapt.orchestration.triage import token_texts
 from specadapt.records import CompareReport
 from specadapt.records.passes import SpeculationSeen
-from specadapt.wire.http import Wire
-from specadapt.wire.openai import detokenize_body, parse_detokenize
-
-DETOKENIZE_TIMEOUT_S = 10.0
-MAX_IDS = 4096
-"""Distinct token ids read back at most for one report (the drawn answers are a few)."""
-
-
-def token_texts(server: Server, tokens: Sequence[str], known: dict[int, str] | None = None) -> list[str] | None:
-    """The text of each token, ``tokens`` being "token_id:N" strings; None when a token is not an id or
-    the server cannot detokenize one. ``known``: texts read before (filled in as ids are read)."""
-    ids = [token_id(t) for t in tokens]
-    if not ids or any(i is None for i in ids):
-        return None
-    cache = known if known is not None else {}
-    try:
-        with Wire.for_server(server, timeout_s=DETOKENIZE_TIMEOUT_S) as wire:
-            for i in dict.fromkeys(ids):
-                if i not in cache:
-                    if len(cache) >= MAX_IDS:
-                        return None
-                    text = parse_detokenize(wire.post_json("/detokenize", detokenize_body(server.model_id, [i])))
-                    if text is None:
-                        return None
-                    cache[i] = text
-    except SpecadaptError:
-        return None
-    return [cache[i] for i in ids]
-
 
 def readable_answers(server: Server, report: CompareReport, prompt_ids: Sequence[str] = ()) -> int:
     """Give the drawn spec-on answers of ``report`` (its ``shown``, then the first of each of

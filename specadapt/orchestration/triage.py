@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.analysis.identity import TOP_LOGPROBS, path_verdict, token_id, triage_from_logprobs
 from specadapt.errors import SpecadaptError
@@ -14,6 +16,8 @@ from specadapt.wire.http import Wire
 from specadapt.wire.openai import detokenize_body, first_choice, parse_detokenize, parse_tokenize, tokenize_body
 
 DETOKENIZE_TIMEOUT_S = 10.0
+MAX_IDS = 4096
+"""Distinct token ids ``token_texts`` reads back at most in one call (with its cache, for one report)."""
 
 
 def _triage_body(prompt: Prompt, model: str, settings: RequestSettings, n_tokens: int) -> tuple[str, dict]:
@@ -49,16 +53,30 @@ def readable_tokens(server: Server, divergences: list[Divergence]) -> None:
 def readable_token(server: Server, token: str | None) -> str | None:
     """"token_id:N" -> "text (id N)" when the server can detokenize N; anything else unchanged."""
     tid = token_id(token or "")
-    if tid is None:
-        return token
+    texts = token_texts(server, [token]) if tid is not None else None
+    return f"{texts[0]} (id {tid})" if texts is not None else token
+
+
+def token_texts(server: Server, tokens: Sequence[str], known: dict[int, str] | None = None) -> list[str] | None:
+    """The text of each token, ``tokens`` being "token_id:N" strings; None when a token is not an id or
+    the server cannot detokenize one. ``known``: texts read before (filled in as ids are read)."""
+    ids = [token_id(t) for t in tokens]
+    if not ids or any(i is None for i in ids):
+        return None
+    cache = known if known is not None else {}
     try:
         with Wire.for_server(server, timeout_s=DETOKENIZE_TIMEOUT_S) as wire:
-            text = parse_detokenize(wire.post_json("/detokenize", detokenize_body(server.model_id, [tid])))
+            for i in dict.fromkeys(ids):
+                if i not in cache:
+                    if len(cache) >= MAX_IDS:
+                        return None
+                    text = parse_detokenize(wire.post_json("/detokenize", detokenize_body(server.model_id, [i])))
+                    if text is None:
+                        return None
+                    cache[i] = text
     except SpecadaptError:
-        text = None
-    return f"{text} (id {tid})" if text is not None else token
-
-
+        return None
+    return [cache[i] for i in ids]
 
 
 def path_triage(server: Server, prompt: Prompt, on_rec: RequestRecord, div: Divergence, base: Triage | None,

@@ -8,7 +8,8 @@ import httpx
 
 from specadapt.adapters.base import ServerBase
 from specadapt.analysis.sections import section_data
-from specadapt.orchestration.readable import readable_answers, token_texts
+from specadapt.orchestration.readable import readable_answers
+from specadapt.orchestration.triage import token_texts
 from specadapt.report.passes_render import answer_text
 from tests.unit.report.test_passes_render import lesson_compare_report
 
