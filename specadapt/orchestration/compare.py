@@ -37,8 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from specadapt.adapters.base import Server, TokenRequests
 from specadapt.adapters.registry import get_backend
@@ -126,14 +125,11 @@ def _capped_pairs_requests(n_prompts: int, prompts: list[Prompt] | None, max_uni
     """Both sides' requests at concurrency 1 when the rule runs to its cap: pairs prompt by prompt,
     cycling through the set, a conversation's turns back to back, until ``max_units`` pairs are in."""
     turns = [turns_of(p) for p in prompts] if prompts else [1] * n_prompts
-    if not turns:
-        return 0
-    units = 0
-    for t in itertools.cycle(turns):
-        units += t
-        if units >= max_units:
-            return 2 * units
-    raise AssertionError("unreachable")  # pragma: no cover
+    units, sent = 0, 0
+    while turns and units < max_units:  # max_units >= 2 (SequentialDesign): at least one prompt's turns
+        units += turns[sent % len(turns)]
+        sent += 1
+    return 2 * units
 
 
 def total_requests(n_prompts: int, settings: CompareSettings, prompts: list[Prompt] | None = None) -> int:
