@@ -84,11 +84,24 @@ def _ratios(logs: dict[str, list[float | None]], unit: str, design: SequentialDe
                        throughput=ci(logs["throughput"], unit))
 
 
-def speed_ratios(pairs: list[Pair], design: SequentialDesign | None = None) -> SpeedRatios:
-    """Ratios with each pair one unit (concurrency 1: the pairs are sent back to back, one at a time)."""
+def _pair_logs(pairs: list[Pair]) -> dict[str, list[float | None]]:
+    """Each pair one unit: its log ratios by ratio."""
     units = [[p] for p in pairs]
     tpot, e2e = _latency_logs(units)
-    return _ratios({"tpot": tpot, "e2e": e2e, "throughput": [_request_rate_log(u) for u in units]}, "pairs", design)
+    return {"tpot": tpot, "e2e": e2e, "throughput": [_request_rate_log(u) for u in units]}
+
+
+def _block_logs(units: list[tuple[int, list[Pair]]],
+                throughput_logs: list[float | None]) -> dict[str, list[float | None]]:
+    """Each repeat's off block + on block one unit: TPOT and E2E from the block's mean over its pairs,
+    throughput as given."""
+    tpot, e2e = _latency_logs([u for _, u in units])
+    return {"tpot": tpot, "e2e": e2e, "throughput": throughput_logs}
+
+
+def speed_ratios(pairs: list[Pair], design: SequentialDesign | None = None) -> SpeedRatios:
+    """Ratios with each pair one unit (concurrency 1: the pairs are sent back to back, one at a time)."""
+    return _ratios(_pair_logs(pairs), "pairs", design)
 
 
 def block_units(pairs: list[Pair]) -> list[tuple[int, list[Pair]]]:
@@ -104,8 +117,7 @@ def block_speed_ratios(units: list[tuple[int, list[Pair]]], throughput_logs: lis
                        design: SequentialDesign | None = None) -> SpeedRatios:
     """Ratios with each repeat's off block + on block one unit (concurrency N > 1): TPOT and
     E2E from the block's mean over its pairs, throughput from the given per-block log ratios."""
-    tpot, e2e = _latency_logs([u for _, u in units])
-    return _ratios({"tpot": tpot, "e2e": e2e, "throughput": throughput_logs}, "blocks", design)
+    return _ratios(_block_logs(units, throughput_logs), "blocks", design)
 
 
 def _block_rate_log(records: list[RequestRecord], level: int, repeat: int, rate: float | None = None) -> float | None:
@@ -138,12 +150,9 @@ def unit_logs(records: list[RequestRecord], level: int, rate: float | None = Non
     run-until-decided rule decides on after each unit (None: the unit has no such figure)."""
     pairs = pair_records(records, level, rate)
     if unit_name(level, rate) == "pairs":
-        units = [[p] for p in pairs]
-        tpot, e2e = _latency_logs(units)
-        return {"tpot": tpot, "e2e": e2e, "throughput": [_request_rate_log(u) for u in units]}
+        return _pair_logs(pairs)
     blocks = block_units(pairs)
-    tpot, e2e = _latency_logs([u for _, u in blocks])
-    return {"tpot": tpot, "e2e": e2e, "throughput": [_block_rate_log(records, level, r, rate) for r, _ in blocks]}
+    return _block_logs(blocks, [_block_rate_log(records, level, r, rate) for r, _ in blocks])
 
 
 def level_speed(records: list[RequestRecord], level: int, pairs: list[Pair],
