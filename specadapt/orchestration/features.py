@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,23 +36,20 @@ from specadapt.analysis.sampling_check import (
     Sample,
     by_index,
     look_batches,
-    look_record,
-    looks_outcome,
-    stops,
 )
-from specadapt.analysis.sampling_stats import TokenDraw, look_alphas
+from specadapt.analysis.sampling_stats import TokenDraw
 from specadapt.analysis.sides import side_notes
 from specadapt.errors import NotAServer, RequestRefused, ServerError, ServerUnreachable, UsageError
 from specadapt.load.client import run as run_loop
 from specadapt.load.progress import ProgressBars, no_bars
 from specadapt.orchestration.counters import counter_window
 from specadapt.orchestration.reference_target import ReferenceTarget
-from specadapt.orchestration.sampling import draw_samples, finished, score_samples
+from specadapt.orchestration.sampling import draw_samples, finished, in_looks, score_samples
 from specadapt.orchestration.servers import LOGGED, Messages, ServerPlan, open_servers
 from specadapt.records import Divergence, Prompt, ServerInfo
 from specadapt.records.features import CellCheck, CellResult, FeatureReport, FeatureSettings
 from specadapt.records.sampling import SamplingStats
-from specadapt.records.sampling_report import SamplingLook, SamplingLooks
+from specadapt.records.sampling_report import SamplingLooks
 from specadapt.wire.http import Wire, fault_kind
 from specadapt.wire.openai import (
     detokenize_body,
@@ -328,33 +325,31 @@ async def distribution_cell(m: Matrix, feature: F.Feature, inputs: Sequence[Prom
 
 async def sample_in_looks(m: Matrix, setting: F.Setting, inputs: Sequence[PromptInput],
                           ) -> tuple[list[Sample], SamplingStats, SamplingLooks]:
-    """A distribution cell with --until-decided, as `equiv --sampling --until-decided` runs
-    (analysis/sampling_check.py): the cell's samples in ``settings.looks`` batches (``look_batches``),
-    each drawn on the spec-on server and scored before the next, then the test on every sample so far
-    at the look's alpha (``look_alphas``); an interim look that rejects stops the cell, and the last
-    look, on every sample of the fixed design in its order, decides either way."""
+    """A distribution cell with --until-decided, in the looks of `equiv --sampling --until-decided`
+    (orchestration/sampling.py ``in_looks``): the cell's samples in ``settings.looks`` batches
+    (``look_batches``), the test at each look on every sample so far, in the fixed design's order (the
+    last look tests its very tokens)."""
     from specadapt.analysis.sampling_stats import sampling_verdict  # scipy
 
     s = m.settings
     if s.looks is None:
         raise ValueError("sample_in_looks needs settings.looks")
-    batches = look_batches(inputs, s.samples, s.seed, s.looks)
-    alphas = look_alphas(s.alpha, len(batches))
-    samples: list[Sample] = []
-    draws: list[list[TokenDraw]] = []
-    history: list[SamplingLook] = []
-    for look, (batch, alpha) in enumerate(zip(batches, alphas, strict=True), start=1):
-        new = await draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
-                                 requests=m.on.requests, sampling=setting.body(), planned=batch)
-        samples += new
-        draws += await score_samples(m.reference or m.off.server, new, setting, s.top_logprobs, s.concurrency,
-                                     s.request_timeout_s, requests=m.off.requests)
-        _, ordered = by_index(samples, draws)  # the fixed design's order: the last look tests its very tokens
-        stats = sampling_verdict([d for ds in ordered for d in ds], alpha=alpha, bins=SAMPLE_BINS, seed=s.seed)
-        history.append(look_record(look, len(samples), alpha, stats))
-        if stops(look, len(batches), stats):
-            break
-    return samples, stats, looks_outcome(s.alpha, len(batches), sum(len(b) for b in batches), history)
+
+    def draw(batch: list) -> Awaitable[list[Sample]]:
+        return draw_samples(m.on.server, inputs, s.samples, s.seed, s.concurrency, s.request_timeout_s,
+                            requests=m.on.requests, sampling=setting.body(), planned=batch)
+
+    def score(new: list[Sample]) -> Awaitable[list[list[TokenDraw]]]:
+        return score_samples(m.reference or m.off.server, new, setting, s.top_logprobs, s.concurrency,
+                             s.request_timeout_s, requests=m.off.requests)
+
+    def verdict(samples: list[Sample], draws: list[list[TokenDraw]], alpha: float) -> SamplingStats:
+        _, ordered = by_index(samples, draws)
+        return sampling_verdict([d for ds in ordered for d in ds], alpha=alpha, bins=SAMPLE_BINS, seed=s.seed)
+
+    samples, _, stats, looks = await in_looks(look_batches(inputs, s.samples, s.seed, s.looks), s.alpha, draw,
+                                              score, verdict)
+    return samples, stats, looks
 
 
 async def seed_cell(m: Matrix, feature: F.Feature, prompt_ids: Sequence[int]) -> CellResult:

@@ -31,7 +31,7 @@ A backend that declares it cannot do either (None) is refused before any server 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,37 +285,62 @@ ONE_AFTER_THE_OTHER = ("--until-decided needs both servers up at once (each look
                        "come): leave out --launch sequential, or --until-decided")
 
 
+Draw = Callable[[list], Awaitable[list[Sample]]]
+"""Draws one look's planned samples on the spec-on server."""
+Score = Callable[[list[Sample]], Awaitable[list[list[TokenDraw]]]]
+"""Scores those samples on the source."""
+Verdict = Callable[[list[Sample], list[list[TokenDraw]], float], SamplingStats]
+"""The test on every sample so far at one look's alpha."""
+
+
+async def in_looks(batches: Sequence[list], alpha: float, draw: Draw, score: Score, verdict: Verdict,
+                   ) -> tuple[list[Sample], list[list[TokenDraw]], SamplingStats, SamplingLooks]:
+    """The looks of `--until-decided` (analysis/sampling_check.py): each batch of ``batches`` drawn and
+    scored, then ``verdict`` on everything so far at the look's share of ``alpha`` (``look_alphas``);
+    an interim look that rejects stops, and the last look, on every sample of the fixed design,
+    decides either way. Shared by `equiv --sampling` and the distribution cells of `--features`."""
+    samples: list[Sample] = []
+    draws: list[list[TokenDraw]] = []
+    history: list[SamplingLook] = []
+    alphas = look_alphas(alpha, len(batches))
+    for look, (batch, look_alpha) in enumerate(zip(batches, alphas, strict=True), start=1):
+        new = await draw(batch)
+        samples += new
+        draws += await score(new)
+        stats = verdict(samples, draws, look_alpha)
+        history.append(look_record(look, len(samples), look_alpha, stats))
+        if stops(look, len(batches), stats):
+            break
+    return samples, draws, stats, looks_outcome(alpha, len(batches), sum(len(b) for b in batches), history)
+
+
 def sample_and_score_in_looks(on: Server, source: Server | ReferenceTarget, inputs: Sequence[PromptInput],
                               settings: SamplingSettings, bars: ProgressBars = no_bars,
                               requests: TokenRequests = ASKED,
                               ) -> tuple[list[Sample], list[list[TokenDraw]], AcceptanceSummary,
                                          tuple[SamplingStats, SamplingLooks]]:
-    """The samples in ``settings.looks`` batches (``look_batches``): each batch drawn on the spec-on
-    server and scored on ``source``, then the test on everything so far at the look's alpha
-    (``look_alphas``); an interim look that rejects stops the run, and the last look, on every
-    sample of the fixed design, decides either way. The bars count against the fixed design."""
+    """The samples in ``settings.looks`` batches (``look_batches``), each drawn on the spec-on server
+    and scored on ``source``, looked at as ``in_looks`` says. The bars count against the fixed design."""
     if settings.looks is None:
         raise ValueError("sample_and_score_in_looks needs settings.looks")
     batches = look_batches(inputs, settings.samples, settings.seed, settings.looks)
-    alphas = look_alphas(settings.alpha, len(batches))
     total = sum(len(b) for b in batches)
     sampled, scored = bars("sampling", total), bars("scoring", total)
-    samples: list[Sample] = []
-    draws: list[list[TokenDraw]] = []
-    history: list[SamplingLook] = []
+
+    def draw(batch: list) -> Awaitable[list[Sample]]:
+        return draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
+                            settings.request_timeout_s, sampled, requests=requests, sampling=RAW.body(), planned=batch)
+
+    def score(new: list[Sample]) -> Awaitable[list[list[TokenDraw]]]:
+        return score_samples(source, new, RAW, settings.top_logprobs, settings.concurrency,
+                             settings.request_timeout_s, scored, requests)
+
+    def verdict(samples: list[Sample], draws: list[list[TokenDraw]], alpha: float) -> SamplingStats:
+        return look_stats(settings, samples, draws, alpha)
+
     with counter_window(on) as window:
-        for look, (batch, alpha) in enumerate(zip(batches, alphas, strict=True), start=1):
-            new = run_loop(draw_samples(on, inputs, settings.samples, settings.seed, settings.concurrency,
-                                        settings.request_timeout_s, sampled, requests=requests, sampling=RAW.body(),
-                                        planned=batch))
-            samples += new
-            draws += run_loop(score_samples(source, new, RAW, settings.top_logprobs, settings.concurrency,
-                                            settings.request_timeout_s, scored, requests))
-            stats = look_stats(settings, samples, draws, alpha)
-            history.append(look_record(look, len(samples), alpha, stats))
-            if stops(look, len(batches), stats):
-                break
-    return samples, draws, window.acceptance, (stats, looks_outcome(settings.alpha, len(batches), total, history))
+        samples, draws, stats, looks = run_loop(in_looks(batches, settings.alpha, draw, score, verdict))
+    return samples, draws, window.acceptance, (stats, looks)
 
 
 def prompt_inputs(tokenizer: Server | ReferenceTarget, prompts: Sequence[Prompt],
