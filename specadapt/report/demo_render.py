@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from specadapt.analysis.headline import headline
-from specadapt.analysis.passes import first_answer, tokens_in_passes
+from specadapt.analysis.passes import first_answer
 from specadapt.analysis.sections import section_data
 from specadapt.records import RequestRecord
 from specadapt.records.demo import DemoReport, DemoRun
@@ -37,7 +37,7 @@ from specadapt.report import compare_render, passes_render
 from specadapt.report.compare_render import all_levels, ci, junit_text, level_verdict
 from specadapt.report.hardware import hardware_text
 from specadapt.report.html import STYLE, compare_body_html, environment
-from specadapt.report.passes_render import answer_text, pass_title, pass_tokens, visible
+from specadapt.report.passes_render import BOXES, HELPERS, answer_text, pass_tokens
 
 MACHINE_NOTE = ("These figures belong to this machine: its CPU model, instruction set and the dtype decide what "
                 "a verify pass costs against a plain decode step (bfloat16 without AVX512-BF16 or AMX is "
@@ -317,17 +317,14 @@ ANSWER = """{% if s.answer is none %}<div class="answer missing" data-run="{{ s.
 <p class="caption">{{ s.prompt_id }}</p><p class="why">not drawn: {{ s.why }}</p></div>
 {% else %}{% set a = s.answer %}<div class="answer" data-run="{{ s.run.name }}" data-prompt="{{ a.prompt_id }}">
 <p class="caption">{{ a.prompt_id }} ({{ a.category }}): <span class="tokens-in-passes">{{ tokens_in_passes(a) }}</span></p>
-<div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span><wbr>{% endfor %}
-{% elif a.passes %}<span class="note">no token strings that match the passes; tokens per pass:</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span><wbr>{% endfor %}
-{% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div></div>{% endif %}"""
-"""One run's answer drawn pass by pass, one box per pass (the markup and classes of report/passes_render.py), a
-line allowed to break between two boxes."""
+{% include "pass_boxes.html" %}</div>{% endif %}"""
+"""One run's answer drawn pass by pass: the boxes of report/passes_render.py (``BOXES``)."""
 
 
 def to_html(report: DemoReport) -> str:
-    env = environment(**{"demo.html": PAGE, "demo_answer.html": ANSWER})
+    env = environment(**{"demo.html": PAGE, "demo_answer.html": ANSWER, "pass_boxes.html": BOXES})
     env.globals.update(speed_text=speed_text, identity_counts=identity_counts, lead_text=lead_text,
-                       saving_text=saving_text, tokens_in_passes=tokens_in_passes, title=pass_title, visible=visible)
+                       saving_text=saving_text, **HELPERS)
     answer_t = env.get_template("demo_answer.html")
 
     def answer_html(s: ShownAnswer) -> Markup:

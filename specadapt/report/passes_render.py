@@ -300,11 +300,18 @@ ANSWERS = """{% if answers %}<h{{ h + 1 }}>Answers pass by pass</h{{ h + 1 }}>
 <p class="legend"><span class="pass"><span class="tok draft">accepted draft token</span><span class="tok own">the target's own token</span></span>
 one box: one pass of the target (dashed: the prefill, which checks no draft); hover a pass for its draft length; ↵ is a line break.</p>
 {% for a, cut in answers %}<div class="answer" data-prompt="{{ a.prompt_id }}"><p class="caption">{{ a.prompt_id }} ({{ a.category }}): <span class="tokens-in-passes">{{ tokens_in_passes(a) }}</span></p>
-<div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span>{% endfor %}
-{% elif a.passes %}<span class="note">no token strings that match the passes; tokens per pass:</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span>{% endfor %}
-{% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div></div>
+{% include "pass_boxes.html" %}</div>
 {% endfor %}{% endif %}"""
 """The chosen answers pass by pass, the legend first (in the section, or alone: ``answers_html``)."""
+
+BOXES = """<div class="passes">{% if cut %}{% for toks in cut %}{% set i = loop.index0 %}<span class="pass{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{% for t in toks[:-1] %}<span class="tok draft">{{ visible(t) }}</span>{% endfor %}<span class="tok own">{{ visible(toks[-1]) }}</span></span><wbr>{% endfor %}
+{% elif a.passes %}<span class="note">no token strings that match the passes; tokens per pass:</span> {% for t in a.passes %}{% set i = loop.index0 %}<span class="pass count{{ ' prefill' if i == 0 }}" data-pass="{{ i + 1 }}" title="{{ title(a, i) }}">{{ t }}</span><wbr>{% endfor %}
+{% else %}<span class="note">passes not known: {{ a.accepted }} of {{ a.drafted if a.drafted is not none else "-" }} draft tokens accepted</span>{% endif %}</div>"""
+"""One answer ``a`` as boxes, one per pass (``cut``: its tokens cut into passes, or None), a line
+allowed to break between two boxes; needs ``title`` and ``visible`` (``HELPERS``)."""
+
+HELPERS = dict(visible=visible, title=pass_title, tokens_in_passes=tokens_in_passes)
+"""What the answer templates call."""
 
 TABLE = """<table class="pass-figures"><tr><th>{{ first }}</th>{% for c in columns[1:] %}<th>{{ c }}</th>{% endfor %}</tr>
 {% for row in rows %}<tr><td>{{ row[0] }}</td>{% for c in row[1:] %}<td class="num">{{ c }}</td>{% endfor %}</tr>{% endfor %}</table>"""
@@ -341,9 +348,8 @@ def _plots(seen: SpeculationSeen) -> dict[str, Markup]:
 
 
 def _environment() -> Environment:
-    return page.environment({"passes.html": SECTION, "pass_answers.html": ANSWERS, "pass_table.html": TABLE},
-                            visible=visible, title=pass_title,
-                            tokens_in_passes=tokens_in_passes)
+    return page.environment({"passes.html": SECTION, "pass_answers.html": ANSWERS, "pass_table.html": TABLE,
+                             "pass_boxes.html": BOXES}, **HELPERS)
 
 
 def passes_html(seen: SpeculationSeen, requests: list[RequestRecord], heading: int) -> Markup:
